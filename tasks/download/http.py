@@ -1,0 +1,208 @@
+"""Fetching one URL to a local file: streaming, resumable, retried, verified.
+
+The bytes go to ``<partial>.part`` (kept across runs, so a killed or failed
+download resumes with an HTTP Range request); the caller moves the file into
+its final place only after the size and checksum have been checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import requests
+
+from xylent.errors import XylentError
+
+_PERMANENT = {400, 401, 403, 404, 405, 410, 451}
+
+
+class _Retry(Exception):
+    pass
+
+
+def _load_meta(meta_path: Path) -> dict:
+    try:
+        return json.loads(meta_path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _stream_http(
+    session: requests.Session,
+    url: str,
+    part: Path,
+    meta_path: Path,
+    *,
+    max_bytes: int | None,
+    timeout: float,
+    chunk: int,
+    on_bytes: Callable[[int], None],
+) -> dict:
+    have = part.stat().st_size if part.exists() else 0
+    meta = _load_meta(meta_path)
+    if meta.get("url") not in (None, url):  # a partial file of another URL is never reused
+        part.unlink(missing_ok=True)
+        have, meta = 0, {}
+    if max_bytes is not None and have >= max_bytes:
+        return meta
+    headers = {"Accept-Encoding": "identity"}
+    if have or max_bytes is not None:
+        end = "" if max_bytes is None else str(max_bytes - 1)
+        headers["Range"] = f"bytes={have}-{end}"
+        if have and meta.get("etag"):
+            headers["If-Range"] = meta["etag"]
+    try:
+        resp = session.get(url, headers=headers, stream=True, timeout=timeout)
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        raise _Retry(f"connection failed: {exc}") from None
+    with resp:
+        status = resp.status_code
+        if status == 416 and have:
+            return meta  # asked for bytes past the end: what we have is the whole file
+        if status in _PERMANENT:
+            raise XylentError(
+                f"the server answered HTTP {status} {resp.reason} (not found or not allowed)",
+                where=url,
+                fix="check the URL / url_template in the spec and that this language or pair exists in the corpus",
+            )
+        if status == 429 or status >= 500:
+            raise _Retry(f"HTTP {status} {resp.reason}")
+        if status not in (200, 206):
+            raise XylentError(f"unexpected HTTP {status} {resp.reason}", where=url)
+        mode = "ab"
+        if status == 200:
+            mode, have = "wb", 0  # the server ignored the range: start over
+        else:
+            crange = resp.headers.get("Content-Range", "")
+            if not crange.startswith(f"bytes {have}-"):
+                part.unlink(missing_ok=True)
+                raise _Retry(f"server answered a different range ({crange!r}); restarting from 0")
+        length = resp.headers.get("Content-Length")
+        expected = int(length) if length is not None and length.isdigit() else None
+        total = None
+        crange = resp.headers.get("Content-Range", "")
+        if "/" in crange and crange.rsplit("/", 1)[1].isdigit():
+            total = int(crange.rsplit("/", 1)[1])
+        elif expected is not None and status == 200:
+            total = expected
+        meta = {"url": url, "etag": resp.headers.get("ETag"), "total": total}
+        meta_path.write_text(json.dumps(meta))
+        got = 0
+        try:
+            with open(part, mode) as f:
+                for block in resp.iter_content(chunk_size=chunk):
+                    if max_bytes is not None and have + got + len(block) > max_bytes:
+                        block = block[: max_bytes - have - got]
+                    f.write(block)
+                    got += len(block)
+                    on_bytes(len(block))
+                    if max_bytes is not None and have + got >= max_bytes:
+                        break
+        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, requests.Timeout) as exc:
+            raise _Retry(f"connection dropped after {have + got} bytes: {exc}") from None
+        if expected is not None and got < expected and not (max_bytes is not None and have + got >= max_bytes):
+            raise _Retry(f"connection dropped after {have + got} bytes")
+    return meta
+
+
+def _stream_fsspec(url: str, part: Path, *, max_bytes: int | None, chunk: int, on_bytes) -> dict:
+    import fsspec
+
+    have = part.stat().st_size if part.exists() else 0
+    try:
+        with fsspec.open(url, "rb") as src, open(part, "ab") as dst:
+            if have:
+                src.seek(have)
+            while True:
+                want = chunk if max_bytes is None else min(chunk, max_bytes - have)
+                if want <= 0:
+                    break
+                block = src.read(want)
+                if not block:
+                    break
+                dst.write(block)
+                have += len(block)
+                on_bytes(len(block))
+    except FileNotFoundError:
+        raise XylentError("file not found", where=url, fix="check the URL or path in the spec") from None
+    except (OSError, ValueError) as exc:
+        raise _Retry(str(exc)) from None
+    return {"url": url, "etag": None}
+
+
+def fetch(
+    url: str,
+    part: Path,
+    *,
+    sha256: str | None = None,
+    size: int | None = None,
+    max_bytes: int | None = None,
+    retries: int = 5,
+    backoff_s: float = 0.5,
+    timeout_s: float = 60.0,
+    chunk_bytes: int = 1 << 20,
+    on_bytes: Callable[[int], None] = lambda n: None,
+) -> dict:
+    """Fetch ``url`` into ``part`` (resuming what is there) and verify it.
+
+    Returns ``{"url", "bytes", "sha256", "etag", "truncated"}``.  A checksum or
+    size mismatch deletes the partial file (it cannot be trusted) and raises.
+    """
+    part.parent.mkdir(parents=True, exist_ok=True)
+    meta_path = part.with_name(part.name + ".json")
+    is_http = url.startswith(("http://", "https://"))
+    session = requests.Session() if is_http else None
+    attempt = 0
+    while True:
+        try:
+            if is_http:
+                meta = _stream_http(
+                    session, url, part, meta_path,
+                    max_bytes=max_bytes, timeout=timeout_s, chunk=chunk_bytes, on_bytes=on_bytes,
+                )
+            else:
+                meta = _stream_fsspec(url, part, max_bytes=max_bytes, chunk=chunk_bytes, on_bytes=on_bytes)
+            break
+        except _Retry as exc:
+            attempt += 1
+            if attempt > retries:
+                raise XylentError(
+                    f"download failed after {retries + 1} attempts: {exc}",
+                    where=url,
+                    fix="check the network and the server; rerunning resumes from the bytes already fetched",
+                ) from None
+            time.sleep(backoff_s * 2 ** (attempt - 1))
+    if not part.exists():
+        part.touch()
+    got = part.stat().st_size
+    truncated = max_bytes is not None and got >= max_bytes
+    total = meta.get("total")
+    if not truncated and total is not None and got != total:
+        part.unlink(missing_ok=True)
+        raise XylentError(f"got {got} bytes but the server announced {total}", where=url, fix="rerun the download")
+    if size is not None and not truncated and got != size:
+        part.unlink(missing_ok=True)
+        raise XylentError(
+            f"size mismatch: the spec says {size} bytes, the server sent {got}; the file was discarded",
+            where=url,
+            fix="check the 'size' in the spec, or whether the mirror serves a different version",
+        )
+    h = hashlib.sha256()
+    with open(part, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    digest = h.hexdigest()
+    if sha256 is not None and not truncated and digest != sha256:
+        part.unlink(missing_ok=True)
+        meta_path.unlink(missing_ok=True)
+        raise XylentError(
+            f"checksum mismatch: expected sha256 {sha256}, got {digest}; the file was discarded",
+            where=url,
+            fix="check the sha256 in the spec, or whether the mirror serves a different version",
+        )
+    meta_path.unlink(missing_ok=True)
+    return {"url": url, "bytes": got, "sha256": digest, "etag": meta.get("etag"), "truncated": truncated}

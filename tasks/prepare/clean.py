@@ -1,0 +1,63 @@
+"""Vectorised text cleaning with Arrow compute (the hot loop of prepare).
+
+Per segment: decode UTF-8 (invalid lines are counted and dropped), Unicode
+normalisation (NFC by default), tabs/newlines to spaces, other control and
+non-characters removed, surrounding whitespace trimmed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from xylent.spec import PrepareConfig
+
+# C0/C1 controls (tab, CR, LF handled separately), BOM and the two non-characters.
+_CONTROL = r"[\x{00}-\x{08}\x{0B}\x{0C}\x{0E}-\x{1F}\x{7F}-\x{9F}\x{FEFF}\x{FFFE}\x{FFFF}]"
+
+
+def decode_lines(lines: list[bytes]) -> tuple[list[str | None], int]:
+    """bytes lines -> str (None where the bytes are not UTF-8), and how many were invalid."""
+    out: list[str | None] = []
+    bad = 0
+    for raw in lines:
+        try:
+            out.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            out.append(None)
+            bad += 1
+    return out, bad
+
+
+def split_block(block: bytes) -> tuple[list[str | None], int]:
+    """A block of whole lines (no trailing newline) -> decoded lines, invalid count.
+
+    Decoding the whole block at once is the fast path; only a block that holds
+    invalid bytes is decoded line by line to find and drop the bad lines.
+    """
+    try:
+        return block.decode("utf-8").split("\n"), 0
+    except UnicodeDecodeError:
+        return decode_lines(block.split(b"\n"))
+
+
+def clean_array(arr: pa.Array, cfg: PrepareConfig) -> pa.Array:
+    """Normalise and strip an Arrow string array (nulls stay null)."""
+    if cfg.normalization != "none":
+        arr = pc.utf8_normalize(arr, form=cfg.normalization)
+    if cfg.strip_control:
+        arr = pc.replace_substring_regex(arr, pattern=r"[\t\n\r]", replacement=" ")
+        arr = pc.replace_substring_regex(arr, pattern=_CONTROL, replacement="")
+    return pc.utf8_trim_whitespace(arr)
+
+
+def length_mask(arr: pa.Array, cfg: PrepareConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Masks (keep, too_short, too_long) over a cleaned array; nulls are neither kept nor counted."""
+    lengths = pc.utf8_length(arr).to_numpy(zero_copy_only=False)
+    valid = ~np.asarray(pc.is_null(arr).to_numpy(zero_copy_only=False))
+    lengths = np.where(valid, np.nan_to_num(lengths.astype(float)), 0)
+    too_short = valid & (lengths < cfg.min_chars)
+    too_long = valid & (lengths > cfg.max_chars)
+    keep = valid & ~too_short & ~too_long
+    return keep, too_short, too_long

@@ -1,0 +1,203 @@
+"""Streaming readers: never a whole file in memory.
+
+Text (plain, xz, gz) is read in blocks of whole lines by a background thread,
+so decompression (which releases the GIL) overlaps with cleaning.  Moses zips
+are read member by member in lockstep.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import lzma
+import queue
+import threading
+import zipfile
+import zlib
+from pathlib import Path, PurePosixPath
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from xylent.errors import XylentError
+
+_END = object()
+
+
+def _open(path: Path, fmt: str):
+    if fmt == "text-xz":
+        return lzma.open(path, "rb")
+    if fmt == "text-gz":
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def _read_error(exc: BaseException, where: str, fmt: str) -> XylentError:
+    if isinstance(exc, EOFError):
+        return XylentError(
+            f"truncated {fmt} file: the compressed stream ends before its end marker ({exc})",
+            where=where,
+            fix="the download was cut short or the file is damaged: delete it and rerun the download "
+            "(or use the source's max_bytes to read a prefix on purpose)",
+        )
+    return XylentError(
+        f"cannot decode {fmt} file: {exc}",
+        where=where,
+        fix="the file is damaged or not in the declared format: check 'format' in the spec and re-fetch it",
+    )
+
+
+def iter_line_blocks(
+    path: Path, fmt: str, *, where: str, prefix_only: bool = False, block_bytes: int = 8 << 20
+) -> Iterator[bytes]:
+    """Yield blocks of whole lines (joined by ``\\n``, no trailing newline).
+
+    ``prefix_only``: the file was cut on purpose (max_bytes); its end is not an
+    error, and the incomplete last line is dropped.
+    """
+    q: queue.Queue = queue.Queue(maxsize=3)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            with _open(path, fmt) as f:
+                while not stop.is_set():
+                    chunk = f.read(block_bytes)
+                    if not chunk:
+                        break
+                    if not put(chunk):
+                        return
+            put(_END)
+        except BaseException as exc:  # handed to the consumer, which decides
+            put(exc)
+
+    thread = threading.Thread(target=produce, name=f"read:{path.name}", daemon=True)
+    thread.start()
+    rest = b""
+    clean_end = False
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                clean_end = True
+                break
+            if isinstance(item, BaseException):
+                if prefix_only and isinstance(item, EOFError):
+                    break
+                if isinstance(item, (EOFError, lzma.LZMAError, gzip.BadGzipFile, OSError, zlib.error)):
+                    raise _read_error(item, where, fmt) from None
+                raise item
+            data = rest + item if rest else item
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                rest = data
+                continue
+            yield data[:cut]
+            rest = data[cut + 1 :]
+        if rest and (clean_end and not prefix_only):
+            yield rest
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+def lines_to_array(block: bytes) -> pa.Array | None:
+    """A block of lines -> Arrow string array without a Python object per line.
+
+    Each value keeps its trailing ``\\n`` (cleaning trims it).  Returns None
+    when the block is not valid UTF-8, so the caller decodes it line by line.
+    """
+    buf = np.frombuffer(block, dtype=np.uint8)
+    newlines = np.flatnonzero(buf == 10)
+    offsets = np.empty(len(newlines) + 2, dtype=np.int64)
+    offsets[0] = 0
+    offsets[1:-1] = newlines + 1
+    offsets[-1] = len(buf)
+    arr = pa.Array.from_buffers(
+        pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), pa.py_buffer(block)]
+    )
+    try:
+        return arr.cast(pa.large_string())
+    except pa.ArrowInvalid:
+        return None
+
+
+def safe_member_name(name: str, *, where: str) -> str:
+    p = PurePosixPath(name)
+    if name.startswith(("/", "\\")) or p.is_absolute() or ".." in p.parts or ":" in (p.parts[0] if p.parts else ""):
+        raise XylentError(
+            f"the zip holds a member with an unsafe path {name!r} (absolute or with '..')",
+            where=where,
+            fix="do not use this archive: such members can overwrite files outside the workspace",
+        )
+    return name
+
+
+def open_moses_zip(path: Path, lang_a: str, lang_b: str, *, where: str):
+    """Return (zipfile, member for lang_a, member for lang_b) after checking the archive."""
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise XylentError(
+            f"not a readable zip archive ({exc}); it is probably truncated",
+            where=where,
+            fix="delete the file and rerun the download",
+        ) from None
+    names = [safe_member_name(n, where=where) for n in zf.namelist()]
+    found = {}
+    for lang in (lang_a, lang_b):
+        cands = [n for n in names if n.endswith(f".{lang}") and not n.endswith("/")]
+        if len(cands) != 1:
+            zf.close()
+            raise XylentError(
+                f"the moses zip has {len(cands)} members for language {lang!r} (expected exactly one "
+                f"named '*.{lang}'); members: {names[:10]}",
+                where=where,
+                fix="check the pair in the spec: the archive does not hold this language",
+            )
+        found[lang] = cands[0]
+    return zf, found[lang_a], found[lang_b]
+
+
+def iter_moses_pairs(path: Path, lang_a: str, lang_b: str, *, where: str, batch: int = 50_000):
+    """Yield (src_lines, tgt_lines) as lists of bytes, checking that both sides
+    have the same number of lines."""
+    zf, ma, mb = open_moses_zip(path, lang_a, lang_b, where=where)
+    n = 0
+    try:
+        with zf, zf.open(ma) as fa, zf.open(mb) as fb:
+            ra, rb = io.BufferedReader(fa, 1 << 20), io.BufferedReader(fb, 1 << 20)
+            while True:
+                la, lb = [], []
+                for _ in range(batch):
+                    x, y = ra.readline(), rb.readline()
+                    if not x or not y:
+                        if x or y:
+                            rest_a = n + len(la) + (1 if x else 0) + sum(1 for _ in ra)
+                            rest_b = n + len(lb) + (1 if y else 0) + sum(1 for _ in rb)
+                            raise XylentError(
+                                f"the two sides of the bitext have different line counts: "
+                                f"{ma} has {rest_a} lines, {mb} has {rest_b}",
+                                where=where,
+                                fix="the files are not line-aligned; fix or drop this pair",
+                            )
+                        break
+                    la.append(x.rstrip(b"\r\n"))
+                    lb.append(y.rstrip(b"\r\n"))
+                if la:
+                    n += len(la)
+                    yield la, lb
+                if len(la) < batch:
+                    return
+    except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
+        raise XylentError(f"damaged zip member ({exc})", where=where, fix="delete the file and rerun the download") from None

@@ -1,0 +1,142 @@
+"""The ``xylent`` command line.
+
+Exit codes: 0 success, 2 a user error (bad spec, bad input, unreachable URL:
+the message says what, where and what to do), 1 a bug (with its traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+from xylent.errors import XylentError
+from xylent.stages import STAGE_NAMES, STAGES, get_stage, stage_fingerprints
+from xylent.workspace import Workspace, read_manifest
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="xylent", description="Cross-lingual encoder pretraining pipeline.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def spec_args(sp):
+        sp.add_argument("--spec", required=True, help="YAML spec, e.g. data_specs/demo.yaml")
+        sp.add_argument("--workspace", help="output folder (default: the spec's 'workspace', else ./workspace)")
+        sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a spec field, e.g. --set prepare.min_chars=5 (repeatable)")
+        sp.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+
+    run = sub.add_parser("run", help="run one stage (and whatever it needs) or the whole pipeline")
+    run.add_argument("target", metavar="STAGE|pipeline", help=f"one of {', '.join(STAGE_NAMES)}, or pipeline")
+    spec_args(run)
+    run.add_argument("--force", action="store_true",
+                     help="recompute the named stage (with 'pipeline': every stage) even if cached")
+    sub.add_parser("stages", help="list the stages in pipeline order")
+    status = sub.add_parser("status", help="per stage: fingerprint, cached or not, output folder, MLflow run")
+    spec_args(status)
+    return p
+
+
+def _status(args) -> dict:
+    from xylent.spec import load_spec
+
+    spec = load_spec(args.spec, args.overrides)
+    ws = Workspace(args.workspace or spec.workspace or "workspace")
+    stages = {}
+    for name, fp in stage_fingerprints(spec).items():
+        out = ws.output_dir(name, fp)
+        manifest = read_manifest(out)
+        stages[name] = {"output_dir": str(out), "fingerprint": fp, "cached": manifest is not None,
+                        "mlflow_run_id": manifest.get("mlflow_run_id") if manifest else None}
+    return {"stages": stages}
+
+
+def _run(args) -> dict:
+    target = args.target
+    if target != "pipeline":
+        get_stage(target)
+    os.environ.setdefault("PREFECT_UI_ENABLED", "false")  # an ephemeral server needs no UI assets
+    from flows.pipeline import pipeline, stage_flow
+
+    kwargs = {"spec_file": args.spec, "workspace": args.workspace, "overrides": args.overrides}
+    if target == "pipeline":
+        return pipeline(**kwargs, force=args.force)
+    return stage_flow(target)(**kwargs, force=args.force)
+
+
+def _print_summary(result: dict, *, ran: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table("stage", "state", "fingerprint", "output", "MLflow run")
+    for name, r in result["stages"].items():
+        state = ("cached" if r["cached"] else ("done" if ran else "missing"))
+        table.add_row(name, state, r["fingerprint"], r["output_dir"], r.get("mlflow_run_id") or "-")
+    console.print(table)
+    if ran:
+        for line in result.get("where", []):
+            console.print(line, highlight=False, soft_wrap=True)
+
+
+def _where(result: dict, args) -> list[str]:
+    from xylent.spec import load_spec
+    from xylent.tracking import tracking_uri_for
+
+    spec = load_spec(args.spec, args.overrides)
+    ws = Workspace(args.workspace or spec.workspace or "workspace")
+    uri = tracking_uri_for(ws.root, spec.tracking.tracking_uri)
+    lines = [f"outputs:  {ws.root}"]
+    lines.append(f"MLflow:   parent run {result['mlflow_parent_run_id']} in experiment '{spec.tracking.experiment}' "
+                 f"({uri}); see it with: mlflow ui --backend-store-uri {uri}")
+    fr = result.get("prefect_flow_run_id")
+    if fr:
+        url = result.get("prefect_flow_run_url")
+        lines.append(f"Prefect:  flow run {fr}" + (f" at {url}" if url else
+                     " (recorded in the local Prefect database; `prefect server start` shows it in the UI)"))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "stages":
+            width = max(len(s.name) for s in STAGES)
+            for s in STAGES:
+                print(f"{s.name:<{width}}  {s.description}")
+            return 0
+        if args.command == "status":
+            result = _status(args)
+            if args.json:
+                print(json.dumps(result, indent=2))
+            else:
+                _print_summary(result, ran=False)
+            return 0
+        result = _run(args)
+        if args.json:
+            print(json.dumps({"stages": result["stages"], "mlflow_parent_run_id": result["mlflow_parent_run_id"],
+                              "prefect_flow_run_id": result.get("prefect_flow_run_id")}, indent=2))
+        else:
+            result["where"] = _where(result, args)
+            _print_summary(result, ran=True)
+        return 0
+    except XylentError as exc:
+        print(f"xylent: error: {exc.render()}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("xylent: interrupted; nothing half-written is kept (rerun to continue)", file=sys.stderr)
+        return 130
+    except Exception:
+        traceback.print_exc()
+        print("xylent: internal error (a bug): please report it with the traceback above", file=sys.stderr)
+        return 1
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

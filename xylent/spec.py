@@ -1,0 +1,305 @@
+"""The run specification: pydantic models loaded from YAML.
+
+Every field can be overridden from the CLI with ``--set dotted.path=value``
+(the value is parsed as YAML, so ``--set sources.0.max_lines=1000`` and
+``--set languages=[en,de]`` both work).  Unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from xylent.errors import XylentError
+from xylent.languages import check_language, parse_pair
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+SourceName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)]
+FileFormat = Literal["text", "text-xz", "text-gz", "moses-zip", "tsv", "parquet", "gettext"]
+
+
+class SourceBase(Strict):
+    name: SourceName
+    max_bytes: int | None = Field(
+        default=None,
+        gt=0,
+        description="Fetch at most this many bytes of each file (a prefix; stream formats only). "
+        "Prepare reads the prefix up to its last complete line.",
+    )
+    max_lines: int | None = Field(
+        default=None, gt=0, description="Prepare reads at most this many lines (or pairs) per file."
+    )
+
+
+class Cc100Source(SourceBase):
+    """CC-100: one ``{file}.txt.xz`` per language; paragraphs per line, documents
+    separated by blank lines."""
+
+    kind: Literal["cc100"]
+    languages: list[str] | None = None
+    url_template: str = "https://data.statmt.org/cc-100/{file}.txt.xz"
+    file_names: dict[str, str] = Field(
+        default_factory=dict, description="language code -> CC-100 file name, for the few that differ"
+    )
+
+
+class OpusSource(SourceBase):
+    """An OPUS corpus as moses zips (``{l1}-{l2}.txt.zip``, pair in alphabetical order)."""
+
+    kind: Literal["opus"]
+    corpus: str
+    version: str
+    pairs: list[str] | None = Field(
+        default=None,
+        description="pairs to fetch; when omitted the OPUS API lists the corpus and every pair "
+        "whose two languages are in the spec's languages is taken",
+    )
+    url_template: str = "https://object.pouta.csc.fi/OPUS-{corpus}/{version}/moses/{pair}.txt.zip"
+    api_url: str = "https://opus.nlpl.eu/opusapi/"
+
+    @field_validator("pairs")
+    @classmethod
+    def _pairs(cls, v):
+        if v is not None:
+            for p in v:
+                parse_pair(p, where="sources[].pairs")
+        return v
+
+
+class _FileSource(SourceBase):
+    format: FileFormat
+    lang: str | None = None
+    pair: str | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self):
+        if self.format == "gettext" and (self.lang is None or self.pair is not None):
+            raise ValueError(
+                f"source {self.name!r}: a gettext catalog needs 'lang' (the language of its msgstr; msgids are English)"
+            )
+        if (self.lang is None) == (self.pair is None):
+            raise ValueError(f"source {self.name!r}: give exactly one of 'lang' (monolingual) or 'pair' (bitext)")
+        if self.pair is not None:
+            parse_pair(self.pair, where=f"source {self.name!r}")
+            if self.format not in ("moses-zip", "tsv", "parquet"):
+                raise ValueError(f"source {self.name!r}: format {self.format!r} holds monolingual text; use 'lang'")
+        elif self.format == "moses-zip":
+            raise ValueError(f"source {self.name!r}: a moses-zip holds a bitext; use 'pair'")
+        if self.lang is not None:
+            check_language(self.lang, where=f"source {self.name!r}")
+        if self.max_bytes is not None and self.format in ("moses-zip", "parquet", "gettext"):
+            raise ValueError(
+                f"source {self.name!r}: max_bytes cuts a file to a prefix, which a {self.format} file "
+                "cannot be read from; use max_lines"
+            )
+        return self
+
+
+class UrlSource(_FileSource):
+    kind: Literal["url"]
+    url: str
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    size: int | None = Field(default=None, ge=0)
+
+
+class LocalSource(_FileSource):
+    kind: Literal["local"]
+    path: str
+
+
+class GettextSource(SourceBase):
+    """Translation catalogs (.po) shipped inside an installed Python package."""
+
+    kind: Literal["gettext"]
+    package: str
+    languages: list[str] | None = None
+    source_language: str = Field(default="en", description="the language of the msgids")
+    locales: dict[str, str] = Field(
+        default_factory=dict, description="language code -> locale directory, over the built-in table"
+    )
+    plurals: Literal["singular", "all", "skip"] = Field(
+        default="singular",
+        description="singular: msgid <-> msgstr[0]; all: also msgid_plural <-> msgstr[1]; skip: drop plural entries",
+    )
+
+
+Source = Annotated[
+    Union[Cc100Source, OpusSource, UrlSource, LocalSource, GettextSource], Field(discriminator="kind")
+]
+
+
+class RunnerConfig(Strict):
+    kind: Literal["threads", "processes", "dask", "ray"] = "threads"
+    max_workers: int | None = Field(default=None, gt=0)
+    address: str | None = Field(default=None, description="Dask scheduler / Ray cluster address")
+
+
+class TrackingConfig(Strict):
+    experiment: str = "xylent"
+    tracking_uri: str | None = Field(
+        default=None, description="default: $MLFLOW_TRACKING_URI, else sqlite:///<workspace>/mlflow.db"
+    )
+
+
+class DownloadConfig(Strict):
+    concurrency: int = Field(default=4, gt=0)
+    retries: int = Field(default=5, ge=0)
+    backoff_s: float = Field(default=0.5, ge=0)
+    timeout_s: float = Field(default=60.0, gt=0)
+    chunk_bytes: int = Field(default=1 << 20, gt=0)
+
+
+class PrepareConfig(Strict):
+    normalization: Literal["NFC", "NFKC", "none"] = "NFC"
+    strip_control: bool = True
+    min_chars: int = Field(default=1, ge=0, description="drop segments shorter than this (after cleaning)")
+    max_chars: int = Field(default=20000, gt=0, description="drop segments longer than this")
+    part_rows: int = Field(default=500_000, gt=0, description="rows per output Parquet part")
+
+
+class ModelConfig(Strict):
+    size: Literal["tiny", "small", "base", "large", "xl"] = "tiny"
+
+
+class Spec(Strict):
+    name: str = "xylent"
+    seed: int = 0
+    workspace: str | None = Field(default=None, description="default workspace; --workspace overrides")
+    languages: list[str] = Field(min_length=1)
+    sources: list[Source] = Field(min_length=1)
+    runner: RunnerConfig = Field(default_factory=RunnerConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    download: DownloadConfig = Field(default_factory=DownloadConfig)
+    prepare: PrepareConfig = Field(default_factory=PrepareConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+
+    # where relative paths in the spec are resolved (the spec file's folder)
+    base_dir: str = Field(default=".", exclude=True)
+
+    @field_validator("languages")
+    @classmethod
+    def _langs(cls, v):
+        for code in v:
+            check_language(code, where="spec field 'languages'")
+        if len(set(v)) != len(v):
+            raise ValueError("'languages' lists a language twice")
+        return v
+
+    @model_validator(mode="after")
+    def _sources(self):
+        names = [s.name for s in self.sources]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"source names must be unique; repeated: {sorted(dup)}")
+        known = set(self.languages)
+        for s in self.sources:
+            declared = list(getattr(s, "languages", None) or [])
+            if getattr(s, "lang", None):
+                declared.append(s.lang)
+            for p in ([s.pair] if getattr(s, "pair", None) else []) + list(getattr(s, "pairs", None) or []):
+                declared.extend(p.split("-"))
+            for code in declared:
+                check_language(code, where=f"source {s.name!r}")
+                if code not in known:
+                    raise ValueError(
+                        f"source {s.name!r} uses language {code!r}, which is not in the spec's 'languages'; "
+                        "add it there or remove it from the source"
+                    )
+        return self
+
+    def source_languages(self, source) -> list[str]:
+        return list(getattr(source, "languages", None) or self.languages)
+
+    def resolve_path(self, p: str) -> Path:
+        path = Path(p).expanduser()
+        return path if path.is_absolute() else (Path(self.base_dir) / path).resolve()
+
+    def dump(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+# -- loading ------------------------------------------------------------------
+
+
+def apply_override(data: dict, assignment: str) -> None:
+    """Apply one ``dotted.path=value`` override to a raw spec dict, in place."""
+    if "=" not in assignment:
+        raise XylentError(
+            f"bad --set {assignment!r}", fix="write overrides as key.path=value, e.g. --set prepare.min_chars=5"
+        )
+    path, raw = assignment.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as exc:
+        raise XylentError(f"bad value in --set {assignment!r}: {exc}", fix="quote it or write valid YAML") from None
+    keys = path.strip().split(".")
+    node: Any = data
+    for i, key in enumerate(keys):
+        last = i == len(keys) - 1
+        where = ".".join(keys[: i + 1])
+        if isinstance(node, list):
+            if not key.isdigit() or int(key) >= len(node):
+                raise XylentError(
+                    f"--set {path}: {where!r} is not an index of a list of {len(node)} items",
+                    fix="use a 0-based index that exists, e.g. sources.0.max_lines=1000",
+                )
+            idx = int(key)
+            if last:
+                node[idx] = value
+            else:
+                node = node[idx]
+        elif isinstance(node, dict):
+            if last:
+                node[key] = value
+            else:
+                node = node.setdefault(key, {})
+        else:
+            raise XylentError(f"--set {path}: {'.'.join(keys[:i])!r} is a value, not a section")
+
+
+def _format_validation_error(exc: ValidationError, source: str) -> XylentError:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling; see docs for the fields of this section)"
+        lines.append(f"  - {loc or '(top level)'}: {msg}")
+    return XylentError(
+        "the spec is invalid:\n" + "\n".join(lines),
+        where=source,
+        fix="fix these fields in the YAML or in --set; every field is documented in docs/spec.md",
+    )
+
+
+def spec_from_dict(data: dict, *, source: str = "<spec>", base_dir: str = ".") -> Spec:
+    data = dict(data)
+    data["base_dir"] = base_dir
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as exc:
+        raise _format_validation_error(exc, source) from None
+
+
+def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
+    p = Path(path)
+    if not p.is_file():
+        raise XylentError(f"spec file not found: {p}", fix="pass --spec with a YAML file, e.g. data_specs/demo.yaml")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise XylentError(f"the spec is not valid YAML: {exc}", where=str(p)) from None
+    if not isinstance(data, dict):
+        raise XylentError("the spec must be a YAML mapping", where=str(p))
+    data = copy.deepcopy(data)
+    for ov in overrides:
+        apply_override(data, ov)
+    return spec_from_dict(data, source=str(p), base_dir=str(p.resolve().parent))

@@ -1,0 +1,119 @@
+"""MLflow tracking with explicit run ids.
+
+MLflow's "active run" is thread-local, and Prefect runs tasks on worker threads
+(or other processes), so nothing here relies on it: every call names its run.
+One parent run per ``xylent run``; one nested run per stage (linked with the
+``mlflow.parentRunId`` tag, which the MLflow UI shows as nesting).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+from xylent.errors import XylentError
+
+
+def tracking_uri_for(workspace_root: Path, configured: str | None = None) -> str:
+    return configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{workspace_root}/mlflow.db"
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested spec slice -> MLflow params (``a.b.c`` keys, values cut to MLflow's limit)."""
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        elif isinstance(v, list) and v and all(isinstance(x, Mapping) for x in v):
+            for i, x in enumerate(v):
+                name = x.get("name", i) if isinstance(x, Mapping) else i
+                out.update(flatten(x, f"{key}.{name}."))
+        else:
+            out[key] = str(v)[:6000]
+    return out
+
+
+class Tracker:
+    """Thin wrapper over ``MlflowClient`` bound to one tracking store and experiment."""
+
+    def __init__(self, tracking_uri: str, experiment: str, artifact_root: Path | None = None):
+        import mlflow
+        from mlflow import MlflowClient
+
+        # MLflow logs its sqlite migrations at INFO on first use; they are noise to our users.
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        self.uri = tracking_uri
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        try:
+            exp = self.client.get_experiment_by_name(experiment)
+            if exp is None:
+                self.experiment_id = self.client.create_experiment(
+                    experiment,
+                    artifact_location=(artifact_root / experiment).as_uri() if artifact_root else None,
+                )
+            else:
+                self.experiment_id = exp.experiment_id
+        except mlflow.exceptions.MlflowException as exc:
+            raise XylentError(
+                f"cannot use the MLflow tracking store: {exc}",
+                where=tracking_uri,
+                fix="check MLFLOW_TRACKING_URI / tracking.tracking_uri, or unset it to use the workspace's sqlite store",
+            ) from None
+
+    def start_run(
+        self,
+        name: str,
+        *,
+        parent_run_id: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> str:
+        all_tags = dict(tags or {})
+        if parent_run_id:
+            all_tags["mlflow.parentRunId"] = parent_run_id
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
+        run_id = run.info.run_id
+        if params:
+            self.log_params(run_id, params)
+        return run_id
+
+    def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        flat = flatten(params)
+        items = [Param(k, v) for k, v in sorted(flat.items())]
+        for i in range(0, len(items), 100):  # MLflow's batch limit
+            self.client.log_batch(run_id, params=items[i : i + 100])
+
+    def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [
+            Metric(k.replace("=", "_"), float(v), now, step)
+            for k, v in sorted(metrics.items())
+            if v is not None
+        ]
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(run_id, metrics=items[i : i + 1000])
+
+    def set_tags(self, run_id: str, tags: Mapping[str, str]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(run_id, k, str(v))
+
+    def log_artifact(self, run_id: str, path: Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def end_run(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run_id, status=status)
+
+    def run_url(self, run_id: str) -> str:
+        """Where to look at a run: the tracking server's page, or how to open one."""
+        if self.uri.startswith("http"):
+            return f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
+        return f"mlflow ui --backend-store-uri {self.uri}  →  experiment {self.experiment_id}, run {run_id}"

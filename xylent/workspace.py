@@ -1,0 +1,219 @@
+"""Fingerprinted, atomically written stage outputs.
+
+Layout: ``<ws>/<stage>/<fingerprint>/`` for a stage's output and
+``<ws>/<stage>/_units/<fingerprint>/`` for the independent pieces a stage is
+made of (one file fetched, one source prepared).  Both are built in a sibling
+``*.tmp-<pid>-<rand>`` directory and renamed into place only after
+``_manifest.json`` has been written, so a directory with a manifest is complete
+and anything else is never trusted (left-overs are removed under the lock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from xylent.errors import XylentError
+
+MANIFEST = "_manifest.json"
+TMP_MARK = ".tmp-"
+
+
+def fingerprint(obj: Any) -> str:
+    """Stable short hash of a JSON-able object (key order does not matter)."""
+    blob = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def sha256_file(path: Path, bufsize: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(bufsize):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def describe_file(path: Path, root: Path) -> dict[str, Any]:
+    """Manifest entry for one output file: size, checksum and, for tables, rows."""
+    entry: dict[str, Any] = {
+        "path": path.relative_to(root).as_posix(),
+        "bytes": path.stat().st_size,
+        "sha256": sha256_file(path),
+    }
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        entry["rows"] = pq.ParquetFile(path).metadata.num_rows
+    return entry
+
+
+def read_manifest(directory: Path) -> dict[str, Any] | None:
+    """The manifest of a complete output, or None when it is absent or unreadable."""
+    try:
+        return json.loads((Path(directory) / MANIFEST).read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link a finished file into another output (no copy on one filesystem)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+class Workspace:
+    def __init__(self, root: str | Path):
+        root_s = str(root)
+        if "://" in root_s and not root_s.startswith("file://"):
+            raise XylentError(
+                f"workspace {root_s!r}: remote (fsspec) workspaces are not supported yet",
+                fix="use a local or network-mounted directory for --workspace",
+            )
+        self.root = Path(root_s.removeprefix("file://")).expanduser().resolve()
+
+    # -- paths -------------------------------------------------------------
+    def stage_dir(self, stage: str) -> Path:
+        return self.root / stage
+
+    def output_dir(self, stage: str, fp: str) -> Path:
+        return self.root / stage / fp
+
+    def unit_dir(self, stage: str, fp: str) -> Path:
+        return self.root / stage / "_units" / fp
+
+    def is_complete(self, directory: Path) -> bool:
+        return read_manifest(directory) is not None
+
+    # -- atomic build --------------------------------------------------------
+    @contextlib.contextmanager
+    def building(self, final: Path) -> Iterator[Path]:
+        """Yield an empty temporary directory; the caller fills it and calls
+        :meth:`publish`.  On any error the temporary directory is removed."""
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f"{final.name}{TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        try:
+            yield tmp
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def publish(
+        self,
+        tmp: Path,
+        final: Path,
+        manifest: dict[str, Any],
+        *,
+        known_files: dict[str, dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """Describe every file in ``tmp``, write the manifest last, rename into place.
+
+        ``known_files`` (relative path -> entry) skips re-hashing files that were
+        hard-linked from already published units.
+        """
+        known_files = known_files or {}
+        files = []
+        for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+            rel = path.relative_to(tmp).as_posix()
+            if rel == MANIFEST:
+                continue
+            if rel in known_files:
+                files.append({**known_files[rel], "path": rel})
+            else:
+                files.append(describe_file(path, tmp))
+        manifest = {**manifest, "files": files}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
+        _fsync_dir(tmp)
+        if final.exists():  # --force: move the old output aside first, then drop it
+            old = final.parent / f"{final.name}{TMP_MARK}old-{secrets.token_hex(4)}"
+            final.rename(old)
+            shutil.rmtree(old, ignore_errors=True)
+        tmp.rename(final)
+        _fsync_dir(final.parent)
+        return manifest
+
+    # -- locking -------------------------------------------------------------
+    _local = threading.RLock()
+    _held: dict[Path, tuple[int, int]] = {}
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Exclusive lock on the workspace for this process (re-entrant).
+
+        Another process holding it is a user error: two runs writing the same
+        workspace could otherwise interleave their outputs.
+        """
+        with Workspace._local:
+            if self.root in Workspace._held:
+                fd, depth = Workspace._held[self.root]
+                Workspace._held[self.root] = (fd, depth + 1)
+                acquired = False
+            else:
+                self.root.mkdir(parents=True, exist_ok=True)
+                lock_path = self.root / ".xylent.lock"
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = os.pread(fd, 512, 0).decode(errors="replace").strip()
+                    os.close(fd)
+                    raise XylentError(
+                        "the workspace is in use by another xylent run" + (f" ({holder})" if holder else ""),
+                        where=str(self.root),
+                        fix="wait for that run to finish, or give this one its own --workspace",
+                    ) from None
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
+                Workspace._held[self.root] = (fd, 1)
+                acquired = True
+        if acquired:
+            self.remove_stale_temporaries()
+        try:
+            yield
+        finally:
+            with Workspace._local:
+                fd, depth = Workspace._held[self.root]
+                if depth == 1:
+                    del Workspace._held[self.root]
+                    os.close(fd)  # releases the flock
+                else:
+                    Workspace._held[self.root] = (fd, depth - 1)
+
+    def remove_stale_temporaries(self) -> list[Path]:
+        """Delete half-built outputs left by killed runs (only safe under the lock)."""
+        removed = []
+        if not self.root.exists():
+            return removed
+        for stage in self.root.iterdir():
+            if not stage.is_dir():
+                continue
+            for parent in (stage, stage / "_units"):
+                if not parent.is_dir():
+                    continue
+                for child in parent.iterdir():
+                    if TMP_MARK in child.name:
+                        shutil.rmtree(child, ignore_errors=True)
+                        removed.append(child)
+        # download/_partial/*.part is not touched: partial downloads are resumed
+        return removed
