@@ -36,13 +36,27 @@ def plan_source_task(spec, source_name: str) -> list[FetchItem]:
     return plan_source(spec, source)
 
 
-@task(name="fetch", task_run_name="fetch {item.source}/{item.filename}", retries=2, retry_delay_seconds=5,
+@task(name="fetch", task_run_name="fetch {label}", retries=2, retry_delay_seconds=5,
       cache_policy=NO_CACHE, retry_condition_fn=_retry_unless_user_error)
-def fetch_task(item: FetchItem, ws_root: str, cfg: DownloadConfig, progress: Progress | None = None):
-    record, cached = materialise(item, Workspace(ws_root), cfg, on_bytes=progress.advance if progress else (lambda n: None))
-    if cached:
-        return Completed(name="Cached", message="already fetched", data=record)
-    return record
+def fetch_task(label: str, items: list[FetchItem], ws_root: str, cfg: DownloadConfig,
+               progress: Progress | None = None):
+    ws = Workspace(ws_root)
+    on_bytes = progress.advance if progress else (lambda n: None)
+    done = [materialise(it, ws, cfg, on_bytes=on_bytes) for it in items]
+    records = [rec for rec, _ in done]
+    if all(cached for _, cached in done):
+        return Completed(name="Cached", message="already fetched", data=records)
+    return records
+
+
+def _batches(items: list[FetchItem]) -> dict[str, list[FetchItem]]:
+    """One task per URL; files read from disk go together per source and language
+    (a package's catalogs are hundreds of small files)."""
+    out: dict[str, list[FetchItem]] = {}
+    for it in items:
+        label = f"{it.source}/{it.filename}" if it.url else f"{it.source}/{it.lang or it.pair}"
+        out.setdefault(label, []).append(it)
+    return out
 
 
 def _body(inv: Invocation):
@@ -57,10 +71,11 @@ def _body(inv: Invocation):
             # downloads are I/O-bound: always threads, download.concurrency at a time
             with ThreadPoolTaskRunner(max_workers=spec.download.concurrency) as runner:
                 futures = submit_all(runner, fetch_task, [
-                    {"item": it, "ws_root": str(inv.ws.root), "cfg": spec.download, "progress": progress}
-                    for it in items
+                    {"label": label, "items": batch, "ws_root": str(inv.ws.root), "cfg": spec.download,
+                     "progress": progress}
+                    for label, batch in _batches(items).items()
                 ])
-                records = [f.result() for f in futures]
+                records = [rec for f in futures for rec in f.result()]
         finally:
             progress.close()
         known = {}

@@ -7,7 +7,7 @@ import importlib
 from prefect import flow
 from prefect.runtime import flow_run
 
-from flows.stage import Invocation
+from flows.stage import Invocation, flow_run_url
 from xylent.stages import STAGES, stages_up_to
 
 
@@ -26,9 +26,10 @@ def pipeline(spec_file: str, workspace: str | None = None, overrides: list[str] 
         with inv.ws.lock():
             for info in stages_up_to(until or STAGES[-1].name):
                 result = stage_flow(info.name)(**inv.flow_kwargs(), force=force)
-                inv.results.update(result["stages"])
+                for name, r in result["stages"].items():
+                    inv.results.setdefault(name, r)  # the first report of a stage is what this run did
         ok = True
     finally:
         inv.finish(ok)
     return {"stages": inv.results, "mlflow_parent_run_id": inv.parent_run_id,
-            "prefect_flow_run_id": flow_run.id, "prefect_flow_run_url": flow_run.ui_url}
+            "prefect_flow_run_id": flow_run.id, "prefect_flow_run_url": flow_run_url()}

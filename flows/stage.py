@@ -99,19 +99,29 @@ class Invocation:
             if read_manifest(out) is None:
                 mod, fn = get_stage(up).flow.split(":")
                 result = getattr(importlib.import_module(mod), fn)(**self.flow_kwargs())
-                self.results.update(result["stages"])
+                for name, r in result["stages"].items():
+                    self.results.setdefault(name, r)
             else:
                 self.results.setdefault(up, _result(up, out, read_manifest(out), cached=True))
             dirs[up] = out
         return dirs
 
 
+def flow_run_url() -> str | None:
+    """The flow run's page in the Prefect UI, when a UI URL is configured."""
+    from prefect.settings import PREFECT_UI_URL
+
+    if flow_run.id and PREFECT_UI_URL.value():
+        return flow_run.ui_url
+    return None
+
+
 def _prefect_tags() -> dict[str, str]:
     tags = {}
     if flow_run.id:
         tags["prefect.flow_run_id"] = flow_run.id
-        if flow_run.ui_url:
-            tags["prefect.flow_run_url"] = flow_run.ui_url
+        if flow_run_url():
+            tags["prefect.flow_run_url"] = flow_run_url()
     return tags
 
 
@@ -210,7 +220,7 @@ def run_stage_flow(inv: Invocation, stage: str, force: bool, body) -> Any:
     finally:
         inv.finish(ok)
     result = {"stages": inv.results, "mlflow_parent_run_id": inv.parent_run_id,
-              "prefect_flow_run_id": flow_run.id, "prefect_flow_run_url": flow_run.ui_url}
+              "prefect_flow_run_id": flow_run.id, "prefect_flow_run_url": flow_run_url()}
     if isinstance(state, State):
         return Completed(name="Cached", message=state.message, data=result)
     return result

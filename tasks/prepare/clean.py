@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import polars as pl
 import pyarrow.compute as pc
 
 from xylent.spec import PrepareConfig
 
 # C0/C1 controls (tab, CR, LF handled separately), BOM and the two non-characters.
 _CONTROL = r"[\x{00}-\x{08}\x{0B}\x{0C}\x{0E}-\x{1F}\x{7F}-\x{9F}\x{FEFF}\x{FFFE}\x{FFFF}]"
+_ANY_CONTROL = r"[\x{00}-\x{1F}\x{7F}-\x{9F}\x{FEFF}\x{FFFE}\x{FFFF}]"
 
 
 def decode_lines(lines: list[bytes]) -> tuple[list[str | None], int]:
@@ -42,14 +44,28 @@ def split_block(block: bytes) -> tuple[list[str | None], int]:
         return decode_lines(block.split(b"\n"))
 
 
+def _normalize(arr: pa.Array, form: str) -> pa.Array:
+    # Arrow's utf8_normalize does not compose (e + U+0301 stays two code points,
+    # pyarrow 25), so polars does it, and only on the rows that are not ASCII.
+    nonascii = pc.invert(pc.string_is_ascii(arr))
+    if not pc.any(nonascii).as_py():
+        return arr
+    sub = pl.from_arrow(arr.filter(nonascii)).str.normalize(form).to_arrow().cast(arr.type)
+    return pc.replace_with_mask(arr, nonascii, sub)
+
+
 def clean_array(arr: pa.Array, cfg: PrepareConfig) -> pa.Array:
     """Normalise and strip an Arrow string array (nulls stay null)."""
-    if cfg.normalization != "none":
-        arr = pc.utf8_normalize(arr, form=cfg.normalization)
+    arr = pc.utf8_trim_whitespace(arr)
     if cfg.strip_control:
-        arr = pc.replace_substring_regex(arr, pattern=r"[\t\n\r]", replacement=" ")
-        arr = pc.replace_substring_regex(arr, pattern=_CONTROL, replacement="")
-    return pc.utf8_trim_whitespace(arr)
+        dirty = pc.match_substring_regex(arr, pattern=_ANY_CONTROL)
+        if pc.any(dirty).as_py():  # rare: fix only those rows
+            sub = pc.replace_substring_regex(arr.filter(dirty), pattern=r"[\t\n\r]", replacement=" ")
+            sub = pc.replace_substring_regex(sub, pattern=_CONTROL, replacement="")
+            arr = pc.utf8_trim_whitespace(pc.replace_with_mask(arr, dirty, sub))
+    if cfg.normalization != "none":
+        arr = _normalize(arr, cfg.normalization)
+    return arr
 
 
 def length_mask(arr: pa.Array, cfg: PrepareConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

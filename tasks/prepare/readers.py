@@ -69,16 +69,26 @@ def iter_line_blocks(
         return False
 
     def produce() -> None:
+        # read1 hands over what was decompressed before a truncation is noticed,
+        # so a prefix cut on purpose keeps every complete line it holds
+        buf = bytearray()
         try:
             with _open(path, fmt) as f:
                 while not stop.is_set():
-                    chunk = f.read(block_bytes)
+                    chunk = f.read1(1 << 20)
                     if not chunk:
                         break
-                    if not put(chunk):
-                        return
+                    buf += chunk
+                    if len(buf) >= block_bytes:
+                        if not put(bytes(buf)):
+                            return
+                        buf.clear()
+            if buf:
+                put(bytes(buf))
             put(_END)
         except BaseException as exc:  # handed to the consumer, which decides
+            if buf:
+                put(bytes(buf))
             put(exc)
 
     thread = threading.Thread(target=produce, name=f"read:{path.name}", daemon=True)

@@ -1,0 +1,210 @@
+"""Shared fixtures: one Prefect test server per session, a loopback HTTP server
+with fault injection (the only stand-in: for the internet), and builders for
+real-format corpus files."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import lzma
+import os
+import sys
+import threading
+import zipfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+import yaml
+
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_server():
+    """One ephemeral Prefect API for the whole session (starting one takes ~20 s)."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()  # for CLI subprocesses
+        yield PREFECT_API_URL.value()
+        os.environ.pop("PREFECT_API_URL", None)
+
+
+# -- loopback HTTP server ------------------------------------------------------
+
+
+class Corpus:
+    """What the loopback server serves, and the faults it injects."""
+
+    def __init__(self):
+        self.files: dict[str, bytes] = {}
+        self.fail_first: dict[str, int] = {}  # path -> answer 500 this many times
+        self.drop_after: dict[str, int] = {}  # path -> cut the connection after N body bytes, once
+        self.requests: list[tuple[str, dict]] = []
+        self.opus: dict[tuple[str, str], list[dict]] = {}  # (corpus, version) -> API listing
+        self.lock = threading.Lock()
+
+    def count(self, path: str) -> int:
+        return sum(1 for p, _ in self.requests if p == path)
+
+
+def _handler(corpus: Corpus):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            url = urlparse(self.path)
+            with corpus.lock:
+                corpus.requests.append((url.path, dict(self.headers)))
+                fails = corpus.fail_first.get(url.path, 0)
+                if fails:
+                    corpus.fail_first[url.path] = fails - 1
+            if fails:
+                return self._send(500, b"boom")
+            if url.path == "/opusapi/":
+                q = parse_qs(url.query)
+                listing = corpus.opus.get((q["corpus"][0], q["version"][0]), [])
+                return self._send(200, json.dumps({"corpora": listing}).encode(), ctype="application/json")
+            body = corpus.files.get(url.path)
+            if body is None:
+                return self._send(404, b"not found")
+            etag = '"' + hashlib.md5(body).hexdigest() + '"'
+            start, status = 0, 200
+            rng = self.headers.get("Range")
+            if rng and (self.headers.get("If-Range") in (None, etag)):
+                a, b = rng.removeprefix("bytes=").split("-")
+                start = int(a)
+                end = int(b) if b else len(body) - 1
+                if start >= len(body):
+                    return self._send(416, b"", extra={"Content-Range": f"bytes */{len(body)}"})
+                chunk = body[start : end + 1]
+                status = 206
+                extra = {"Content-Range": f"bytes {start}-{start + len(chunk) - 1}/{len(body)}"}
+            else:
+                chunk, extra = body, {}
+            drop = corpus.drop_after.pop(url.path, None)
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(chunk)))
+            self.send_header("ETag", etag)
+            self.send_header("Accept-Ranges", "bytes")
+            for k, v in extra.items():
+                self.send_header(k, v)
+            self.end_headers()
+            if drop is not None:
+                self.wfile.write(chunk[:drop])
+                self.wfile.flush()
+                self.close_connection = True
+                return
+            self.wfile.write(chunk)
+
+        def _send(self, status, body, ctype="text/plain", extra=None):
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            for k, v in (extra or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(body)
+
+    return Handler
+
+
+@pytest.fixture()
+def http_corpus():
+    corpus = Corpus()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(corpus))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    corpus.base = f"http://127.0.0.1:{server.server_address[1]}"
+    yield corpus
+    server.shutdown()
+    server.server_close()
+
+
+# -- real-format corpus files -------------------------------------------------
+
+
+def cc100_xz(docs: list[list[str]], *, preset: int = 0) -> bytes:
+    """CC-100 layout: one paragraph per line, documents separated by a blank line."""
+    text = "".join("".join(line + "\n" for line in doc) + "\n" for doc in docs)
+    return lzma.compress(text.encode("utf-8"), preset=preset)
+
+
+def moses_zip(corpus: str, a: str, b: str, src: list[str], tgt: list[str], extra: dict | None = None) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr(f"{corpus}.{a}-{b}.{a}", "".join(s + "\n" for s in src))
+        zf.writestr(f"{corpus}.{a}-{b}.{b}", "".join(s + "\n" for s in tgt))
+        zf.writestr("README", f"{corpus} test fixture\n")
+        for name, data in (extra or {}).items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def po_file(entries: list[dict]) -> str:
+    """A gettext catalog; entries: {msgid, msgstr | msgstr_plural, msgid_plural?, msgctxt?, fuzzy?}."""
+    out = ['msgid ""', 'msgstr ""', '"Content-Type: text/plain; charset=UTF-8\\n"', ""]
+    for e in entries:
+        if e.get("fuzzy"):
+            out.append("#, fuzzy")
+        if e.get("msgctxt"):
+            out.append(f'msgctxt "{e["msgctxt"]}"')
+        out.append(f'msgid "{e["msgid"]}"')
+        if "msgid_plural" in e:
+            out.append(f'msgid_plural "{e["msgid_plural"]}"')
+            for i, s in enumerate(e["msgstr_plural"]):
+                out.append(f'msgstr[{i}] "{s}"')
+        else:
+            out.append(f'msgstr "{e.get("msgstr", "")}"')
+        out.append("")
+    return "\n".join(out)
+
+
+@pytest.fixture()
+def catalog_package(tmp_path, monkeypatch):
+    """An importable package shipping gettext catalogs, like Django does."""
+
+    def make(name: str, catalogs: dict[str, dict[str, list[dict]]]) -> Path:
+        root = tmp_path / "pkgs"
+        pkg = root / name
+        (pkg).mkdir(parents=True, exist_ok=True)
+        (pkg / "__init__.py").write_text("")
+        for locale, files in catalogs.items():
+            for fname, entries in files.items():
+                d = pkg / "locale" / locale / "LC_MESSAGES"
+                d.mkdir(parents=True, exist_ok=True)
+                (d / fname).write_text(po_file(entries), encoding="utf-8")
+        monkeypatch.syspath_prepend(str(root))
+        import importlib
+
+        importlib.invalidate_caches()
+        sys.modules.pop(name, None)
+        return pkg
+
+    return make
+
+
+def write_spec(path: Path, spec: dict) -> Path:
+    path.write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True))
+    return path
+
+
+@pytest.fixture()
+def run_cli(capsys):
+    """Run the real CLI in-process; returns (exit code, stdout, stderr)."""
+    from xylent.cli import main
+
+    def run(*args: str):
+        capsys.readouterr()
+        rc = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    return run

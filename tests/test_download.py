@@ -1,0 +1,117 @@
+"""download: real HTTP against a loopback server that injects the faults of the internet."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from tasks.download import fetch, opus_list_pairs
+from xylent.errors import XylentError
+
+BODY = os.urandom(300_000)
+
+
+def _fetch(url, tmp_path, **kw):
+    kw.setdefault("backoff_s", 0.01)
+    kw.setdefault("chunk_bytes", 8192)
+    return fetch(url, tmp_path / "x.part", **kw)
+
+
+def test_plain_download_verifies_checksum(http_corpus, tmp_path):
+    http_corpus.files["/a.bin"] = BODY
+    rec = _fetch(http_corpus.base + "/a.bin", tmp_path, sha256=hashlib.sha256(BODY).hexdigest(), size=len(BODY))
+    assert (tmp_path / "x.part").read_bytes() == BODY
+    assert rec["bytes"] == len(BODY) and rec["sha256"] == hashlib.sha256(BODY).hexdigest()
+    assert rec["etag"] and not rec["truncated"]
+
+
+def test_connection_dropped_mid_body_resumes_with_range(http_corpus, tmp_path):
+    http_corpus.files["/a.bin"] = BODY
+    http_corpus.drop_after["/a.bin"] = 100_000
+    rec = _fetch(http_corpus.base + "/a.bin", tmp_path, sha256=hashlib.sha256(BODY).hexdigest())
+    assert (tmp_path / "x.part").read_bytes() == BODY
+    assert rec["bytes"] == len(BODY)
+    ranges = [h.get("Range") for p, h in http_corpus.requests if p == "/a.bin"]
+    assert ranges[0] is None
+    resumed_at = int(ranges[1].removeprefix("bytes=").rstrip("-"))
+    assert 0 < resumed_at <= 100_000, "the second request must resume, not start over"
+    assert http_corpus.count("/a.bin") == 2
+
+
+def test_partial_file_from_an_earlier_run_is_resumed(http_corpus, tmp_path):
+    http_corpus.files["/a.bin"] = BODY
+    (tmp_path / "x.part").write_bytes(BODY[:123_456])
+    _fetch(http_corpus.base + "/a.bin", tmp_path)
+    assert (tmp_path / "x.part").read_bytes() == BODY
+    assert [h.get("Range") for _, h in http_corpus.requests] == ["bytes=123456-"]
+
+
+def test_server_error_then_success_is_retried_with_backoff(http_corpus, tmp_path):
+    http_corpus.files["/a.bin"] = BODY
+    http_corpus.fail_first["/a.bin"] = 2
+    rec = _fetch(http_corpus.base + "/a.bin", tmp_path, retries=3)
+    assert rec["bytes"] == len(BODY) and http_corpus.count("/a.bin") == 3
+
+
+def test_persistent_server_error_gives_up_with_a_clear_error(http_corpus, tmp_path):
+    http_corpus.files["/a.bin"] = BODY
+    http_corpus.fail_first["/a.bin"] = 10
+    with pytest.raises(XylentError) as err:
+        _fetch(http_corpus.base + "/a.bin", tmp_path, retries=2)
+    assert "after 3 attempts" in str(err.value) and "/a.bin" in str(err.value)
+    assert http_corpus.count("/a.bin") == 3
+
+
+def test_404_is_not_retried_and_names_the_url(http_corpus, tmp_path):
+    with pytest.raises(XylentError) as err:
+        _fetch(http_corpus.base + "/missing.txt.xz", tmp_path, retries=5)
+    msg = str(err.value)
+    assert "404" in msg and "/missing.txt.xz" in msg and "what to do" in msg
+    assert http_corpus.count("/missing.txt.xz") == 1
+
+
+def test_wrong_checksum_discards_the_file(http_corpus, tmp_path):
+    http_corpus.files["/a.bin"] = BODY
+    with pytest.raises(XylentError) as err:
+        _fetch(http_corpus.base + "/a.bin", tmp_path, sha256="0" * 64)
+    assert "checksum mismatch" in str(err.value)
+    assert not (tmp_path / "x.part").exists(), "a file that failed its checksum must not be kept"
+
+
+def test_wrong_size_discards_the_file(http_corpus, tmp_path):
+    http_corpus.files["/a.bin"] = BODY
+    with pytest.raises(XylentError, match="size mismatch"):
+        _fetch(http_corpus.base + "/a.bin", tmp_path, size=len(BODY) + 1)
+    assert not (tmp_path / "x.part").exists()
+
+
+def test_max_bytes_fetches_a_prefix(http_corpus, tmp_path):
+    http_corpus.files["/a.bin"] = BODY
+    rec = _fetch(http_corpus.base + "/a.bin", tmp_path, max_bytes=5000)
+    assert (tmp_path / "x.part").read_bytes() == BODY[:5000]
+    assert rec["truncated"] is True
+    assert http_corpus.requests[0][1]["Range"] == "bytes=0-4999"
+
+
+def test_file_url(tmp_path):
+    src = tmp_path / "src.bin"
+    src.write_bytes(BODY)
+    rec = fetch(src.as_uri(), tmp_path / "y.part")
+    assert (tmp_path / "y.part").read_bytes() == BODY and rec["bytes"] == len(BODY)
+
+
+def test_missing_file_url_is_a_user_error(tmp_path):
+    with pytest.raises(XylentError, match="not found"):
+        fetch((tmp_path / "nope").as_uri(), tmp_path / "y.part")
+
+
+def test_opus_api_listing(http_corpus):
+    http_corpus.opus[("CCMatrix", "v1")] = [
+        {"source": "en", "target": "sw", "url": "x"},
+        {"source": "de", "target": "en", "url": "y"},
+    ]
+    assert opus_list_pairs(http_corpus.base + "/opusapi/", "CCMatrix", "v1") == ["de-en", "en-sw"]
+    with pytest.raises(XylentError, match="no moses files"):
+        opus_list_pairs(http_corpus.base + "/opusapi/", "CCMatrix", "v9")

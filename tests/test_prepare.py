@@ -1,0 +1,206 @@
+"""prepare: streaming decode, cleaning, and a clear error for every broken input."""
+
+from __future__ import annotations
+
+import gzip
+import lzma
+import os
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import cc100_xz, moses_zip, po_file
+from tasks.prepare import prepare_unit
+from xylent.errors import XylentError
+from xylent.spec import PrepareConfig
+from xylent.workspace import Workspace, sha256_file
+
+
+def record(path: Path, fmt: str, *, source="src", lang=None, pair=None, catalog=None, truncated=False) -> dict:
+    st = path.stat()
+    return {"source": source, "format": fmt, "filename": path.name, "path": str(path), "file": None,
+            "url": None, "lang": lang, "pair": pair, "catalog": catalog, "unit": sha256_file(path)[:16],
+            "sha256": sha256_file(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "truncated": truncated}
+
+
+def run(tmp_path, records, cfg=None, **source_cfg):
+    ws = Workspace(tmp_path / "ws")
+    manifest, cached = prepare_unit(records, ws, cfg or PrepareConfig(), source_cfg)
+    return ws.unit_dir("prepare", manifest["fingerprint"]), manifest
+
+
+def mono(unit: Path, lang: str) -> pl.DataFrame:
+    return pl.read_parquet(unit / "mono" / f"lang={lang}" / "*.parquet")
+
+
+def test_cc100_documents_cleaning_and_stats(tmp_path):
+    docs = [
+        ["Erster Absatz.", "Zweiter\tAbsatz mit Tab."],
+        ["Cafe\u0301 ist NFD.", "Steuer\x07zeichen\x00 weg.", "\ufeffBOM am Anfang."],
+        ["x" * 50],
+    ]
+    f = tmp_path / "de.txt.xz"
+    f.write_bytes(cc100_xz(docs))
+    unit, manifest = run(tmp_path, [record(f, "text-xz", lang="de")], PrepareConfig(max_chars=40))
+    df = mono(unit, "de")
+    assert df["text"].to_list() == [
+        "Erster Absatz.", "Zweiter Absatz mit Tab.", "Café ist NFD.", "Steuerzeichen weg.", "BOM am Anfang."
+    ]
+    assert df["doc_id"].n_unique() == 2, "blank lines separate documents"
+    assert df["doc_id"][0] == df["doc_id"][1] != df["doc_id"][2]
+    (st,) = manifest["stats"]
+    assert st["too_long"] == 1 and st["rows_out"] == 5 and st["docs"] == 2 and st["blank"] == 3
+    assert set(df["source"]) == {"src"}
+
+
+def test_invalid_utf8_lines_are_counted_and_dropped(tmp_path):
+    raw = "gut\n".encode() + b"\xff\xfe kaputt\n" + "auch gut\n".encode()
+    f = tmp_path / "x.txt"
+    f.write_bytes(raw)
+    unit, manifest = run(tmp_path, [record(f, "text", lang="de")])
+    assert mono(unit, "de")["text"].to_list() == ["gut", "auch gut"]
+    assert manifest["stats"][0]["invalid_utf8"] == 1
+
+
+def test_gzip_and_max_lines(tmp_path):
+    f = tmp_path / "x.txt.gz"
+    f.write_bytes(gzip.compress("".join(f"Zeile {i}\n" for i in range(100)).encode()))
+    unit, manifest = run(tmp_path, [record(f, "text-gz", lang="de")], max_lines=10)
+    assert mono(unit, "de")["text"].to_list() == [f"Zeile {i}" for i in range(10)]
+
+
+def test_truncated_xz_is_a_clear_error(tmp_path):
+    data = cc100_xz([[f"Satz Nummer {i} mit etwas Text." for i in range(5000)]], preset=6)
+    f = tmp_path / "de.txt.xz"
+    f.write_bytes(data[: len(data) // 2])
+    with pytest.raises(XylentError) as err:
+        run(tmp_path, [record(f, "text-xz", lang="de")])
+    assert "truncated" in str(err.value) and "de.txt.xz" in str(err.value)
+    assert not list((tmp_path / "ws" / "prepare" / "_units").iterdir()), "no half output may remain"
+
+
+def test_a_prefix_cut_on_purpose_is_read_to_its_last_complete_line(tmp_path):
+    lines = [f"Satz Nummer {i} mit etwas Text." for i in range(5000)]
+    data = cc100_xz([lines], preset=6)
+    f = tmp_path / "de.txt.xz"
+    f.write_bytes(data[: len(data) // 2])
+    unit, manifest = run(tmp_path, [record(f, "text-xz", lang="de", truncated=True)])
+    got = mono(unit, "de")["text"].to_list()
+    assert 0 < len(got) < 5000 and got == lines[: len(got)]
+
+
+def test_moses_zip_pairs_are_canonically_ordered(tmp_path):
+    f = tmp_path / "en-sw.txt.zip"
+    f.write_bytes(moses_zip("CCMatrix", "en", "sw", ["Hello", "Good morning", ""], ["Habari", "Habari za asubuhi", "x"]))
+    # declared as sw-en: the partition is still alphabetical, columns follow it
+    unit, manifest = run(tmp_path, [record(f, "moses-zip", pair="sw-en")])
+    df = pl.read_parquet(unit / "bitext" / "pair=en-sw" / "*.parquet")
+    assert df["src"].to_list() == ["Hello", "Good morning"]
+    assert df["tgt"].to_list() == ["Habari", "Habari za asubuhi"]
+    assert set(df["src_lang"]) == {"en"} and set(df["tgt_lang"]) == {"sw"}
+    assert manifest["stats"][0]["too_short"] == 1
+
+
+def test_moses_zip_with_different_line_counts_is_an_error(tmp_path):
+    f = tmp_path / "en-sw.txt.zip"
+    f.write_bytes(moses_zip("C", "en", "sw", ["a", "b", "c"], ["x", "y"]))
+    with pytest.raises(XylentError) as err:
+        run(tmp_path, [record(f, "moses-zip", pair="en-sw")])
+    assert "different line counts" in str(err.value) and "3 lines" in str(err.value) and "2" in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["../evil.en", "/etc/evil.sw"])
+def test_zip_member_with_unsafe_path_is_refused(tmp_path, name):
+    f = tmp_path / "en-sw.txt.zip"
+    f.write_bytes(moses_zip("C", "en", "sw", ["a"], ["b"], extra={name: "x"}))
+    with pytest.raises(XylentError, match="unsafe path"):
+        run(tmp_path, [record(f, "moses-zip", pair="en-sw")])
+
+
+def test_zip_without_the_declared_language_is_an_error(tmp_path):
+    f = tmp_path / "en-sw.txt.zip"
+    f.write_bytes(moses_zip("C", "en", "sw", ["a"], ["b"]))
+    with pytest.raises(XylentError, match="language 'xh'"):
+        run(tmp_path, [record(f, "moses-zip", pair="en-xh")])
+
+
+def test_truncated_zip_is_an_error(tmp_path):
+    data = moses_zip("C", "en", "sw", ["a"] * 1000, ["b"] * 1000)
+    f = tmp_path / "en-sw.txt.zip"
+    f.write_bytes(data[: len(data) - 40])
+    with pytest.raises(XylentError, match="truncated|damaged"):
+        run(tmp_path, [record(f, "moses-zip", pair="en-sw")])
+
+
+def test_tsv_and_parquet_bitext(tmp_path):
+    tsv = tmp_path / "p.tsv"
+    tsv.write_text("eins\tone\nzwei\ttwo\nkaputt\n")
+    unit, manifest = run(tmp_path, [record(tsv, "tsv", pair="de-en")])
+    df = pl.read_parquet(unit / "bitext" / "pair=de-en" / "*.parquet")
+    assert df.select("src", "tgt").rows() == [("eins", "one"), ("zwei", "two")]
+    assert manifest["stats"][0]["malformed"] == 1
+    pqf = tmp_path / "p.parquet"
+    pq.write_table(pa.table({"src": ["one", "two"], "tgt": ["eins", "zwei"]}), pqf)
+    unit, _ = run(tmp_path, [record(pqf, "parquet", pair="en-de")])
+    df = pl.read_parquet(unit / "bitext" / "pair=de-en" / "*.parquet")
+    assert df.select("src", "tgt").rows() == [("eins", "one"), ("zwei", "two")]
+
+
+def test_parquet_without_text_column_is_an_error(tmp_path):
+    pqf = tmp_path / "m.parquet"
+    pq.write_table(pa.table({"body": ["x"]}), pqf)
+    with pytest.raises(XylentError, match="lacks column"):
+        run(tmp_path, [record(pqf, "parquet", lang="de")])
+
+
+def test_gettext_catalogs_give_multiway_pairs(tmp_path):
+    de = tmp_path / "de.po"
+    fr = tmp_path / "fr.po"
+    de.write_text(po_file([
+        {"msgid": "Save", "msgstr": "Speichern"},
+        {"msgid": "Delete", "msgstr": "Löschen"},
+        {"msgid": "Draft", "msgstr": "Entwurf", "fuzzy": True},
+        {"msgid": "Open", "msgctxt": "door", "msgstr": "Öffnen"},
+        {"msgid": "%d item", "msgid_plural": "%d items", "msgstr_plural": ["%d Element", "%d Elemente"]},
+        {"msgid": "Untranslated", "msgstr": ""},
+    ]), encoding="utf-8")
+    fr.write_text(po_file([
+        {"msgid": "Save", "msgstr": "Enregistrer"},
+        {"msgid": "Open", "msgctxt": "file", "msgstr": "Ouvrir"},
+        {"msgid": "%d item", "msgid_plural": "%d items", "msgstr_plural": ["%d élément", "%d éléments"]},
+    ]), encoding="utf-8")
+    recs = [record(de, "gettext", lang="de", catalog="app.po"), record(fr, "gettext", lang="fr", catalog="app.po")]
+    unit, manifest = run(tmp_path, recs, source_language="en", plurals="singular")
+    pairs = {p.name: pl.read_parquet(p / "*.parquet") for p in (unit / "bitext").iterdir()}
+    assert sorted(pairs) == ["pair=de-en", "pair=de-fr", "pair=en-fr"]
+    de_fr = dict(pairs["pair=de-fr"].select("src", "tgt").rows())
+    # msgctxt separates "Open" (door) from "Open" (file): no false pair
+    assert de_fr == {"Speichern": "Enregistrer", "%d Element": "%d élément"}
+    de_en = dict(pairs["pair=de-en"].select("src", "tgt").rows())
+    assert "Entwurf" not in de_en and de_en["Öffnen"] == "Open" and len(de_en) == 4
+    assert set(mono(unit, "en")["text"]) >= {"Save", "Delete", "Draft", "Untranslated", "%d item"}
+    assert manifest["catalog_entries"]["fuzzy"] == 1 and manifest["catalog_entries"]["untranslated"] == 1
+    unit_all, _ = run(tmp_path, recs, source_language="en", plurals="all")
+    de_fr_all = dict(pl.read_parquet(unit_all / "bitext" / "pair=de-fr" / "*.parquet").select("src", "tgt").rows())
+    assert de_fr_all["%d Elemente"] == "%d éléments"
+
+
+def test_a_local_file_changed_after_download_is_not_trusted(tmp_path):
+    f = tmp_path / "x.txt"
+    f.write_text("eins\n")
+    rec = record(f, "text", lang="de")
+    f.write_text("zwei und mehr\n")
+    with pytest.raises(XylentError, match="changed since the download"):
+        run(tmp_path, [rec])
+
+
+def test_output_is_deterministic(tmp_path):
+    f = tmp_path / "de.txt.xz"
+    f.write_bytes(cc100_xz([[f"Satz {i}." for i in range(1000)], ["Ende."]]))
+    _, m1 = run(tmp_path, [record(f, "text-xz", lang="de")])
+    ws2 = Workspace(tmp_path / "ws2")
+    m2, _ = prepare_unit([record(f, "text-xz", lang="de")], ws2, PrepareConfig(), {})
+    assert [(x["path"], x["sha256"]) for x in m1["files"]] == [(x["path"], x["sha256"]) for x in m2["files"]]
