@@ -20,8 +20,9 @@ from xylent.workspace import Workspace, link_or_copy
 
 
 @task(name="prepare-unit", task_run_name="prepare {key}", cache_policy=NO_CACHE)
-def prepare_unit_task(key: str, records: list[dict], ws_root: str, cfg: PrepareConfig, source_cfg: dict):
-    manifest, cached = prepare_unit(records, Workspace(ws_root), cfg, source_cfg)
+def prepare_unit_task(key: str, records: list[dict], ws_root: str, cfg: PrepareConfig, source_cfg: dict,
+                      force: bool = False):
+    manifest, cached = prepare_unit(records, Workspace(ws_root), cfg, source_cfg, force=force)
     if cached:
         return Completed(name="Cached", message="unit up to date", data=manifest)
     return manifest
@@ -32,7 +33,7 @@ def _source_cfg(spec, name: str) -> dict:
     return {k: getattr(src, k) for k in ("max_lines", "plurals", "source_language") if hasattr(src, k)}
 
 
-def _body(inv: Invocation):
+def _body(inv: Invocation, force: bool):
     spec = inv.spec
 
     def body(tmp: Path, upstream: dict, run_id: str) -> StageOutcome:
@@ -40,7 +41,7 @@ def _body(inv: Invocation):
         units = group_units(records)
         calls = [
             {"key": f"{u[0]['source']}/{u[0].get('lang') or u[0].get('pair') or 'catalogs'}", "records": u,
-             "ws_root": str(inv.ws.root), "cfg": spec.prepare, "source_cfg": _source_cfg(spec, u[0]["source"])}
+             "ws_root": str(inv.ws.root), "cfg": spec.prepare, "source_cfg": _source_cfg(spec, u[0]["source"]), "force": force}
             for u in units
         ]
         progress = Progress("prepare", len(calls), unit="units", key="prepare-progress")
@@ -101,4 +102,4 @@ def prepare(spec_file: str, workspace: str | None = None, overrides: list[str] |
             force: bool = False, mlflow_parent_run_id: str | None = None):
     """Decode, normalise and filter every downloaded file into hive-partitioned Parquet."""
     inv = Invocation.open(spec_file, workspace, overrides, mlflow_parent_run_id, "prepare")
-    return run_stage_flow(inv, "prepare", force, _body(inv))
+    return run_stage_flow(inv, "prepare", force, _body(inv, force))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import logging
 import sys
 import traceback
 
@@ -57,7 +57,6 @@ def _run(args) -> dict:
     target = args.target
     if target != "pipeline":
         get_stage(target)
-    os.environ.setdefault("PREFECT_UI_ENABLED", "false")  # an ephemeral server needs no UI assets
     from flows.pipeline import pipeline, stage_flow
 
     kwargs = {"spec_file": args.spec, "workspace": args.workspace, "overrides": args.overrides}
@@ -99,8 +98,28 @@ def _where(result: dict, args) -> list[str]:
     return lines
 
 
+class _UserErrorsWithoutTraceback(logging.Filter):
+    """Prefect logs a failed task's traceback; for a user error the message is enough."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, XylentError):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def _quiet_user_errors() -> None:
+    filt = _UserErrorsWithoutTraceback()
+    for name in ("prefect.task_runs", "prefect.flow_runs", "prefect"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _UserErrorsWithoutTraceback) for f in logger.filters):
+            logger.addFilter(filt)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    _quiet_user_errors()
     try:
         if args.command == "stages":
             width = max(len(s.name) for s in STAGES)

@@ -319,12 +319,12 @@ def _prepare_gettext(ws: Workspace, records: list[dict], out: Path, cfg: Prepare
 
 
 def prepare_unit(records: list[dict], ws: Workspace, cfg: PrepareConfig, source_cfg: dict,
-                 on_bytes: Callable[[int], None] = lambda n: None) -> tuple[dict, bool]:
+                 on_bytes: Callable[[int], None] = lambda n: None, force: bool = False) -> tuple[dict, bool]:
     """Prepare one unit into ``prepare/_units/<fp>/``; returns (manifest, cached?)."""
     fp = unit_fingerprint(records, cfg, source_cfg)
     unit = ws.unit_dir("prepare", fp)
     manifest = read_manifest(unit)
-    if manifest is not None:
+    if manifest is not None and not force:
         return manifest, True
     started = time.time()
     key = unit_key(records)

@@ -1,0 +1,233 @@
+"""The CLI end to end on a loopback 'internet': caching, --force, per-source
+recomputation, MLflow runs, exit codes, kill -9 recovery."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+from mlflow import MlflowClient
+
+from conftest import cc100_xz, moses_zip, write_spec
+
+SW_DOCS = [["Habari ya asubuhi.", "Leo ni siku nzuri."], ["Watoto wanacheza mpira."]]
+DE_DOCS = [["Guten Morgen.", "Heute ist ein schöner Tag."], ["Kinder spielen Fußball."], ["Ende."]]
+
+
+def serve_corpus(corpus) -> dict:
+    corpus.files["/cc100/sw.txt.xz"] = cc100_xz(SW_DOCS)
+    corpus.files["/cc100/de.txt.xz"] = cc100_xz(DE_DOCS)
+    corpus.files["/opus/CCMatrix/v1/moses/de-sw.txt.zip"] = moses_zip(
+        "CCMatrix", "de", "sw", ["Guten Morgen.", "Danke."], ["Habari ya asubuhi.", "Asante."]
+    )
+    corpus.opus[("CCMatrix", "v1")] = [{"source": "de", "target": "sw"}, {"source": "en", "target": "fr"}]
+    corpus.files["/extra/en-sw.tsv"] = "Thank you.\tAsante.\nGood morning.\tHabari ya asubuhi.\n".encode()
+    return {
+        "name": "loopback",
+        "languages": ["de", "en", "sw"],
+        "sources": [
+            {"name": "cc100", "kind": "cc100", "languages": ["de", "sw"],
+             "url_template": corpus.base + "/cc100/{file}.txt.xz"},
+            {"name": "ccmatrix", "kind": "opus", "corpus": "CCMatrix", "version": "v1",
+             "url_template": corpus.base + "/opus/{corpus}/{version}/moses/{pair}.txt.zip",
+             "api_url": corpus.base + "/opusapi/"},
+            {"name": "extra", "kind": "url", "url": corpus.base + "/extra/en-sw.tsv", "format": "tsv",
+             "pair": "en-sw"},
+        ],
+        "tracking": {"experiment": "loopback"},
+        "download": {"backoff_s": 0.01},
+    }
+
+
+@pytest.fixture()
+def loopback(http_corpus, tmp_path):
+    spec = write_spec(tmp_path / "spec.yaml", serve_corpus(http_corpus))
+    return spec, tmp_path / "ws", http_corpus
+
+
+def run_json(run_cli, *args):
+    rc, out, err = run_cli(*args, "--json")
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def test_pipeline_caches_forces_and_recomputes_only_the_edited_branch(run_cli, loopback):
+    spec, ws, corpus = loopback
+    first = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws)
+    assert [first["stages"][s]["cached"] for s in ("download", "prepare")] == [False, False]
+    out = Path(first["stages"]["prepare"]["output_dir"])
+    mono = pl.scan_parquet(out / "mono" / "**" / "*.parquet", hive_partitioning=True).collect()
+    assert sorted(mono["lang"].unique()) == ["de", "sw"]
+    assert mono.filter(pl.col("lang") == "de")["doc_id"].n_unique() == 3
+    bitext = pl.scan_parquet(out / "bitext" / "**" / "*.parquet", hive_partitioning=True).collect()
+    assert sorted(bitext["pair"].unique()) == ["de-sw", "en-sw"]
+    assert ("Danke.", "Asante.") in bitext.select("src", "tgt").rows()
+    stats = pl.read_parquet(out / "stats.parquet")
+    assert set(stats["source"]) == {"cc100", "ccmatrix", "extra"}
+    fetched = len(corpus.requests)
+
+    again = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws)
+    assert all(s["cached"] for s in again["stages"].values())
+    assert {k: v["fingerprint"] for k, v in again["stages"].items()} == \
+        {k: v["fingerprint"] for k, v in first["stages"].items()}
+    assert len(corpus.requests) == fetched, "a cached stage asks nothing of the network"
+
+    forced = run_json(run_cli, "run", "prepare", "--spec", spec, "--workspace", ws, "--force")
+    assert forced["stages"]["prepare"]["cached"] is False and forced["stages"]["download"]["cached"] is True
+    assert forced["stages"]["prepare"]["mlflow_run_id"] != first["stages"]["prepare"]["mlflow_run_id"]
+
+    units_before = json.loads((out / "_manifest.json").read_text())["units"]
+    edited = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws,
+                      "--set", "sources.0.max_lines=1")
+    assert edited["stages"]["download"]["cached"] is True, "max_lines does not change what is downloaded"
+    assert edited["stages"]["prepare"]["cached"] is False
+    new_out = Path(edited["stages"]["prepare"]["output_dir"])
+    units_after = json.loads((new_out / "_manifest.json").read_text())["units"]
+    assert len(set(units_before) & set(units_after)) == 2, "ccmatrix and extra units are reused"
+    assert len(set(units_after) - set(units_before)) == 2, "the two cc100 files are prepared again"
+    assert pl.read_parquet(new_out / "mono" / "lang=de" / "*.parquet")["text"].to_list() == ["Guten Morgen."]
+
+    status = run_json(run_cli, "status", "--spec", spec, "--workspace", ws)
+    assert status["stages"]["prepare"]["cached"] is True
+    assert status["stages"]["prepare"]["fingerprint"] == first["stages"]["prepare"]["fingerprint"]
+
+
+def test_changing_one_url_refetches_only_that_file(run_cli, loopback):
+    spec, ws, corpus = loopback
+    run_json(run_cli, "run", "download", "--spec", spec, "--workspace", ws)
+    counts = {p: corpus.count(p) for p in corpus.files}
+    corpus.files["/extra/en-sw-v2.tsv"] = "Yes.\tNdiyo.\n".encode()
+    res = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws,
+                   "--set", f"sources.2.url={corpus.base}/extra/en-sw-v2.tsv")
+    assert res["stages"]["download"]["cached"] is False
+    assert {p: corpus.count(p) for p in counts} == counts, "unchanged files are not fetched again"
+    assert corpus.count("/extra/en-sw-v2.tsv") == 1
+
+
+def test_mlflow_has_parent_and_nested_stage_runs(run_cli, loopback):
+    spec, ws, _ = loopback
+    res = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws)
+    client = MlflowClient(tracking_uri=f"sqlite:///{ws}/mlflow.db")
+    exp = client.get_experiment_by_name("loopback")
+    parent = client.get_run(res["mlflow_parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["prefect.flow_run_id"] == res["prefect_flow_run_id"]
+    children = client.search_runs([exp.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    by_stage = {r.data.tags["xylent.stage"]: r for r in children}
+    assert set(by_stage) == {"download", "prepare"}
+    prep = by_stage["prepare"]
+    assert prep.info.run_id == res["stages"]["prepare"]["mlflow_run_id"]
+    assert prep.data.params["prepare.normalization"] == "NFC"
+    assert prep.data.params["sources.cc100.url_template"].endswith("/cc100/{file}.txt.xz")
+    assert prep.data.metrics["mono.rows"] == 7 and prep.data.metrics["bitext.rows"] == 4
+    assert prep.data.metrics["mono.rows.de"] == 4
+    assert by_stage["download"].data.metrics["files"] == 4
+    arts = {a.path for a in client.list_artifacts(prep.info.run_id)}
+    assert {"_manifest.json", "stats.parquet", "stats.md"} <= arts
+    assert prep.data.tags["xylent.fingerprint"] == res["stages"]["prepare"]["fingerprint"]
+
+
+def test_user_errors_exit_2_without_traceback(run_cli, loopback, tmp_path):
+    spec, ws, corpus = loopback
+    rc, out, err = run_cli("run", "pipeline", "--spec", spec, "--workspace", ws, "--set", "sources.0.languages=[de,en]")
+    assert rc == 2
+    assert "404" in err and "/cc100/en.txt.xz" in err and "what to do" in err
+    assert "Traceback" not in err
+
+    rc, _, err = run_cli("run", "pipeline", "--spec", spec, "--set", "prepare.min_chrs=3")
+    assert rc == 2 and "prepare.min_chrs" in err and "unknown field" in err and "Traceback" not in err
+
+    rc, _, err = run_cli("run", "pipeline", "--spec", spec, "--set", "languages=[de,en,sw,xx]")
+    assert rc == 2 and "unknown language code 'xx'" in err
+
+    rc, _, err = run_cli("run", "nosuchstage", "--spec", spec)
+    assert rc == 2 and "unknown stage" in err
+
+    rc, _, err = run_cli("run", "pipeline", "--spec", tmp_path / "missing.yaml")
+    assert rc == 2 and "spec file not found" in err
+
+
+def test_stages_lists_the_pipeline_in_order(run_cli):
+    rc, out, _ = run_cli("stages")
+    assert rc == 0
+    assert [line.split()[0] for line in out.strip().splitlines()][:2] == ["download", "prepare"]
+
+
+def _big_local_spec(tmp_path: Path) -> Path:
+    import lzma
+    import random
+
+    rng = random.Random(0)
+    words = ["maji", "mti", "kitabu", "shule", "nyumba", "gari", "mtoto", "chakula", "safari", "habari"]
+    with lzma.open(tmp_path / "sw.txt.xz", "wt", preset=0) as f:
+        for d in range(40_000):
+            for _ in range(rng.randint(1, 6)):
+                f.write(" ".join(rng.choice(words) for _ in range(rng.randint(5, 40))) + "\n")
+            f.write("\n")
+    return write_spec(tmp_path / "big.yaml", {
+        "name": "big", "languages": ["sw"],
+        "sources": [{"name": "big", "kind": "local", "path": "sw.txt.xz", "format": "text-xz", "lang": "sw"}],
+        "prepare": {"part_rows": 5000},
+        "tracking": {"experiment": "big"},
+    })
+
+
+def test_kill_9_during_prepare_leaves_nothing_trusted(run_cli, tmp_path):
+    spec = _big_local_spec(tmp_path)
+    ws = tmp_path / "ws"
+    run_json(run_cli, "run", "download", "--spec", spec, "--workspace", ws)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xylent.cli", "run", "prepare", "--spec", str(spec), "--workspace", str(ws)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy(),
+    )
+    units = ws / "prepare" / "_units"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        tmp = [p for p in units.glob("*.tmp-*")] if units.exists() else []
+        if tmp and list(tmp[0].rglob("part-*-00001.parquet")):
+            break  # mid-write: a second part file has been started
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+    else:
+        pytest.fail("prepare never started writing")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert list(units.glob("*.tmp-*")), "the kill left a half-written unit behind"
+    assert not [p for p in (ws / "prepare").iterdir() if p.name != "_units" and "tmp" not in p.name]
+
+    rerun = run_json(run_cli, "run", "prepare", "--spec", spec, "--workspace", ws)
+    assert rerun["stages"]["prepare"]["cached"] is False
+    assert not list((ws / "prepare").rglob("*.tmp-*")), "left-overs are cleaned up under the lock"
+    clean = run_json(run_cli, "run", "prepare", "--spec", spec, "--workspace", tmp_path / "ws-clean")
+
+    def files(res):
+        m = json.loads((Path(res["stages"]["prepare"]["output_dir"]) / "_manifest.json").read_text())
+        return sorted((f["path"], f["sha256"], f.get("rows")) for f in m["files"])
+
+    assert files(rerun) == files(clean)
+    assert sum(rows for path, _, rows in files(clean) if path.startswith("mono/")) > 40_000
+
+
+def test_a_second_run_on_a_locked_workspace_is_refused(run_cli, loopback):
+    spec, ws, _ = loopback
+    ws.mkdir(parents=True, exist_ok=True)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(ws / '.xylent.lock')!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'pid other'); print('locked', flush=True); time.sleep(60)\n"
+    )], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline().strip() == b"locked"
+        rc, _, err = run_cli("run", "download", "--spec", spec, "--workspace", ws)
+        assert rc == 2 and "in use by another xylent run" in err and "pid other" in err
+    finally:
+        holder.kill()
+        holder.wait()
