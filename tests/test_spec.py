@@ -1,0 +1,73 @@
+"""Specs: strict YAML, --set overrides, language checks, the shipped specs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import write_spec
+from xylent.errors import XylentError
+from xylent.spec import load_spec
+from xylent.stages import stage_fingerprints
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE = {"languages": ["de", "en"],
+        "sources": [{"name": "t", "kind": "url", "url": "http://x/y.tsv", "format": "tsv", "pair": "de-en"}]}
+
+
+def test_shipped_specs_validate():
+    demo = load_spec(ROOT / "data_specs" / "demo.yaml")
+    assert len(demo.languages) == 20 and demo.sources[0].kind == "gettext"
+    base = load_spec(ROOT / "data_specs" / "xy-lent-base.yaml")
+    assert base.model.size == "base" and {s.kind for s in base.sources} == {"cc100", "opus"}
+    assert len(base.languages) >= 100
+
+
+def test_unknown_fields_are_errors_that_name_the_field(tmp_path):
+    spec = write_spec(tmp_path / "s.yaml", {**BASE, "prepare": {"min_chrs": 3}})
+    with pytest.raises(XylentError) as err:
+        load_spec(spec)
+    assert "prepare.min_chrs" in str(err.value) and str(spec) in str(err.value)
+
+
+def test_set_overrides_nested_fields_lists_and_yaml_values(tmp_path):
+    spec = write_spec(tmp_path / "s.yaml", BASE)
+    s = load_spec(spec, ["prepare.min_chars=5", "sources.0.max_lines=10", "languages=[de, en, fr]",
+                         "runner.kind=processes"])
+    assert s.prepare.min_chars == 5 and s.sources[0].max_lines == 10
+    assert s.languages == ["de", "en", "fr"] and s.runner.kind == "processes"
+    with pytest.raises(XylentError, match="not an index"):
+        load_spec(spec, ["sources.3.max_lines=1"])
+    with pytest.raises(XylentError, match="key.path=value"):
+        load_spec(spec, ["prepare.min_chars"])
+    with pytest.raises(XylentError, match="runner.kind"):
+        load_spec(spec, ["runner.kind=spark"])
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"languages": ["de", "english"]}, "unknown language code 'english'"),
+    ({"languages": ["de", "de", "en"]}, "twice"),
+    ({"languages": ["de"]}, "not in the spec's 'languages'"),
+    ({"sources": [{"name": "t", "kind": "url", "url": "u", "format": "moses-zip", "lang": "de"}]}, "bitext"),
+    ({"sources": [{"name": "t", "kind": "local", "path": "p", "format": "tsv"}]}, "exactly one of"),
+    ({"sources": [{"name": "t", "kind": "url", "url": "u", "format": "moses-zip", "pair": "de-en",
+                   "max_bytes": 10}]}, "max_bytes"),
+    ({"sources": [{"name": "t", "kind": "ftp", "url": "u"}]}, "sources.0"),
+    ({"sources": BASE["sources"] * 2}, "unique"),
+])
+def test_invalid_specs_are_user_errors(tmp_path, bad, message):
+    spec = write_spec(tmp_path / "s.yaml", {**BASE, **bad})
+    with pytest.raises(XylentError, match=message):
+        load_spec(spec)
+
+
+def test_fingerprints_change_only_downstream_of_what_changed(tmp_path):
+    spec = write_spec(tmp_path / "s.yaml", BASE)
+    a = stage_fingerprints(load_spec(spec))
+    b = stage_fingerprints(load_spec(spec, ["prepare.min_chars=3"]))
+    c = stage_fingerprints(load_spec(spec, ["sources.0.url=http://x/z.tsv"]))
+    d = stage_fingerprints(load_spec(spec, ["download.concurrency=1", "runner.max_workers=7"]))
+    assert a["download"] == b["download"] and a["prepare"] != b["prepare"]
+    assert a["download"] != c["download"] and a["prepare"] != c["prepare"]
+    assert a == d, "knobs that do not change outputs do not invalidate them"

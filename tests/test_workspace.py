@@ -1,0 +1,63 @@
+"""Workspace: atomic publication, manifests, stale temporaries."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from xylent.workspace import Workspace, fingerprint, read_manifest
+
+
+def test_fingerprint_is_stable_and_order_free():
+    assert fingerprint({"a": 1, "b": [1, 2]}) == fingerprint({"b": [1, 2], "a": 1})
+    assert fingerprint({"a": 1}) != fingerprint({"a": 2})
+
+
+def test_publish_writes_manifest_last_and_describes_files(tmp_path):
+    ws = Workspace(tmp_path)
+    final = ws.output_dir("prepare", "abc")
+    with ws.building(final) as tmp:
+        (tmp / "sub").mkdir()
+        pq.write_table(pa.table({"x": [1, 2, 3]}), tmp / "sub" / "t.parquet")
+        (tmp / "note.txt").write_text("hi")
+        assert read_manifest(tmp) is None
+        ws.publish(tmp, final, {"stage": "prepare"})
+    m = read_manifest(final)
+    files = {f["path"]: f for f in m["files"]}
+    assert files["sub/t.parquet"]["rows"] == 3 and files["note.txt"]["bytes"] == 2
+    assert len(files["note.txt"]["sha256"]) == 64
+    assert json.loads((final / "_manifest.json").read_text())["stage"] == "prepare"
+
+
+def test_a_failed_build_leaves_nothing(tmp_path):
+    ws = Workspace(tmp_path)
+    final = ws.output_dir("prepare", "abc")
+    with pytest.raises(RuntimeError):
+        with ws.building(final) as tmp:
+            (tmp / "half.parquet").write_bytes(b"PAR1")
+            raise RuntimeError("crash")
+    assert not final.exists() and list(final.parent.iterdir()) == []
+
+
+def test_stale_temporaries_are_removed_when_the_lock_is_taken(tmp_path):
+    ws = Workspace(tmp_path)
+    stale = tmp_path / "prepare" / "_units" / "abc.tmp-999-dead"
+    stale.mkdir(parents=True)
+    partial = tmp_path / "download" / "_partial" / "f.part"
+    partial.parent.mkdir(parents=True)
+    partial.write_bytes(b"123")
+    with ws.lock():
+        assert not stale.exists()
+        assert partial.exists(), "partial downloads are kept: they are resumed"
+        with ws.lock():  # re-entrant within one process
+            pass
+
+
+def test_remote_workspace_is_refused_clearly():
+    from xylent.errors import XylentError
+
+    with pytest.raises(XylentError, match="not supported yet"):
+        Workspace("s3://bucket/ws")
