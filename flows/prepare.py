@@ -11,7 +11,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed
 
-from flows.stage import Invocation, StageOutcome, run_stage_flow
+from flows.stage import Invocation, StageOutcome, markdown_table, run_stage_flow
 from tasks.prepare import group_units, prepare_unit
 from xylent.progress import Progress
 from xylent.runners import make_task_runner, submit_all
@@ -62,7 +62,7 @@ def _body(inv: Invocation, force: bool):
             stats.extend(m["stats"])
         stats.sort(key=lambda r: (r["kind"], r["name"], r["source"]))
         pq.write_table(pa.Table.from_pylist(stats), tmp / "stats.parquet")
-        (tmp / "stats.md").write_text(_stats_markdown(stats))
+        (tmp / "stats.md").write_text(markdown_table(stats))
         mono = [r for r in stats if r["kind"] == "mono"]
         bitext = [r for r in stats if r["kind"] == "bitext"]
         metrics = {
@@ -82,19 +82,10 @@ def _body(inv: Invocation, force: bool):
                    f"{metrics['bitext.rows']:,} sentence pairs in {metrics['bitext.pairs']} pairs.")
         if empty:
             summary += f"\n\n**Warning:** no text survived for {', '.join(empty)}."
-        return StageOutcome(metrics=metrics, table=stats, summary=summary + "\n\n" + _stats_markdown(mono),
+        return StageOutcome(metrics=metrics, table=stats, summary=summary + "\n\n" + markdown_table(mono),
                             known_files=known, manifest={"units": [m["fingerprint"] for m in manifests]})
 
     return body
-
-
-def _stats_markdown(rows: list[dict]) -> str:
-    if not rows:
-        return "_no rows_"
-    cols = list(rows[0])
-    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    out += ["| " + " | ".join(str(r[c]) for c in cols) + " |" for r in rows]
-    return "\n".join(out) + "\n"
 
 
 @flow(name="prepare", log_prints=True)

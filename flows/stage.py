@@ -130,7 +130,7 @@ def _result(stage: str, out: Path, manifest: dict, *, cached: bool) -> dict:
             "mlflow_run_id": manifest.get("mlflow_run_id")}
 
 
-def _markdown_table(rows: list[dict], limit: int = 200) -> str:
+def markdown_table(rows: list[dict], limit: int = 200) -> str:
     if not rows:
         return "_no rows_"
     cols = list(rows[0])
@@ -199,15 +199,17 @@ def _prefect_artifacts(inv: Invocation, stage: str, fp: str, out: Path, run_id: 
     if flow_run.id is None:
         return
     link = inv.tracker.run_url(run_id)
+    view = inv.tracker.how_to_view()
     create_markdown_artifact(
         key=f"{stage}-summary",
-        markdown=f"# {stage} `{fp}`\n\nOutput: `{out}`\n\nMLflow run: `{run_id}` ({link})\n\n{outcome.summary}",
+        markdown=f"# {stage} `{fp}`\n\nOutput: `{out}`\n\nMLflow run: [{run_id}]({link}) ({view})\n\n"
+        f"{outcome.summary}",
         description=f"{stage}: summary",
     )
     if outcome.table:
         create_table_artifact(key=f"{stage}-stats", table=outcome.table, description=f"{stage}: statistics")
-    if link.startswith("http"):
-        create_link_artifact(key=f"{stage}-mlflow", link=link, description=f"{stage}: MLflow run")
+    create_link_artifact(key=f"{stage}-mlflow", link=link, link_text=f"MLflow run {run_id}",
+                         description=f"{stage}: MLflow run ({view})")
 
 
 def run_stage_flow(inv: Invocation, stage: str, force: bool, body) -> Any:

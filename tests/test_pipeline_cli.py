@@ -135,6 +135,44 @@ def test_mlflow_has_parent_and_nested_stage_runs(run_cli, loopback):
     assert prep.data.tags["xylent.fingerprint"] == res["stages"]["prepare"]["fingerprint"]
 
 
+def test_prefect_artifacts_link_the_mlflow_run(run_cli, loopback):
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    spec, ws, _ = loopback
+    res = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws)
+    run_id = res["stages"]["prepare"]["mlflow_run_id"]
+
+    async def artifacts():
+        async with get_client() as client:
+            return await client.read_artifacts()
+
+    mine = {a.key: a for a in asyncio.run(artifacts()) if run_id in str(a.data)}
+    assert {"prepare-summary", "prepare-mlflow"} <= set(mine)
+    assert f"/runs/{run_id})" in str(mine["prepare-mlflow"].data), "a link to the MLflow run page"
+    tables = [a for a in asyncio.run(artifacts()) if a.key == "prepare-stats"]
+    assert tables and "rows_out" in str(tables[-1].data)
+
+
+def test_mlflow_tracking_uri_from_the_environment(run_cli, loopback, tmp_path, monkeypatch):
+    spec, ws, _ = loopback
+    uri = f"sqlite:///{tmp_path}/elsewhere.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    res = run_json(run_cli, "run", "download", "--spec", spec, "--workspace", ws)
+    assert MlflowClient(tracking_uri=uri).get_run(res["mlflow_parent_run_id"]).info.status == "FINISHED"
+    assert not (ws / "mlflow.db").exists()
+
+
+def test_truncated_xz_from_the_server_fails_prepare_clearly(run_cli, loopback):
+    spec, ws, corpus = loopback
+    whole = corpus.files["/cc100/sw.txt.xz"]
+    corpus.files["/cc100/sw.txt.xz"] = whole[: len(whole) // 2]
+    rc, _, err = run_cli("run", "pipeline", "--spec", spec, "--workspace", ws)
+    assert rc == 2 and "truncated" in err and "sw.txt.xz" in err and "Traceback" not in err
+    assert not [p for p in (ws / "prepare").iterdir() if p.name != "_units"], "no prepare output was published"
+
+
 def test_user_errors_exit_2_without_traceback(run_cli, loopback, tmp_path):
     spec, ws, corpus = loopback
     rc, out, err = run_cli("run", "pipeline", "--spec", spec, "--workspace", ws, "--set", "sources.0.languages=[de,en]")

@@ -113,7 +113,12 @@ class Tracker:
         self.client.set_terminated(run_id, status=status)
 
     def run_url(self, run_id: str) -> str:
-        """Where to look at a run: the tracking server's page, or how to open one."""
+        """The run's page: on the tracking server, or where ``mlflow ui`` serves a
+        local store by default."""
+        base = self.uri.rstrip("/") if self.uri.startswith("http") else "http://127.0.0.1:5000"
+        return f"{base}/#/experiments/{self.experiment_id}/runs/{run_id}"
+
+    def how_to_view(self) -> str:
         if self.uri.startswith("http"):
-            return f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
-        return f"mlflow ui --backend-store-uri {self.uri}  →  experiment {self.experiment_id}, run {run_id}"
+            return f"open {self.uri}"
+        return f"run `mlflow ui --backend-store-uri {self.uri}` first"
