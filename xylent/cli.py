@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import traceback
 
@@ -119,6 +120,9 @@ def _quiet_user_errors() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # Prefect's telemetry heartbeat phones home and, on the ephemeral server,
+    # races the first flow run for the sqlite database ("database is locked").
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     _quiet_user_errors()
     try:
         if args.command == "stages":
