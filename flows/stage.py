@@ -130,13 +130,17 @@ def _result(stage: str, out: Path, manifest: dict, *, cached: bool) -> dict:
             "mlflow_run_id": manifest.get("mlflow_run_id")}
 
 
+def _cell(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))
+
+
 def markdown_table(rows: list[dict], limit: int = 200) -> str:
     if not rows:
         return "_no rows_"
     cols = list(rows[0])
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows[:limit]:
-        lines.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+        lines.append("| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |")
     if len(rows) > limit:
         lines.append(f"\n… {len(rows) - limit} more rows in the MLflow artifact")
     return "\n".join(lines)

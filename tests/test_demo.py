@@ -36,6 +36,14 @@ def test_demo_pipeline_on_django_catalogs(run_cli, tmp_path):
     zh = mono.filter(pl.col("lang") == "zh").collect()["text"].to_list()
     assert sum(bool(re.search("[\u4e00-\u9fff]", t)) for t in zh) > 0.8 * len(zh)
 
+    samp = Path(res["stages"]["sampling"]["output_dir"])
+    table = pl.read_parquet(samp / "bitext_sampling.parquet")
+    assert len(table) == 190 and (table["p_star"] > 0).all()
+    assert (table["p_m2m"] > 0).sum() < 60, "the M2M LP is a sparse vertex"
+    assert abs(table["p"].sum() - 1) < 1e-9
+    assert len(pl.read_parquet(samp / "mono_sampling.parquet")) == 20
+    assert (samp / "pair_heatmaps.png").stat().st_size > 10_000
+
     proc = run_cli("run", "prepare", "--spec", DEMO, "--workspace", tmp_path / "ws-proc", "--json",
                    "--set", "runner.kind=processes")
     assert proc[0] == 0, proc[2]

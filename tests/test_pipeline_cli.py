@@ -43,6 +43,9 @@ def serve_corpus(corpus) -> dict:
         ],
         "tracking": {"experiment": "loopback"},
         "download": {"backoff_s": 0.01},
+        # de-sw and en-sw only: every pair contains sw, so the Sinkhorn table is
+        # infeasible at T != 1 and the loader follows the temperature table
+        "sampling": {"pair_method": "temperature"},
     }
 
 
@@ -61,7 +64,7 @@ def run_json(run_cli, *args):
 def test_pipeline_caches_forces_and_recomputes_only_the_edited_branch(run_cli, loopback):
     spec, ws, corpus = loopback
     first = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws)
-    assert [first["stages"][s]["cached"] for s in ("download", "prepare")] == [False, False]
+    assert [first["stages"][s]["cached"] for s in ("download", "prepare", "sampling")] == [False] * 3
     out = Path(first["stages"]["prepare"]["output_dir"])
     mono = pl.scan_parquet(out / "mono" / "**" / "*.parquet", hive_partitioning=True).collect()
     assert sorted(mono["lang"].unique()) == ["de", "sw"]
@@ -122,7 +125,7 @@ def test_mlflow_has_parent_and_nested_stage_runs(run_cli, loopback):
     children = client.search_runs([exp.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     by_stage = {r.data.tags["xylent.stage"]: r for r in children}
-    assert set(by_stage) == {"download", "prepare"}
+    assert set(by_stage) == {"download", "prepare", "sampling"}
     prep = by_stage["prepare"]
     assert prep.info.run_id == res["stages"]["prepare"]["mlflow_run_id"]
     assert prep.data.params["prepare.normalization"] == "NFC"
@@ -196,7 +199,23 @@ def test_user_errors_exit_2_without_traceback(run_cli, loopback, tmp_path):
 def test_stages_lists_the_pipeline_in_order(run_cli):
     rc, out, _ = run_cli("stages")
     assert rc == 0
-    assert [line.split()[0] for line in out.strip().splitlines()][:2] == ["download", "prepare"]
+    assert [line.split()[0] for line in out.strip().splitlines()][:3] == ["download", "prepare", "sampling"]
+
+
+def test_hub_centric_bitexts_fail_sinkhorn_clearly_and_fall_back(run_cli, loopback):
+    spec, ws, _ = loopback
+    rc, _, err = run_cli("run", "sampling", "--spec", spec, "--workspace", ws, "--set", "sampling.pair_method=sinkhorn")
+    assert rc == 2 and "every pair contains 'sw'" in err and "pair_method: temperature" in err
+    assert "Traceback" not in err
+    res = run_json(run_cli, "run", "sampling", "--spec", spec, "--workspace", ws)
+    out = Path(res["stages"]["sampling"]["output_dir"])
+    table = pl.read_parquet(out / "bitext_sampling.parquet")
+    assert sorted(zip(table["lang_a"], table["lang_b"])) == [("de", "sw"), ("en", "sw")]
+    assert table["p_star"].null_count() == 2 and abs(table["p"].sum() - 1) < 1e-12
+    notes = json.loads((out / "_manifest.json").read_text())["notes"]
+    assert any("every pair contains 'sw'" in n for n in notes)
+    rc, _, err = run_cli("run", "sampling", "--spec", spec, "--workspace", ws, "--set", "sampling.temperature=0")
+    assert rc == 2 and "sampling.temperature" in err
 
 
 def _big_local_spec(tmp_path: Path) -> Path:

@@ -165,6 +165,22 @@ class PrepareConfig(Strict):
     part_rows: int = Field(default=500_000, gt=0, description="rows per output Parquet part")
 
 
+class SamplingConfig(Strict):
+    alpha: float = Field(default=0.7, gt=0, le=1, allow_inf_nan=False,
+                         description="monolingual smoothing: p_j ∝ m_j^alpha")
+    temperature: float = Field(default=5.0, gt=0, allow_inf_nan=False,
+                               description="pair tables: target marginal a = p^(1/T)")
+    pair_method: Literal["sinkhorn", "m2m", "temperature"] = Field(
+        default="sinkhorn", description="which pair table the data loader follows (column p)")
+    pair_alpha: float = Field(default=0.7, gt=0, le=1, allow_inf_nan=False,
+                              description="temperature method: p_pair ∝ n_pair^pair_alpha")
+    eps: float = Field(default=0.0, ge=0, allow_inf_nan=False,
+                       description="0: empty pairs are structural zeros; > 0: the paper's -log(Q + eps)")
+    bitext_budget: int = Field(default=1_000_000, gt=0,
+                               description="sentence pairs drawn over training, for epochs and wastage")
+    max_iter: int = Field(default=100_000, gt=0)
+
+
 class ModelConfig(Strict):
     size: Literal["tiny", "small", "base", "large", "xl"] = "tiny"
 
@@ -179,6 +195,7 @@ class Spec(Strict):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     download: DownloadConfig = Field(default_factory=DownloadConfig)
     prepare: PrepareConfig = Field(default_factory=PrepareConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
 
     # where relative paths in the spec are resolved (the spec file's folder)

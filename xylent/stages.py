@@ -66,6 +66,10 @@ def _prepare_slice(spec: Spec) -> dict:
     }
 
 
+def _sampling_slice(spec: Spec) -> dict:
+    return {"sampling": spec.sampling.model_dump(mode="json")}
+
+
 @dataclass(frozen=True)
 class StageInfo:
     name: str
@@ -91,6 +95,14 @@ STAGES: list[StageInfo] = [
         "1",
         _prepare_slice,
         ("download",),
+    ),
+    StageInfo(
+        "sampling",
+        "language and language-pair sampling tables (alpha-smoothing, M2M-100 LP, XY-LENT Sinkhorn)",
+        "flows.sampling:sampling",
+        "1",
+        _sampling_slice,
+        ("prepare",),
     ),
 ]
 
