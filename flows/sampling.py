@@ -15,10 +15,12 @@ from xylent.spec import SamplingConfig
 
 
 def read_counts(stats_file: Path) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
-    """Examples per language and sentence pairs per pair from a stage's stats.parquet."""
+    """Examples per language and sentence pairs per pair from dedup's
+    dedup_stats.parquet (column ``out``) or prepare's stats.parquet (``rows_out``)."""
     stats = pl.read_parquet(stats_file)
-    mono = stats.filter(pl.col("kind") == "mono").group_by("name").agg(pl.col("rows_out").sum())
-    bitext = stats.filter(pl.col("kind") == "bitext").group_by("name").agg(pl.col("rows_out").sum())
+    n = "out" if "out" in stats.columns else "rows_out"
+    mono = stats.filter(pl.col("kind") == "mono").group_by("name").agg(pl.col(n).sum())
+    bitext = stats.filter(pl.col("kind") == "bitext").group_by("name").agg(pl.col(n).sum())
     pairs = {tuple(name.split("-")): int(n) for name, n in bitext.iter_rows()}
     return {name: int(n) for name, n in mono.iter_rows()}, pairs
 
@@ -51,7 +53,7 @@ def _body(inv: Invocation):
     cfg = inv.spec.sampling
 
     def body(tmp: Path, upstream: dict, run_id: str) -> StageOutcome:
-        t = tables_task.submit(str(upstream["prepare"] / "stats.parquet"), cfg).result()
+        t = tables_task.submit(str(upstream["dedup"] / "dedup_stats.parquet"), cfg).result()
         t.mono.write_parquet(tmp / "mono_sampling.parquet")
         t.bitext.write_parquet(tmp / "bitext_sampling.parquet")
         heatmaps(t.matrices, t.languages, tmp / "pair_heatmaps.png")

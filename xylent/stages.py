@@ -66,6 +66,10 @@ def _prepare_slice(spec: Spec) -> dict:
     }
 
 
+def _dedup_slice(spec: Spec) -> dict:
+    return {"dedup": spec.dedup.model_dump(mode="json"), "languages": spec.languages}
+
+
 def _sampling_slice(spec: Spec) -> dict:
     return {"sampling": spec.sampling.model_dump(mode="json")}
 
@@ -97,12 +101,20 @@ STAGES: list[StageInfo] = [
         ("download",),
     ),
     StageInfo(
+        "dedup",
+        "exact and near-duplicate removal (MinHash LSH), bitext cleaning (copies, ratio, hubs, lang-id)",
+        "flows.dedup:dedup",
+        "1",
+        _dedup_slice,
+        ("prepare",),
+    ),
+    StageInfo(
         "sampling",
         "language and language-pair sampling tables (alpha-smoothing, M2M-100 LP, XY-LENT Sinkhorn)",
         "flows.sampling:sampling",
         "1",
         _sampling_slice,
-        ("prepare",),
+        ("dedup",),
     ),
 ]
 

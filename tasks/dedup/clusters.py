@@ -1,0 +1,57 @@
+"""From LSH band keys to verified duplicate clusters.
+
+Rows that share a key in any band are candidates; candidates are verified by
+estimated Jaccard (the fraction of equal signature values) and joined into
+clusters with connected components.  Every cluster is named by its smallest
+row id, which is also the row that is kept: deterministic whatever the order
+in which buckets were resolved.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+ALL_PAIRS_UP_TO = 32  # larger candidate groups are verified against their smallest id only
+
+
+def candidate_pairs(band: np.ndarray, key: np.ndarray, rid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs of row ids sharing (band, key).  Inputs are parallel 1-d arrays."""
+    order = np.lexsort((rid, key, band))
+    band, key, rid = band[order], key[order], rid[order]
+    new = np.r_[True, (band[1:] != band[:-1]) | (key[1:] != key[:-1])]
+    starts = np.flatnonzero(new)
+    sizes = np.diff(np.r_[starts, len(rid)])
+    left, right = [], []
+    multi = sizes > 1
+    # star: every member against the group's smallest id
+    for s, n in zip(starts[multi], sizes[multi]):
+        members = rid[s : s + n]
+        if n <= ALL_PAIRS_UP_TO:
+            i, j = np.triu_indices(n, k=1)
+            left.append(members[i])
+            right.append(members[j])
+        else:
+            left.append(np.full(n - 1, members[0]))
+            right.append(members[1:])
+    if not left:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    a, b = np.concatenate(left), np.concatenate(right)
+    pairs = np.unique(np.stack([np.minimum(a, b), np.maximum(a, b)], axis=1), axis=0)
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]]
+    return pairs[:, 0], pairs[:, 1]
+
+
+def cluster_representatives(left: np.ndarray, right: np.ndarray) -> dict[int, int]:
+    """Connected components of the verified edges: row id -> smallest id of its component."""
+    if len(left) == 0:
+        return {}
+    nodes, inv = np.unique(np.concatenate([left, right]), return_inverse=True)
+    n = len(nodes)
+    m = len(left)
+    graph = coo_matrix((np.ones(m, dtype=np.int8), (inv[:m], inv[m:])), shape=(n, n))
+    _, labels = connected_components(graph, directed=False)
+    rep = np.full(labels.max() + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(rep, labels, nodes)
+    return dict(zip(nodes.tolist(), rep[labels].tolist()))

@@ -1,0 +1,190 @@
+"""Monolingual dedup as map / reduce / apply over one language's Parquet parts.
+
+map (per part)     exact keys and MinHash band keys, partitioned by hash bucket
+                   to disk; signatures saved beside them
+reduce (per bucket) exact groups -> drops; LSH candidates -> verified edges
+resolve (per lang) connected components of the edges -> near-duplicate drops
+apply (per part)   the part without its dropped rows, same file name
+
+Memory is set by one part or one bucket, never by the language.  Row ids are
+``part << 32 | row``; a unit (line or document) is named by its first row.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+
+from xylent.spec import DedupConfig
+
+from tasks.dedup.clusters import candidate_pairs, cluster_representatives
+from tasks.dedup.keys import bucket_of, normalize_expr, rids, stable_hash
+from tasks.dedup.minhash import EMPTY, band_keys, signatures_from_shingles, shingle_hashes, token_hashes
+
+DROP_SCHEMA = {"rid": pl.Int64, "reason": pl.String, "kept": pl.Int64}
+
+
+def _units(df: pl.DataFrame, level: str) -> pl.DataFrame:
+    """(unit_row, text) per line or per document (rows of a document joined)."""
+    df = df.with_row_index("row")
+    if level == "line":
+        return df.select(pl.col("row").cast(pl.Int64).alias("unit_row"), "text")
+    return (df.group_by("doc_id", maintain_order=True)
+              .agg(pl.col("row").first().cast(pl.Int64).alias("unit_row"), pl.col("text").str.join("\n"))
+              .select("unit_row", "text"))
+
+
+def unit_rows(df: pl.DataFrame, level: str) -> np.ndarray:
+    """For each row, the row index of its unit's first row."""
+    if level == "line":
+        return np.arange(len(df), dtype=np.int64)
+    return (df.with_row_index("row").select(pl.col("row").first().over("doc_id").cast(pl.Int64))
+              .to_series().to_numpy())
+
+
+def _write_buckets(df: pl.DataFrame, bucket: np.ndarray, root: Path, part_idx: int, buckets: int) -> None:
+    df = df.with_columns(pl.Series("_b", bucket))
+    for b in range(buckets):
+        chunk = df.filter(pl.col("_b") == b).drop("_b")
+        d = root / f"b={b}"
+        d.mkdir(parents=True, exist_ok=True)
+        chunk.write_parquet(d / f"p{part_idx:05d}.parquet")
+
+
+def map_part(part: Path, part_idx: int, lang: str, work: Path, cfg: DedupConfig) -> dict:
+    df = pl.read_parquet(part, columns=["doc_id", "text"])
+    base = int(part_idx) << 32
+    out = {"rows": len(df)}
+    if cfg.exact:
+        u = _units(df, cfg.exact_level)
+        key = stable_hash(u.select(normalize_expr(pl.col("text"), cfg.normalize)).to_series())
+        table = pl.DataFrame({"key": key, "rid": u["unit_row"].to_numpy() + base})
+        _write_buckets(table, bucket_of(key, cfg.buckets), work / "exact", part_idx, cfg.buckets)
+    if cfg.near:
+        u = _units(df, cfg.near_level)
+        char = lang in cfg.char_languages
+        tokens, offsets = token_hashes(u["text"], char_ngrams=char, seed=cfg.seed)
+        sh, sh_off = shingle_hashes(tokens, offsets, cfg.char_ngram if char else cfg.ngram)
+        sig = signatures_from_shingles(sh, sh_off, num_perm=cfg.num_perm, seed=cfg.seed)
+        live = sig[:, 0] != EMPTY
+        keys = band_keys(sig, cfg.bands, cfg.rows)
+        unit_rid = u["unit_row"].to_numpy() + base
+        n = int(live.sum())
+        table = pl.DataFrame({
+            "band": np.tile(np.arange(cfg.bands, dtype=np.int16), n),
+            "key": keys[live].ravel(),
+            "rid": np.repeat(unit_rid[live], cfg.bands),
+        })
+        (work / "sig").mkdir(parents=True, exist_ok=True)
+        np.save(work / "sig" / f"p{part_idx:05d}.npy", sig.astype(np.uint32))
+        np.save(work / "sig" / f"p{part_idx:05d}.rows.npy", u["unit_row"].to_numpy())
+        _write_buckets(table, bucket_of(table["key"].to_numpy(), cfg.buckets), work / "near", part_idx,
+                       cfg.buckets)
+        out["units"] = len(u)
+    return out
+
+
+def _read_bucket(root: Path) -> pl.DataFrame | None:
+    files = sorted(root.glob("*.parquet"))
+    return pl.read_parquet(files) if files else None
+
+
+def reduce_exact(work: Path, bucket: int) -> int:
+    df = _read_bucket(work / "exact" / f"b={bucket}")
+    drops = pl.DataFrame(schema=DROP_SCHEMA)
+    if df is not None and len(df):
+        drops = (df.with_columns(pl.col("rid").min().over("key").alias("kept"))
+                   .filter(pl.col("rid") != pl.col("kept"))
+                   .select("rid", pl.lit("exact").alias("reason"), "kept"))
+    (work / "drops").mkdir(parents=True, exist_ok=True)
+    drops.sort("rid").write_parquet(work / "drops" / f"exact-b{bucket:04d}.parquet")
+    return len(drops)
+
+
+class _Signatures:
+    """Random access to the saved signatures by row id (memory-mapped)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def get(self, rid: np.ndarray) -> np.ndarray:
+        part = rid >> 32
+        row = rid & 0xFFFFFFFF
+        out = None
+        for p in np.unique(part):
+            if p not in self.cache:
+                self.cache[p] = (np.load(self.root / f"p{p:05d}.npy", mmap_mode="r"),
+                                 np.load(self.root / f"p{p:05d}.rows.npy"))
+            sig, rows = self.cache[p]
+            sel = part == p
+            block = np.asarray(sig[np.searchsorted(rows, row[sel])])
+            if out is None:
+                out = np.empty((len(rid), block.shape[1]), dtype=block.dtype)
+            out[sel] = block
+        return out if out is not None else np.empty((0, 0), dtype=np.uint32)
+
+
+def reduce_near(work: Path, bucket: int, cfg: DedupConfig) -> int:
+    df = _read_bucket(work / "near" / f"b={bucket}")
+    left = right = np.empty(0, dtype=np.int64)
+    if df is not None and len(df):
+        left, right = candidate_pairs(df["band"].to_numpy(), df["key"].to_numpy(), df["rid"].to_numpy())
+        if len(left):
+            sigs = _Signatures(work / "sig")
+            est = (sigs.get(left) == sigs.get(right)).mean(axis=1)
+            ok = est >= cfg.threshold
+            left, right = left[ok], right[ok]
+    (work / "edges").mkdir(parents=True, exist_ok=True)
+    pl.DataFrame({"a": left, "b": right}, schema={"a": pl.Int64, "b": pl.Int64}).write_parquet(
+        work / "edges" / f"b{bucket:04d}.parquet")
+    return len(left)
+
+
+def resolve_near(work: Path) -> int:
+    edges = _read_bucket(work / "edges")
+    reps = {} if edges is None else cluster_representatives(edges["a"].to_numpy(), edges["b"].to_numpy())
+    drops = pl.DataFrame({"rid": list(reps), "kept": list(reps.values())}, schema={"rid": pl.Int64, "kept": pl.Int64})
+    drops = drops.filter(pl.col("rid") != pl.col("kept")).select("rid", pl.lit("near").alias("reason"), "kept")
+    (work / "drops").mkdir(parents=True, exist_ok=True)
+    drops.sort("rid").write_parquet(work / "drops" / "near.parquet")
+    return len(drops)
+
+
+def _drops_for_part(work: Path, part_idx: int, reason: str) -> pl.DataFrame:
+    files = sorted((work / "drops").glob(f"{reason}*.parquet"))
+    if not files:
+        return pl.DataFrame(schema=DROP_SCHEMA)
+    lo, hi = int(part_idx) << 32, (int(part_idx) + 1) << 32
+    return pl.scan_parquet(files).filter((pl.col("rid") >= lo) & (pl.col("rid") < hi)).collect()
+
+
+def apply_part(part: Path, part_idx: int, out: Path, work: Path, cfg: DedupConfig) -> tuple[dict, pl.DataFrame]:
+    """Write the part without its dropped rows; return counts and the dropped rows (for samples)."""
+    table = pq.read_table(part)
+    df = pl.from_arrow(table)
+    rid = rids(part_idx, len(df))
+    base = int(part_idx) << 32
+    exact_rid = unit_rows(df, cfg.exact_level) + base
+    near_rid = unit_rows(df, cfg.near_level) + base
+    reason = np.full(len(df), None, dtype=object)
+    kept = np.full(len(df), -1, dtype=np.int64)
+    for name, unit_rid in (("exact", exact_rid), ("near", near_rid)):
+        d = _drops_for_part(work, part_idx, name)
+        if len(d):
+            hit = np.isin(unit_rid, d["rid"].to_numpy()) & (reason == None)  # noqa: E711
+            lookup = dict(zip(d["rid"].to_list(), d["kept"].to_list()))
+            reason[hit] = name
+            kept[hit] = [lookup[r] for r in unit_rid[hit]]
+    dropped = reason != None  # noqa: E711
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table.filter(~dropped), out, compression="zstd")
+    removed = pl.DataFrame({"rid": rid[dropped], "reason": reason[dropped].astype(str), "kept": kept[dropped],
+                            "text": df["text"].filter(pl.Series(dropped))},
+                           schema={"rid": pl.Int64, "reason": pl.String, "kept": pl.Int64, "text": pl.String})
+    counts = {"in": len(df), "exact": int((reason == "exact").sum()), "near": int((reason == "near").sum()),
+              "out": int((~dropped).sum())}
+    return counts, removed
