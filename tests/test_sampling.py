@@ -170,4 +170,5 @@ def test_build_tables_on_ccmatrix_reports_wastage():
     assert len(b) == len(pairs) and abs(b["p_star"].sum() - 1) < 1e-9 and abs(b["q"].sum() - 1) < 1e-9
     assert (b["p_star"] > 0).all() and b["p"].equals(b["p_star"])
     en_de = b.filter((b["lang_a"] == "de") & (b["lang_b"] == "en"))
+    assert en_de["pairs"][0] == pairs[("de", "en")], "pair sizes are the input counts"
     assert en_de["expected_epochs_star"][0] == pytest.approx(en_de["p_star"][0] * 2e9 / en_de["pairs"][0])

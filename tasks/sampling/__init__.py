@@ -97,7 +97,7 @@ def build_tables(mono_counts: dict[str, int], pair_counts: dict[tuple[str, str],
     chosen = {"sinkhorn": p_star, "m2m": p_m2m, "temperature": p_temp}[cfg.pair_method]
 
     iu = np.triu_indices(len(blangs), k=1)
-    n_pairs = sym[iu] / 2  # each unordered pair once, X→Y and Y→X summed
+    n_pairs = sym[iu]  # sentence pairs of each unordered pair, X→Y and Y→X files summed
     keep = n_pairs > 0
     budget = float(cfg.bitext_budget)
 

@@ -1,0 +1,146 @@
+"""The dedup stage end to end: planted duplicates across parts, bitext rules with
+evidence, threads vs Ray, kill -9 mid-stage."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from conftest import write_spec
+
+WORDS = ("river mountain village market teacher window garden bridge station letter coffee winter "
+         "summer evening morning doctor kitchen forest island harbour castle library museum").split()
+
+
+def _sentence(rng, n=12):
+    return " ".join(rng.choice(WORDS) for _ in range(n)).capitalize() + "."
+
+
+def make_corpus(tmp: Path) -> Path:
+    rng = random.Random(0)
+    docs = [[_sentence(rng, rng.randint(20, 40)) for _ in range(3)] for _ in range(60)]
+    docs[11][2] = _sentence(rng, 90)  # long enough that one changed word keeps Jaccard >= 0.8
+    lines = []
+    for i, d in enumerate(docs):
+        lines += d + [""]
+    lines += [docs[3][0], docs[3][1], ""]                        # a document of exact repeated paragraphs
+    lines += [docs[7][0].upper().replace(".", "!!"), ""]          # exact after CCNet normalisation
+    near = docs[11][2].split()
+    near[5] = "zebra"
+    lines += [" ".join(near), ""]                                # near-duplicate of one paragraph
+    (tmp / "de.txt").write_text("\n".join(lines) + "\n")
+
+    pairs = [(f"Satz Nummer {i} über den {rng.choice(WORDS)}.", f"Sentence number {i} about the {rng.choice(WORDS)}.")
+             for i in range(200)]
+    pairs += [pairs[0], pairs[1], pairs[1]]                      # 3 exact duplicate pairs
+    pairs += [("Django administration", "Django administration")]  # a copy
+    pairs += [("Ja.", "Yes, that is exactly what I wanted to say about the whole matter today.")]  # ratio
+    pairs += [("Unbekannter Fehler.", f"Unknown error number {k}.") for k in range(6)]  # a hub on the de side
+    (tmp / "de-en.tsv").write_text("".join(f"{a}\t{b}\n" for a, b in pairs))
+    return write_spec(tmp / "spec.yaml", {
+        "name": "dedup-test", "languages": ["de", "en"],
+        "sources": [
+            {"name": "web", "kind": "local", "path": "de.txt", "format": "text", "lang": "de"},
+            {"name": "mined", "kind": "local", "path": "de-en.tsv", "format": "tsv", "pair": "de-en"},
+        ],
+        "prepare": {"part_rows": 40},  # several parts: duplicates must be found across them
+        "dedup": {"buckets": 3, "near_level": "line", "hub_min_partners": 5},
+        "sampling": {"pair_method": "temperature"},
+        "tracking": {"experiment": "dedup-test"},
+    })
+
+
+def run_json(run_cli, *args):
+    rc, out, err = run_cli(*args, "--json")
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def manifest_files(res, stage="dedup"):
+    m = json.loads((Path(res["stages"][stage]["output_dir"]) / "_manifest.json").read_text())
+    return sorted((f["path"], f["sha256"]) for f in m["files"])
+
+
+def test_dedup_stage_removes_planted_duplicates_with_evidence(run_cli, tmp_path):
+    spec = make_corpus(tmp_path)
+    res = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", tmp_path / "ws")
+    out = Path(res["stages"]["dedup"]["output_dir"])
+    prep = Path(res["stages"]["prepare"]["output_dir"])
+    assert len(list((prep / "mono" / "lang=de").glob("*.parquet"))) >= 4, "the input spans several parts"
+    stats = {r["name"]: r for r in pl.read_parquet(out / "dedup_stats.parquet").to_dicts()}
+    de = stats["de"]
+    assert de["exact"] == 3 and de["near"] == 1 and de["out"] == 180
+    pair = stats["de-en"]
+    assert (pair["exact"], pair["copy"], pair["ratio"], pair["hub"]) == (3, 1, 1, 6)
+    assert pair["out"] == 200
+    kept = pl.read_parquet(out / "mono" / "**" / "*.parquet")
+    assert kept["text"].n_unique() == len(kept) == 180
+    samples = pl.read_parquet(out / "removed_samples.parquet")
+    exact = samples.filter(pl.col("reason") == "exact")
+    assert (exact["kept_text"].is_not_null()).all(), "evidence: the row that was kept"
+    near = samples.filter(pl.col("reason") == "near").row(0, named=True)
+    assert "zebra" in near["text"] and "zebra" not in near["kept_text"]
+    hubs = pl.read_parquet(out / "top_hubs.parquet")
+    assert hubs.row(0, named=True)["text"] == "Unbekannter Fehler." and hubs["partners"][0] == 6
+    assert (out / "removal_reasons.png").stat().st_size > 5000
+    samp = Path(res["stages"]["sampling"]["output_dir"])
+    table = pl.read_parquet(samp / "bitext_sampling.parquet")
+    assert table["pairs"].to_list() == [200], "sampling counts what dedup kept"
+
+
+def test_ray_runner_gives_identical_output(run_cli, tmp_path):
+    spec = make_corpus(tmp_path)
+    threads = run_json(run_cli, "run", "dedup", "--spec", spec, "--workspace", tmp_path / "ws-threads")
+    ray = run_json(run_cli, "run", "dedup", "--spec", spec, "--workspace", tmp_path / "ws-ray",
+                   "--set", "runner.kind=ray", "--set", "runner.max_workers=2")
+    assert manifest_files(threads) == manifest_files(ray)
+
+
+def _big_spec(tmp: Path) -> Path:
+    rng = random.Random(1)
+    with open(tmp / "big.txt", "w") as f:
+        for d in range(6000):
+            for _ in range(rng.randint(1, 4)):
+                f.write(_sentence(rng, rng.randint(10, 60)) + "\n")
+            f.write("\n")
+    return write_spec(tmp / "big.yaml", {
+        "name": "big", "languages": ["de"],
+        "sources": [{"name": "big", "kind": "local", "path": "big.txt", "format": "text", "lang": "de"}],
+        "prepare": {"part_rows": 1500},
+        "dedup": {"buckets": 8},
+        "tracking": {"experiment": "big-dedup"},
+    })
+
+
+def test_kill_9_during_dedup_then_rerun(run_cli, tmp_path):
+    spec = _big_spec(tmp_path)
+    ws = tmp_path / "ws"
+    run_json(run_cli, "run", "prepare", "--spec", spec, "--workspace", ws)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xylent.cli", "run", "dedup", "--spec", str(spec), "--workspace", str(ws)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        work = list((ws / "dedup").glob("*.tmp-*/_work/mono/de/near")) if (ws / "dedup").exists() else []
+        if work and list(work[0].rglob("*.parquet")):
+            break  # the map phase is writing its buckets
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        time.sleep(0.02)
+    else:
+        pytest.fail("dedup never started")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not [p for p in (ws / "dedup").iterdir() if ".tmp-" not in p.name], "nothing was published"
+    rerun = run_json(run_cli, "run", "dedup", "--spec", spec, "--workspace", ws)
+    assert not list((ws / "dedup").glob("*.tmp-*"))
+    clean = run_json(run_cli, "run", "dedup", "--spec", spec, "--workspace", tmp_path / "ws-clean")
+    assert manifest_files(rerun) == manifest_files(clean)
