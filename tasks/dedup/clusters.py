@@ -24,17 +24,15 @@ def candidate_pairs(band: np.ndarray, key: np.ndarray, rid: np.ndarray) -> tuple
     starts = np.flatnonzero(new)
     sizes = np.diff(np.r_[starts, len(rid)])
     left, right = [], []
-    multi = sizes > 1
-    # star: every member against the group's smallest id
-    for s, n in zip(starts[multi], sizes[multi]):
-        members = rid[s : s + n]
-        if n <= ALL_PAIRS_UP_TO:
-            i, j = np.triu_indices(n, k=1)
-            left.append(members[i])
-            right.append(members[j])
-        else:
-            left.append(np.full(n - 1, members[0]))
-            right.append(members[1:])
+    # groups of equal size are expanded together (nearly all groups have 2 members)
+    for k in np.unique(sizes[(sizes > 1) & (sizes <= ALL_PAIRS_UP_TO)]):
+        members = rid[starts[sizes == k][:, None] + np.arange(k)]
+        i, j = np.triu_indices(k, k=1)
+        left.append(members[:, i].ravel())
+        right.append(members[:, j].ravel())
+    for s, n in zip(starts[sizes > ALL_PAIRS_UP_TO], sizes[sizes > ALL_PAIRS_UP_TO]):
+        left.append(np.full(n - 1, rid[s]))  # star: every member against the smallest id
+        right.append(rid[s + 1 : s + n])
     if not left:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
     a, b = np.concatenate(left), np.concatenate(right)

@@ -43,36 +43,31 @@ def token_hashes(texts: list[str] | pl.Series, *, char_ngrams: bool, seed: int) 
 
 def shingle_hashes(tokens: np.ndarray, offsets: np.ndarray, ngram: int) -> tuple[np.ndarray, np.ndarray]:
     """n-gram hashes (uint64) within documents and their per-document offsets."""
-    n_docs = len(offsets) - 1
     lens = np.diff(offsets)
     total = len(tokens)
+    starts = offsets[:-1]
+    short = (lens > 0) & (lens < ngram)  # one shingle: all of the document's tokens
+    acc = tokens.copy()
+    short_vals = np.empty(int(short.sum()), dtype=np.uint64)
+    short_len = lens[short]
+    short_start = starts[short]
     r = np.uint64(0x100000001B3)
-    acc = np.zeros(total, dtype=np.uint64)
-    partial = []  # partial[j][p] = hash of tokens p..p+j
     with np.errstate(over="ignore"):
-        for j in range(ngram):
-            nxt = np.zeros(total, dtype=np.uint64)
-            if j < total:
-                nxt[: total - j] = acc[: total - j] * r + tokens[j:]
-            acc = nxt
-            partial.append(acc)
+        for j in range(1, ngram):
+            done = short_len == j
+            short_vals[done] = acc[short_start[done]]
+            if j < total:  # acc[p] becomes the hash of tokens p..p+j (in place: no cross-position reads)
+                head = acc[: total - j]
+                head *= r
+                head += tokens[j:]
+    doc_end = np.repeat(offsets[1:], lens)
+    keep = np.arange(total) + ngram - 1 < doc_end
+    acc[short_start] = short_vals
+    keep[short_start] = True
     counts = np.where(lens >= ngram, lens - ngram + 1, np.minimum(lens, 1))
-    out_off = np.zeros(n_docs + 1, dtype=np.int64)
+    out_off = np.zeros(len(lens) + 1, dtype=np.int64)
     np.cumsum(counts, out=out_off[1:])
-    out = np.empty(out_off[-1], dtype=np.uint64)
-    full = lens >= ngram
-    if full.any():  # positions p with p + ngram - 1 inside the document
-        starts = offsets[:-1][full]
-        k = counts[full]
-        pos = np.repeat(starts - np.cumsum(np.r_[0, k[:-1]]), k) + np.arange(k.sum())
-        dest = np.repeat(out_off[:-1][full] - np.cumsum(np.r_[0, k[:-1]]), k) + np.arange(k.sum())
-        out[dest] = partial[ngram - 1][pos]
-    short = (lens > 0) & ~full
-    if short.any():
-        out[out_off[:-1][short]] = np.array(
-            [partial[m - 1][p] for m, p in zip(lens[short], offsets[:-1][short])], dtype=np.uint64
-        )
-    return _splitmix(out), out_off
+    return _splitmix(acc[keep]), out_off
 
 
 def _perms(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -82,7 +77,12 @@ def _perms(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def signatures_from_shingles(shingles: np.ndarray, offsets: np.ndarray, *, num_perm: int, seed: int) -> np.ndarray:
+def signatures_from_shingles(shingles: np.ndarray, offsets: np.ndarray, *, num_perm: int, seed: int,
+                             threads: int = 2) -> np.ndarray:
+    """Per-document minimum of each hash function over its shingles.
+
+    Blocks of whole documents run on ``threads`` threads (numpy releases the
+    GIL in its ufuncs)."""
     n_docs = len(offsets) - 1
     a, b = _perms(num_perm, seed)
     a, b = a[:, None], b[:, None]
@@ -90,20 +90,36 @@ def signatures_from_shingles(shingles: np.ndarray, offsets: np.ndarray, *, num_p
     sig = np.full((n_docs, num_perm), np.uint64(2**64 - 1), dtype=np.uint64)
     x = (shingles ^ (shingles >> np.uint64(32))) & MASK32
     doc_of = np.repeat(np.arange(n_docs), np.diff(offsets))
-    # permutation-major and in place into one reused buffer: temporaries and
-    # page faults, not arithmetic, dominate a naive numpy version (10x slower)
-    buf = np.empty((num_perm, min(_CHUNK, max(len(x), 1))), dtype=np.uint64)
-    for start in range(0, len(x), _CHUNK):
-        xs = x[start : start + _CHUNK]
-        docs = doc_of[start : start + _CHUNK]
-        h = buf[:, : len(xs)]
-        np.multiply(a, xs[None, :], out=h)
-        h += b
-        # the shingles of one document are contiguous: reduce each run, merge across chunks
-        bounds = np.flatnonzero(np.r_[True, docs[1:] != docs[:-1]])
-        mins = np.minimum.reduceat(h, bounds, axis=1)
-        d = docs[bounds]
-        sig[d] = np.minimum(sig[d], mins.T)
+
+    def block(lo: int, hi: int) -> None:
+        # permutation-major and in place into one reused buffer: temporaries and
+        # page faults, not arithmetic, dominate a naive numpy version (10x slower)
+        buf = np.empty((num_perm, min(_CHUNK, max(hi - lo, 1))), dtype=np.uint64)
+        for start in range(lo, hi, _CHUNK):
+            xs = x[start : min(start + _CHUNK, hi)]
+            docs = doc_of[start : start + len(xs)]
+            h = buf[:, : len(xs)]
+            np.multiply(a, xs[None, :], out=h)
+            h += b
+            bounds = np.flatnonzero(np.r_[True, docs[1:] != docs[:-1]])
+            mins = np.minimum.reduceat(h, bounds, axis=1)
+            d = docs[bounds]
+            sig[d] = np.minimum(sig[d], mins.T)  # a document may straddle two chunks
+
+    # split at document boundaries so no two threads write the same signature row
+    cuts = [0]
+    for t in range(1, max(1, threads)):
+        c = int(offsets[np.searchsorted(offsets, len(x) * t // threads)])
+        cuts.append(max(c, cuts[-1]))
+    cuts.append(len(x))
+    spans = [(lo, hi) for lo, hi in zip(cuts[:-1], cuts[1:]) if hi > lo]
+    if len(spans) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(len(spans)) as pool:
+            list(pool.map(lambda span: block(*span), spans))
+    elif spans:
+        block(*spans[0])
     sig >>= np.uint64(32)
     return sig
 
