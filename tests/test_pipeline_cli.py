@@ -64,7 +64,7 @@ def run_json(run_cli, *args):
 def test_pipeline_caches_forces_and_recomputes_only_the_edited_branch(run_cli, loopback):
     spec, ws, corpus = loopback
     first = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws)
-    assert [first["stages"][s]["cached"] for s in ("download", "prepare", "sampling")] == [False] * 3
+    assert [first["stages"][s]["cached"] for s in ("download", "prepare", "dedup", "sampling")] == [False] * 4
     out = Path(first["stages"]["prepare"]["output_dir"])
     mono = pl.scan_parquet(out / "mono" / "**" / "*.parquet", hive_partitioning=True).collect()
     assert sorted(mono["lang"].unique()) == ["de", "sw"]
@@ -125,7 +125,7 @@ def test_mlflow_has_parent_and_nested_stage_runs(run_cli, loopback):
     children = client.search_runs([exp.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     by_stage = {r.data.tags["xylent.stage"]: r for r in children}
-    assert set(by_stage) == {"download", "prepare", "sampling"}
+    assert set(by_stage) == {"download", "prepare", "dedup", "sampling"}
     prep = by_stage["prepare"]
     assert prep.info.run_id == res["stages"]["prepare"]["mlflow_run_id"]
     assert prep.data.params["prepare.normalization"] == "NFC"
@@ -199,7 +199,7 @@ def test_user_errors_exit_2_without_traceback(run_cli, loopback, tmp_path):
 def test_stages_lists_the_pipeline_in_order(run_cli):
     rc, out, _ = run_cli("stages")
     assert rc == 0
-    assert [line.split()[0] for line in out.strip().splitlines()][:3] == ["download", "prepare", "sampling"]
+    assert [line.split()[0] for line in out.strip().splitlines()][:4] == ["download", "prepare", "dedup", "sampling"]
 
 
 def test_hub_centric_bitexts_fail_sinkhorn_clearly_and_fall_back(run_cli, loopback):
