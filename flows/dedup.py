@@ -133,7 +133,8 @@ def _body(inv: Invocation, force: bool):
                     h = pl.read_parquet(files)
                     if len(h):
                         hubs.append(h.with_columns(pl.lit(n).alias("pair")))
-        shutil.rmtree(work)
+        if work.exists():  # nothing is written when every rule is switched off
+            shutil.rmtree(work)
 
         rows: dict[tuple[str, str], dict] = {}
         samples = []

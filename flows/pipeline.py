@@ -24,7 +24,7 @@ def pipeline(spec_file: str, workspace: str | None = None, overrides: list[str] 
     ok = False
     try:
         with inv.ws.lock():
-            for info in stages_up_to(until or STAGES[-1].name):
+            for info in (stages_up_to(until) if until else STAGES):
                 result = stage_flow(info.name)(**inv.flow_kwargs(), force=force)
                 for name, r in result["stages"].items():
                     inv.results.setdefault(name, r)  # the first report of a stage is what this run did

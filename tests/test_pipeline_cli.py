@@ -46,6 +46,8 @@ def serve_corpus(corpus) -> dict:
         # de-sw and en-sw only: every pair contains sw, so the Sinkhorn table is
         # infeasible at T != 1 and the loader follows the temperature table
         "sampling": {"pair_method": "temperature"},
+        # a handful of sentences per language: only tiny vocabularies can be learned
+        "vocab": {"grid": [20, 22, 24], "budget": 60, "character_coverage": 0.98},
     }
 
 
@@ -65,6 +67,7 @@ def test_pipeline_caches_forces_and_recomputes_only_the_edited_branch(run_cli, l
     spec, ws, corpus = loopback
     first = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws)
     assert [first["stages"][s]["cached"] for s in ("download", "prepare", "dedup", "sampling")] == [False] * 4
+    assert first["stages"]["vocab"]["cached"] is False
     out = Path(first["stages"]["prepare"]["output_dir"])
     mono = pl.scan_parquet(out / "mono" / "**" / "*.parquet", hive_partitioning=True).collect()
     assert sorted(mono["lang"].unique()) == ["de", "sw"]
@@ -87,7 +90,7 @@ def test_pipeline_caches_forces_and_recomputes_only_the_edited_branch(run_cli, l
     assert forced["stages"]["prepare"]["mlflow_run_id"] != first["stages"]["prepare"]["mlflow_run_id"]
 
     units_before = json.loads((out / "_manifest.json").read_text())["units"]
-    edited = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws,
+    edited = run_json(run_cli, "run", "prepare", "--spec", spec, "--workspace", ws,
                       "--set", "sources.0.max_lines=1")
     assert edited["stages"]["download"]["cached"] is True, "max_lines does not change what is downloaded"
     assert edited["stages"]["prepare"]["cached"] is False
@@ -125,7 +128,7 @@ def test_mlflow_has_parent_and_nested_stage_runs(run_cli, loopback):
     children = client.search_runs([exp.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     by_stage = {r.data.tags["xylent.stage"]: r for r in children}
-    assert set(by_stage) == {"download", "prepare", "dedup", "sampling"}
+    assert set(by_stage) == {"download", "prepare", "dedup", "vocab", "sampling"}
     prep = by_stage["prepare"]
     assert prep.info.run_id == res["stages"]["prepare"]["mlflow_run_id"]
     assert prep.data.params["prepare.normalization"] == "NFC"
@@ -199,7 +202,8 @@ def test_user_errors_exit_2_without_traceback(run_cli, loopback, tmp_path):
 def test_stages_lists_the_pipeline_in_order(run_cli):
     rc, out, _ = run_cli("stages")
     assert rc == 0
-    assert [line.split()[0] for line in out.strip().splitlines()][:4] == ["download", "prepare", "dedup", "sampling"]
+    assert [line.split()[0] for line in out.strip().splitlines()][:5] == \
+        ["download", "prepare", "dedup", "vocab", "sampling"]
 
 
 def test_hub_centric_bitexts_fail_sinkhorn_clearly_and_fall_back(run_cli, loopback):

@@ -70,6 +70,10 @@ def _dedup_slice(spec: Spec) -> dict:
     return {"dedup": spec.dedup.model_dump(mode="json"), "languages": spec.languages}
 
 
+def _vocab_slice(spec: Spec) -> dict:
+    return {"vocab": spec.vocab.model_dump(mode="json"), "seed": spec.seed}
+
+
 def _sampling_slice(spec: Spec) -> dict:
     return {"sampling": spec.sampling.model_dump(mode="json")}
 
@@ -107,6 +111,14 @@ STAGES: list[StageInfo] = [
         "1",
         _dedup_slice,
         ("prepare",),
+    ),
+    StageInfo(
+        "vocab",
+        "VoCAP vocabulary: per-language SentencePiece grids, ALP allocation, one merged unigram model",
+        "flows.vocab:vocab",
+        "1",
+        _vocab_slice,
+        ("dedup",),
     ),
     StageInfo(
         "sampling",
