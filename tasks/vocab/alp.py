@@ -8,6 +8,9 @@ is a piece like any other).  Not normalised per token, as in the reference.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from itertools import chain
+
 import numpy as np
 import sentencepiece as spm
 from scipy.optimize import isotonic_regression
@@ -15,10 +18,10 @@ from scipy.optimize import isotonic_regression
 
 def alp_from_ids(ids: list[list[int]]) -> float:
     """ALP of a segmented sample (lists of piece ids)."""
-    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     if len(ids) == 0 or lengths.sum() == 0:
         return float("nan")
-    flat = np.fromiter((t for x in ids for t in x), dtype=np.int64, count=int(lengths.sum()))
+    flat = np.fromiter(chain.from_iterable(ids), dtype=np.int64, count=int(lengths.sum()))
     counts = np.bincount(flat)
     logp = np.log(counts[flat] / len(flat))
     per_sentence = np.zeros(len(ids))
@@ -28,11 +31,21 @@ def alp_from_ids(ids: list[list[int]]) -> float:
     return float(per_sentence.mean())
 
 
-def average_log_probability(model_file: str, sentences: list[str], *, num_threads: int = 1) -> float:
+def average_log_probability(model_file: str, sentences: list[str], *, num_threads: int = 2) -> float:
     """ALP of ``sentences`` under the SentencePiece model in ``model_file``
-    (batch encoding in C++, counting and sums in numpy)."""
+    (batch encoding in C++ on ``num_threads`` threads, counting and sums in numpy)."""
     sp = spm.SentencePieceProcessor(model_file=str(model_file))
-    return alp_from_ids(sp.encode(list(sentences), num_threads=num_threads))
+    sentences = list(sentences)
+    if num_threads <= 1 or len(sentences) < 2000:
+        return alp_from_ids(sp.encode(sentences, num_threads=1))
+    # SentencePiece releases the GIL while it segments but not while it builds the
+    # Python lists: separate calls on threads overlap the two (1.5x over one call,
+    # where its own num_threads gains nothing)
+    step = -(-len(sentences) // num_threads)
+    chunks = [sentences[i : i + step] for i in range(0, len(sentences), step)]
+    with ThreadPoolExecutor(len(chunks)) as pool:
+        parts = list(pool.map(lambda c: sp.encode(c, num_threads=1), chunks))
+    return alp_from_ids([ids for part in parts for ids in part])
 
 
 def concave_curve(sizes: list[int], alps: list[float]) -> list[float]:
