@@ -218,3 +218,21 @@ def run_cli(capsys):
         return rc, out, err
 
     return run
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory, prefect_server):
+    """The whole pipeline on the embedded demo, once per test session."""
+    import contextlib
+    import io
+    from pathlib import Path
+
+    from xylent.cli import main
+
+    ws = tmp_path_factory.mktemp("demo") / "ws"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["run", "pipeline", "--spec", str(Path(__file__).resolve().parents[1] / "data_specs" / "demo.yaml"),
+                   "--workspace", str(ws), "--json"])
+    assert rc == 0
+    return json.loads(out.getvalue()), ws

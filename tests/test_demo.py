@@ -17,10 +17,9 @@ def _files(res: dict) -> list:
     return sorted((f["path"], f["sha256"]) for f in m["files"])
 
 
-def test_demo_pipeline_on_django_catalogs(run_cli, tmp_path):
-    rc, out, err = run_cli("run", "pipeline", "--spec", DEMO, "--workspace", tmp_path / "ws", "--json")
-    assert rc == 0, err
-    res = json.loads(out)
+def test_demo_pipeline_on_django_catalogs(run_cli, tmp_path, demo_run):
+    res, _ = demo_run
+    assert set(res["stages"]) == {"download", "prepare", "dedup", "vocab", "sampling", "shards"}
     prep = Path(res["stages"]["prepare"]["output_dir"])
     mono = pl.scan_parquet(prep / "mono" / "**" / "*.parquet", hive_partitioning=True)
     per_lang = dict(mono.group_by("lang").len().collect().rows())

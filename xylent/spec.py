@@ -232,6 +232,11 @@ class VocabConfig(Strict):
         return v
 
 
+class ShardsConfig(Strict):
+    seq_len: int = Field(default=512, ge=8, description="tokens per MRTD sequence and TRTD pair, specials included")
+    shard_mb: int = Field(default=256, gt=0, description="maximum size of one Arrow shard")
+
+
 class SamplingConfig(Strict):
     alpha: float = Field(default=0.7, gt=0, le=1, allow_inf_nan=False,
                          description="monolingual smoothing: p_j ∝ m_j^alpha")
@@ -265,6 +270,7 @@ class Spec(Strict):
     dedup: DedupConfig = Field(default_factory=DedupConfig)
     vocab: VocabConfig = Field(default_factory=VocabConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    shards: ShardsConfig = Field(default_factory=ShardsConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
 
     # where relative paths in the spec are resolved (the spec file's folder)

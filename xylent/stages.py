@@ -74,6 +74,10 @@ def _vocab_slice(spec: Spec) -> dict:
     return {"vocab": spec.vocab.model_dump(mode="json"), "seed": spec.seed}
 
 
+def _shards_slice(spec: Spec) -> dict:
+    return {"shards": spec.shards.model_dump(mode="json")}
+
+
 def _sampling_slice(spec: Spec) -> dict:
     return {"sampling": spec.sampling.model_dump(mode="json")}
 
@@ -127,6 +131,14 @@ STAGES: list[StageInfo] = [
         "1",
         _sampling_slice,
         ("dedup",),
+    ),
+    StageInfo(
+        "shards",
+        "tokenised, packed Arrow shards for MRTD and TRTD (+ index.json for the loader)",
+        "flows.shards:shards",
+        "1",
+        _shards_slice,
+        ("dedup", "vocab"),
     ),
 ]
 

@@ -1,0 +1,146 @@
+"""Tokenised, packed Arrow shards.
+
+MRTD (monolingual): each language's documents are tokenised and concatenated,
+documents separated by ``</s>``, and cut into sequences of exactly ``seq_len``
+tokens framed as ``<s> … </s>``; only a language's last sequence is shorter.
+TRTD (bitext): one row per pair, ``src_ids`` and ``tgt_ids`` kept apart so the
+loader can build ``<s> e </s> f </s>`` with a fresh 50 % order flip every epoch.
+A pair longer than ``seq_len − 3`` is truncated: the longer side is cut first,
+down to the shorter side's length, then both are cut alternately (counted).
+
+Shards are Arrow IPC files (memory-mappable) of at most ``shard_mb``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import sentencepiece as spm
+
+from xylent.workspace import sha256_file
+
+MRTD_SCHEMA = pa.schema([("input_ids", pa.list_(pa.int32()))])
+TRTD_SCHEMA = pa.schema([("src_ids", pa.list_(pa.int32())), ("tgt_ids", pa.list_(pa.int32()))])
+
+
+class ShardWriter:
+    """Arrow IPC files ``shard-NNNNN.arrow`` under ``root``, rolled at ``max_bytes``."""
+
+    def __init__(self, root: Path, schema: pa.Schema, max_bytes: int):
+        self.root, self.schema, self.max_bytes = root, schema, max_bytes
+        self.shards: list[dict] = []
+        self._writer = None
+        self._bytes = 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        if self._writer is None or self._bytes + batch.nbytes > self.max_bytes and self._bytes > 0:
+            self.close()
+            self.root.mkdir(parents=True, exist_ok=True)
+            path = self.root / f"shard-{len(self.shards):05d}.arrow"
+            self._writer = ipc.new_file(path, self.schema)
+            self.shards.append({"path": path, "rows": 0, "tokens": 0})
+            self._bytes = 0
+        self._writer.write_batch(batch)
+        self._bytes += batch.nbytes
+        cur = self.shards[-1]
+        cur["rows"] += batch.num_rows
+        cur["tokens"] += sum(int(pa.compute.sum(pa.compute.list_value_length(c)).as_py() or 0) for c in batch.columns)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def finish(self, root_for_paths: Path) -> list[dict]:
+        self.close()
+        return [{"path": s["path"].relative_to(root_for_paths).as_posix(), "rows": s["rows"], "tokens": s["tokens"],
+                 "sha256": sha256_file(s["path"])} for s in self.shards]
+
+
+def _list_array(seqs: list[np.ndarray]) -> pa.Array:
+    lengths = np.fromiter(map(len, seqs), dtype=np.int32, count=len(seqs))
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.concatenate(seqs).astype(np.int32) if seqs else np.empty(0, dtype=np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
+def pack_language(parts: list[Path], sp: spm.SentencePieceProcessor, out: Path, seq_len: int,
+                  max_bytes: int) -> dict:
+    """Pack one language's documents into exactly seq_len-token sequences."""
+    bos, eos = sp.bos_id(), sp.eos_id()
+    body = seq_len - 2
+    writer = ShardWriter(out, MRTD_SCHEMA, max_bytes)
+    carry = np.empty(0, dtype=np.int32)
+    stats = {"documents": 0, "paragraphs": 0, "text_tokens": 0, "sequences": 0}
+    for part in parts:
+        df = pl.read_parquet(part, columns=["doc_id", "text"])
+        if not len(df):
+            continue
+        ids = sp.encode(df["text"].to_list())
+        doc = df["doc_id"].to_numpy()
+        new_doc = np.r_[True, doc[1:] != doc[:-1]]
+        stream = []
+        for k, (seg, first) in enumerate(zip(ids, new_doc)):
+            if first and (k > 0 or carry.size):
+                stream.append(np.array([eos], dtype=np.int32))  # document separator
+            stream.append(np.asarray(seg, dtype=np.int32))
+        stats["documents"] += int(new_doc.sum())
+        stats["paragraphs"] += len(df)
+        stats["text_tokens"] += sum(map(len, ids))
+        tokens = np.concatenate([carry, *stream])
+        n_full = len(tokens) // body
+        if n_full:
+            full = tokens[: n_full * body].reshape(n_full, body)
+            framed = np.empty((n_full, seq_len), dtype=np.int32)
+            framed[:, 0], framed[:, -1], framed[:, 1:-1] = bos, eos, full
+            writer.write(pa.record_batch([pa.FixedSizeListArray.from_arrays(framed.ravel(), seq_len)
+                                          .cast(pa.list_(pa.int32()))], schema=MRTD_SCHEMA))
+            stats["sequences"] += n_full
+        carry = tokens[n_full * body:]
+    if carry.size:  # the language's last, shorter sequence
+        last = np.concatenate([[bos], carry, [eos]]).astype(np.int32)
+        writer.write(pa.record_batch([_list_array([last])], schema=MRTD_SCHEMA))
+        stats["sequences"] += 1
+    return {**stats, "shards": writer}
+
+
+def truncate_pair(src: np.ndarray, tgt: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Cut the longer side first, then both alternately, until len(src) + len(tgt) <= budget."""
+    if len(src) + len(tgt) <= budget:
+        return src, tgt, False
+    s, t = len(src), len(tgt)
+    while s + t > budget:
+        if s >= t:
+            s -= 1
+        else:
+            t -= 1
+    return src[:s], tgt[:t], True
+
+
+def encode_pairs(parts: list[Path], sp: spm.SentencePieceProcessor, out: Path, seq_len: int,
+                 max_bytes: int) -> dict:
+    writer = ShardWriter(out, TRTD_SCHEMA, max_bytes)
+    budget = seq_len - 3  # <s> e </s> f </s>
+    stats = {"pairs": 0, "truncated": 0, "text_tokens": 0}
+    for part in parts:
+        df = pl.read_parquet(part, columns=["src", "tgt"])
+        if not len(df):
+            continue
+        src_ids, tgt_ids = sp.encode(df["src"].to_list()), sp.encode(df["tgt"].to_list())
+        srcs, tgts = [], []
+        for a, b in zip(src_ids, tgt_ids):
+            a, b, cut = truncate_pair(np.asarray(a, dtype=np.int32), np.asarray(b, dtype=np.int32), budget)
+            stats["truncated"] += cut
+            srcs.append(a)
+            tgts.append(b)
+        stats["pairs"] += len(df)
+        stats["text_tokens"] += sum(map(len, srcs)) + sum(map(len, tgts))
+        writer.write(pa.record_batch([_list_array(srcs), _list_array(tgts)], schema=TRTD_SCHEMA))
+    return {**stats, "shards": writer}

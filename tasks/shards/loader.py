@@ -1,0 +1,215 @@
+"""The training data loader: batches for MRTD and TRTD that follow the sampling
+tables, deterministic from (seed, epoch), rank-aware, resumable mid-epoch.
+
+Every step draws one *global* batch from an RNG seeded by (seed, epoch, step);
+rank r takes its share, so ranks never see the same example in a step and any
+world size sees the same data.  Within a language (or pair) examples are read
+in a permutation seeded by (seed, epoch, language, pass), through a cursor.
+``state_dict()`` is (epoch, step, cursors, passes) after the last batch the
+caller received — prefetching does not move it — and ``load_state_dict``
+makes the following batches identical to an uninterrupted run.
+
+Shards are memory-mapped (nothing is copied into memory up front) and checked
+against the sha256 in index.json when first opened.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import queue
+import threading
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from xylent.errors import XylentError
+from xylent.workspace import sha256_file
+
+PAD, BOS, EOS = 3, 1, 2  # ids fixed by the vocab stage's model: <unk> 0, <s> 1, </s> 2, <pad> 3, <mask> 4
+
+
+class _Rows:
+    """Rows of one language/pair across its shards: zero-copy numpy views."""
+
+    def __init__(self, root: Path, shards: list[dict], columns: list[str], verify: bool):
+        self.chunks: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in columns]
+        starts = [0]
+        for sh in shards:
+            path = root / sh["path"]
+            if not path.exists():
+                raise XylentError("a shard listed in index.json is missing", where=str(path),
+                                  fix="rebuild the shards: xylent run shards --force")
+            if verify and sha256_file(path) != sh["sha256"]:
+                raise XylentError("shard checksum mismatch: the file is corrupt or was changed after it was written",
+                                  where=str(path), fix="rebuild the shards: xylent run shards --force")
+            table = ipc.open_file(pa.memory_map(str(path))).read_all()
+            for batch in table.to_batches():
+                for k, name in enumerate(columns):
+                    arr = batch.column(name)
+                    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32)[arr.offset: arr.offset + len(arr) + 1]
+                    values = np.frombuffer(arr.values.buffers()[1], dtype=np.int32)
+                    self.chunks[k].append((offsets, values))
+                starts.append(starts[-1] + batch.num_rows)
+        self.starts = np.array(starts, dtype=np.int64)
+        self.n = int(self.starts[-1])
+
+    def get(self, i: int, column: int = 0) -> np.ndarray:
+        c = int(np.searchsorted(self.starts, i, side="right") - 1)
+        offsets, values = self.chunks[column][c]
+        j = i - int(self.starts[c])
+        return values[offsets[j]: offsets[j + 1]]
+
+
+class TrainingLoader:
+    def __init__(self, shards_dir: str | Path, sampling_dir: str | Path, *, task: str = "mrtd", seed: int = 0,
+                 rank: int = 0, world_size: int = 1, batch_size: int = 8, max_tokens: int = 4096,
+                 prefetch: int = 4, verify: bool = True):
+        if task not in ("mrtd", "trtd"):
+            raise XylentError(f"unknown task {task!r}", fix="use 'mrtd' or 'trtd'")
+        if not 0 <= rank < world_size:
+            raise XylentError(f"rank {rank} is outside world_size {world_size}")
+        self.root = Path(shards_dir)
+        try:
+            self.index = json.loads((self.root / "index.json").read_text())
+        except FileNotFoundError:
+            raise XylentError("no index.json: this is not a shards output", where=str(self.root),
+                              fix="point the loader at workspace/shards/<fingerprint>") from None
+        self.task, self.seed, self.rank, self.world = task, seed, rank, world_size
+        self.batch_size, self.max_tokens, self.prefetch = batch_size, max_tokens, prefetch
+        self.seq_len = self.index["seq_len"]
+        groups = self.index["mrtd" if task == "mrtd" else "trtd"]
+        table = self._table(Path(sampling_dir))
+        self.names = [n for n in table if n in groups and groups[n]["rows"] > 0]
+        if not self.names:
+            raise XylentError(f"no {task.upper()} data shares a name with the sampling table",
+                              where=str(sampling_dir), fix="build shards and sampling from the same pipeline run")
+        p = np.array([table[n] for n in self.names], dtype=np.float64)
+        self.cdf = np.cumsum(p / p.sum())
+        self.cdf[-1] = 1.0
+        cols = ["input_ids"] if task == "mrtd" else ["src_ids", "tgt_ids"]
+        self.rows = [_Rows(self.root, groups[n]["shards"], cols, verify) for n in self.names]
+        self.set_epoch(0)
+
+    def _table(self, sampling_dir: Path) -> dict[str, float]:
+        if self.task == "mrtd":
+            df = pl.read_parquet(sampling_dir / "mono_sampling.parquet")
+            return {r["lang"]: r["p"] for r in df.iter_rows(named=True) if r["p"] > 0}
+        df = pl.read_parquet(sampling_dir / "bitext_sampling.parquet")
+        return {f"{r['lang_a']}-{r['lang_b']}": r["p"] for r in df.iter_rows(named=True) if r["p"] and r["p"] > 0}
+
+    # -- state ---------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        self._state = {"epoch": int(epoch), "step": 0, "cursors": [0] * len(self.names),
+                       "passes": [0] * len(self.names)}
+        self._perms: dict[tuple[int, int], np.ndarray] = {}
+
+    def state_dict(self) -> dict:
+        return copy.deepcopy(self._state)
+
+    def load_state_dict(self, state: dict) -> None:
+        self._state = copy.deepcopy(state)
+        self._perms = {}
+
+    # -- drawing ---------------------------------------------------------------
+    def _next_row(self, g: int, st: dict) -> int:
+        n = self.rows[g].n
+        if st["cursors"][g] >= n:
+            st["cursors"][g] = 0
+            st["passes"][g] += 1
+        key = (g, st["passes"][g])
+        if key not in self._perms:
+            self._perms = {k: v for k, v in self._perms.items() if k[0] != g}
+            self._perms[key] = np.random.default_rng([self.seed, st["epoch"], g, key[1]]).permutation(n)
+        i = int(self._perms[key][st["cursors"][g]])
+        st["cursors"][g] += 1
+        return i
+
+    def _mrtd(self, st: dict, rng: np.random.Generator) -> dict:
+        groups = np.searchsorted(self.cdf, rng.random(self.batch_size * self.world), side="right")
+        seqs = [(g, self._next_row(int(g), st)) for g in groups]
+        mine = seqs[self.rank:: self.world]
+        ids = np.full((len(mine), self.seq_len), PAD, dtype=np.int32)
+        for k, (g, i) in enumerate(mine):
+            row = self.rows[g].get(i)
+            ids[k, : len(row)] = row
+        return {"input_ids": ids, "attention_mask": (ids != PAD).astype(np.int8),
+                "langs": [self.names[g] for g, _ in mine], "examples": [(self.names[g], i) for g, i in mine]}
+
+    def _trtd(self, st: dict, rng: np.random.Generator) -> dict:
+        budget = self.max_tokens * self.world
+        examples, longest = [], 0
+        while True:
+            g = int(np.searchsorted(self.cdf, rng.random(), side="right"))
+            flip = bool(rng.random() < 0.5)
+            i = self._next_row(g, st)
+            src, tgt = self.rows[g].get(i, 0), self.rows[g].get(i, 1)
+            if flip:
+                src, tgt = tgt, src
+            length = len(src) + len(tgt) + 3
+            if examples and max(longest, length) * (len(examples) + 1) > budget:
+                st["cursors"][g] -= 1  # not taken: it opens the next step's batch
+                break
+            longest = max(longest, length)
+            examples.append((g, flip, i, src, tgt))
+            if len(examples) >= 4 * budget:  # pathological tiny budgets
+                break
+        order = sorted(range(len(examples)), key=lambda k: (-(len(examples[k][3]) + len(examples[k][4])), k))
+        mine = [examples[k] for k in order[self.rank:: self.world]]
+        width = max((len(s) + len(t) + 3 for _, _, _, s, t in mine), default=3)
+        ids = np.full((len(mine), width), PAD, dtype=np.int32)
+        seg = np.zeros((len(mine), width), dtype=np.int8)
+        for k, (_, _, _, s, t) in enumerate(mine):
+            row = np.concatenate([[BOS], s, [EOS], t, [EOS]])
+            ids[k, : len(row)] = row
+            seg[k, len(s) + 2: len(row)] = 1
+        return {"input_ids": ids, "attention_mask": (ids != PAD).astype(np.int8), "segment_ids": seg,
+                "pairs": [self.names[g] for g, _, _, _, _ in mine],
+                "flipped": np.array([f for _, f, _, _, _ in mine], dtype=bool),
+                "examples": [(self.names[g], i) for g, _, i, _, _ in mine]}
+
+    def _produce(self, st: dict) -> tuple[dict, dict]:
+        rng = np.random.default_rng([self.seed, st["epoch"], st["step"], 7])
+        batch = self._mrtd(st, rng) if self.task == "mrtd" else self._trtd(st, rng)
+        st["step"] += 1
+        return batch, copy.deepcopy(st)
+
+    def batches(self, steps: int) -> Iterator[dict]:
+        """The next ``steps`` batches, prefetched by a background thread."""
+        q: queue.Queue = queue.Queue(maxsize=max(1, self.prefetch))
+        st = copy.deepcopy(self._state)
+        stop = threading.Event()
+
+        def work():
+            try:
+                for _ in range(steps):
+                    if stop.is_set():
+                        return
+                    q.put(self._produce(st))
+                q.put(None)
+            except BaseException as exc:  # surfaced in the consumer
+                q.put(exc)
+
+        t = threading.Thread(target=work, name="xylent-loader", daemon=True)
+        t.start()
+        try:
+            while True:
+                item = q.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                batch, after = item
+                self._state = after
+                yield batch
+        finally:
+            stop.set()
+            while t.is_alive():
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    t.join(timeout=0.05)
