@@ -44,7 +44,9 @@ rec = {"source": "bench", "format": "text-xz", "filename": path.name, "path": st
        "bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "truncated": False}
 t = time.perf_counter()
 manifest, _ = prepare_unit([rec], ws, PrepareConfig(), {})
-print(json.dumps({"seconds": time.perf_counter() - t, "stats": manifest["stats"][0]}))
+secs = time.perf_counter() - t
+hwm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+print(json.dumps({"seconds": secs, "stats": manifest["stats"][0], "vm_hwm_kb": hwm}))
 """
 
 
@@ -127,7 +129,9 @@ def main() -> None:
             env = {**os.environ, "PYTHONPATH": str(ROOT)}
             ws = tmp / f"ws-{mb}"
             p_s, p_rss, out = timed([sys.executable, "-c", WORKER, str(f), str(ws)], env=env)
-            stats = json.loads(out)["stats"]
+            res = json.loads(out)
+            stats = res["stats"]
+            p_rss = res["vm_hwm_kb"] * 1024  # the child's own peak (ru_maxrss would include the parent)
             row = {
                 "text_mb": round(text_bytes / 1e6, 1),
                 "xz_mb": round(f.stat().st_size / 1e6, 1),

@@ -13,6 +13,8 @@ Shards are Arrow IPC files (memory-mappable) of at most ``shard_mb``.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +52,7 @@ class ShardWriter:
         self._bytes += batch.nbytes
         cur = self.shards[-1]
         cur["rows"] += batch.num_rows
-        cur["tokens"] += sum(int(pa.compute.sum(pa.compute.list_value_length(c)).as_py() or 0) for c in batch.columns)
+        cur["tokens"] += sum(len(c.values) for c in batch.columns)  # fresh arrays: values are exactly the rows' ids
 
     def close(self) -> None:
         if self._writer is not None:
@@ -61,6 +63,30 @@ class ShardWriter:
         self.close()
         return [{"path": s["path"].relative_to(root_for_paths).as_posix(), "rows": s["rows"], "tokens": s["tokens"],
                  "sha256": sha256_file(s["path"])} for s in self.shards]
+
+
+def encode_flat(sp: spm.SentencePieceProcessor, texts: list[str], chunk: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of all texts as one int32 array, and each text's length.
+
+    SentencePiece segments without the GIL but returns Python lists, whose
+    conversion (and freeing) costs half as much again as the segmentation; so
+    the next chunk is segmented on a helper thread while this one is converted.
+    """
+    if not texts:
+        return np.empty(0, dtype=np.int32), np.empty(0, dtype=np.int64)
+    chunks = [texts[i : i + chunk] for i in range(0, len(texts), chunk)]
+    flats, lens = [], []
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(sp.encode, chunks[0], num_threads=1)
+        for k in range(len(chunks)):
+            ids = pending.result()
+            if k + 1 < len(chunks):
+                pending = pool.submit(sp.encode, chunks[k + 1], num_threads=1)
+            lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+            flats.append(np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())))
+            lens.append(lengths)
+            del ids
+    return np.concatenate(flats), np.concatenate(lens)
 
 
 def _list_array(seqs: list[np.ndarray]) -> pa.Array:
@@ -78,30 +104,31 @@ def pack_language(parts: list[Path], sp: spm.SentencePieceProcessor, out: Path, 
     body = seq_len - 2
     writer = ShardWriter(out, MRTD_SCHEMA, max_bytes)
     carry = np.empty(0, dtype=np.int32)
+    last_doc, started = None, False
     stats = {"documents": 0, "paragraphs": 0, "text_tokens": 0, "sequences": 0}
     for part in parts:
         df = pl.read_parquet(part, columns=["doc_id", "text"])
         if not len(df):
             continue
-        ids = sp.encode(df["text"].to_list())
+        flat, lengths = encode_flat(sp, df["text"].to_list())
         doc = df["doc_id"].to_numpy()
-        new_doc = np.r_[True, doc[1:] != doc[:-1]]
-        stream = []
-        for k, (seg, first) in enumerate(zip(ids, new_doc)):
-            if first and (k > 0 or carry.size):
-                stream.append(np.array([eos], dtype=np.int32))  # document separator
-            stream.append(np.asarray(seg, dtype=np.int32))
+        new_doc = np.r_[doc[0] != last_doc, doc[1:] != doc[:-1]]  # a document may continue from the last part
+        sep = new_doc.copy()
+        sep[0] &= started  # nothing before the very first document: no separator
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        tokens = np.concatenate([carry, np.insert(flat, starts[sep], eos)])  # </s> between documents
+        last_doc, started = doc[-1], True
         stats["documents"] += int(new_doc.sum())
         stats["paragraphs"] += len(df)
-        stats["text_tokens"] += sum(map(len, ids))
-        tokens = np.concatenate([carry, *stream])
+        stats["text_tokens"] += len(flat)
         n_full = len(tokens) // body
         if n_full:
             full = tokens[: n_full * body].reshape(n_full, body)
             framed = np.empty((n_full, seq_len), dtype=np.int32)
             framed[:, 0], framed[:, -1], framed[:, 1:-1] = bos, eos, full
-            writer.write(pa.record_batch([pa.FixedSizeListArray.from_arrays(framed.ravel(), seq_len)
-                                          .cast(pa.list_(pa.int32()))], schema=MRTD_SCHEMA))
+            offsets = pa.array(np.arange(0, n_full * seq_len + 1, seq_len, dtype=np.int32))
+            writer.write(pa.record_batch([pa.ListArray.from_arrays(offsets, pa.array(framed.ravel()))],
+                                         schema=MRTD_SCHEMA))
             stats["sequences"] += n_full
         carry = tokens[n_full * body:]
     if carry.size:  # the language's last, shorter sequence
