@@ -128,7 +128,7 @@ def test_mlflow_has_parent_and_nested_stage_runs(run_cli, loopback):
     children = client.search_runs([exp.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
     by_stage = {r.data.tags["xylent.stage"]: r for r in children}
-    assert set(by_stage) == {"download", "prepare", "dedup", "vocab", "sampling"}
+    assert set(by_stage) == {"download", "prepare", "dedup", "vocab", "sampling", "shards"}
     prep = by_stage["prepare"]
     assert prep.info.run_id == res["stages"]["prepare"]["mlflow_run_id"]
     assert prep.data.params["prepare.normalization"] == "NFC"
@@ -202,8 +202,8 @@ def test_user_errors_exit_2_without_traceback(run_cli, loopback, tmp_path):
 def test_stages_lists_the_pipeline_in_order(run_cli):
     rc, out, _ = run_cli("stages")
     assert rc == 0
-    assert [line.split()[0] for line in out.strip().splitlines()][:5] == \
-        ["download", "prepare", "dedup", "vocab", "sampling"]
+    assert [line.split()[0] for line in out.strip().splitlines()] == \
+        ["download", "prepare", "dedup", "vocab", "sampling", "shards"]
 
 
 def test_hub_centric_bitexts_fail_sinkhorn_clearly_and_fall_back(run_cli, loopback):

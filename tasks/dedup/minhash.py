@@ -18,7 +18,7 @@ import polars as pl
 
 MASK32 = np.uint64(0xFFFFFFFF)
 EMPTY = np.uint64(0xFFFFFFFF)  # signature value of a document without shingles
-_CHUNK = 1 << 17  # shingles per vectorised block: 128k x 112 x 8 B = 117 MB at most
+_CHUNK = 1 << 15  # shingles per vectorised block: 32k x 112 x 8 B = 29 MB per thread
 
 
 def _splitmix(x: np.ndarray) -> np.ndarray:

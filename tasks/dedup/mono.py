@@ -25,6 +25,7 @@ from tasks.dedup.keys import bucket_of, normalize_expr, rids, stable_hash
 from tasks.dedup.minhash import EMPTY, band_keys, signatures_from_shingles, shingle_hashes, token_hashes
 
 DROP_SCHEMA = {"rid": pl.Int64, "reason": pl.String, "kept": pl.Int64}
+_SIG_BATCH = 16_384  # units per MinHash batch within a part
 
 
 def _units(df: pl.DataFrame, level: str) -> pl.DataFrame:
@@ -66,9 +67,13 @@ def map_part(part: Path, part_idx: int, lang: str, work: Path, cfg: DedupConfig)
     if cfg.near:
         u = _units(df, cfg.near_level)
         char = lang in cfg.char_languages
-        tokens, offsets = token_hashes(u["text"], char_ngrams=char, seed=cfg.seed)
-        sh, sh_off = shingle_hashes(tokens, offsets, cfg.char_ngram if char else cfg.ngram)
-        sig = signatures_from_shingles(sh, sh_off, num_perm=cfg.num_perm, seed=cfg.seed)
+        sigs = []
+        for start in range(0, max(len(u), 1), _SIG_BATCH):  # token lists of a whole part would dominate memory
+            texts = u["text"].slice(start, _SIG_BATCH)
+            tokens, offsets = token_hashes(texts, char_ngrams=char, seed=cfg.seed)
+            sh, sh_off = shingle_hashes(tokens, offsets, cfg.char_ngram if char else cfg.ngram)
+            sigs.append(signatures_from_shingles(sh, sh_off, num_perm=cfg.num_perm, seed=cfg.seed))
+        sig = np.concatenate(sigs)
         live = sig[:, 0] != EMPTY
         keys = band_keys(sig, cfg.bands, cfg.rows)
         unit_rid = u["unit_row"].to_numpy() + base
@@ -105,23 +110,25 @@ def reduce_exact(work: Path, bucket: int) -> int:
 
 
 class _Signatures:
-    """Random access to the saved signatures by row id (memory-mapped)."""
+    """Signature rows by row id.  Each part's file is memory-mapped only while
+    its rows are copied out: mapped pages count as resident memory, and keeping
+    every part mapped would make a bucket's memory grow with the corpus."""
 
     def __init__(self, root: Path):
         self.root = root
-        self.cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.rows: dict[int, np.ndarray] = {}
 
     def get(self, rid: np.ndarray) -> np.ndarray:
         part = rid >> 32
         row = rid & 0xFFFFFFFF
         out = None
         for p in np.unique(part):
-            if p not in self.cache:
-                self.cache[p] = (np.load(self.root / f"p{p:05d}.npy", mmap_mode="r"),
-                                 np.load(self.root / f"p{p:05d}.rows.npy"))
-            sig, rows = self.cache[p]
+            if p not in self.rows:
+                self.rows[p] = np.load(self.root / f"p{p:05d}.rows.npy")
             sel = part == p
-            block = np.asarray(sig[np.searchsorted(rows, row[sel])])
+            sig = np.load(self.root / f"p{p:05d}.npy", mmap_mode="r")
+            block = np.array(sig[np.searchsorted(self.rows[p], row[sel])])
+            del sig  # unmapped here
             if out is None:
                 out = np.empty((len(rid), block.shape[1]), dtype=block.dtype)
             out[sel] = block
