@@ -63,7 +63,6 @@ def main() -> None:
 
     ws = Path(args.workspace)
     model = stage_dir(ws, "vocab") / "spm.model"
-    sampling = stage_dir(ws, "sampling")
     texts = pl.read_parquet(stage_dir(ws, "dedup") / "mono" / "**" / "*.parquet")["text"].to_list()
     rng = np.random.default_rng(0)
     tmp = Path(tempfile.mkdtemp(prefix="xylent-shards-bench-"))

@@ -6,7 +6,6 @@ import random
 from itertools import combinations
 
 import numpy as np
-import pytest
 
 from tasks.dedup import minhash_signatures, near_duplicate_clusters
 

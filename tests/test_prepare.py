@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import lzma
-import os
 from pathlib import Path
 
 import polars as pl

@@ -22,7 +22,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from xylent.errors import XylentError
-from xylent.languages import pair_name
 from xylent.spec import PrepareConfig
 from xylent.stages import get_stage
 from xylent.workspace import Workspace, fingerprint, read_manifest
