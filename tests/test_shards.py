@@ -124,3 +124,33 @@ def test_corrupt_or_missing_shard_is_a_clear_error(dirs, tmp_path):
     victim.unlink()
     with pytest.raises(XylentError, match="missing"):
         TrainingLoader(copy, dirs["sampling"], task="mrtd")
+
+
+def test_documents_spanning_chunks_and_parts_stay_whole(dirs, tmp_path):
+    from tasks.shards import pack_language
+
+    sp = spm.SentencePieceProcessor(model_file=str(dirs["vocab"] / "spm.model"))
+    words = pl.read_parquet(dirs["dedup"] / "mono" / "lang=de" / "*.parquet")["text"].to_list()
+    rng = np.random.default_rng(0)
+    paragraphs = [words[i] for i in rng.integers(0, len(words), size=9000)]  # > one 8192-paragraph chunk
+    doc_ids = [f"d{i // 3}" for i in range(len(paragraphs))]
+    cut = 4501  # document d1500 continues into the second part
+    parts = []
+    for k, (lo, hi) in enumerate([(0, cut), (cut, len(paragraphs))]):
+        path = tmp_path / f"part-{k}.parquet"
+        pl.DataFrame({"doc_id": doc_ids[lo:hi], "text": paragraphs[lo:hi]}).write_parquet(path)
+        parts.append(path)
+    result = pack_language(parts, sp, tmp_path / "out", 64, 1 << 20)
+    shards = result.pop("shards").finish(tmp_path)
+    assert result["documents"] == 3000 and result["paragraphs"] == 9000
+    seqs = []
+    for sh in shards:
+        table = ipc.open_file(pa.memory_map(str(tmp_path / sh["path"]))).read_all()
+        seqs += [np.array(x, dtype=np.int32) for x in table.column("input_ids").to_pylist()]
+    assert all(len(s) == 64 for s in seqs[:-1])
+    stream = np.concatenate([s[1:-1] for s in seqs])
+    docs = np.split(stream, np.flatnonzero(stream == EOS))
+    decoded = [sp.decode(d[d != EOS].tolist()) for d in docs]
+    expected = [" ".join(sp.normalize(p).replace("\u2581", " ").strip() for p in paragraphs[i: i + 3])
+                for i in range(0, len(paragraphs), 3)]
+    assert decoded == expected

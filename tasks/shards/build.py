@@ -65,28 +65,27 @@ class ShardWriter:
                  "sha256": sha256_file(s["path"])} for s in self.shards]
 
 
-def encode_flat(sp: spm.SentencePieceProcessor, texts: list[str], chunk: int = 8192) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of all texts as one int32 array, and each text's length.
+def encode_chunks(sp: spm.SentencePieceProcessor, texts: list[str], chunk: int = 8192):
+    """Yield (first index, token ids as one int32 array, per-text lengths) chunk by chunk.
 
     SentencePiece segments without the GIL but returns Python lists, whose
     conversion (and freeing) costs half as much again as the segmentation; so
-    the next chunk is segmented on a helper thread while this one is converted.
+    the next chunk is segmented on a helper thread while the caller converts,
+    packs and writes this one.
     """
     if not texts:
-        return np.empty(0, dtype=np.int32), np.empty(0, dtype=np.int64)
-    chunks = [texts[i : i + chunk] for i in range(0, len(texts), chunk)]
-    flats, lens = [], []
+        return
+    starts = list(range(0, len(texts), chunk))
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(sp.encode, chunks[0], num_threads=1)
-        for k in range(len(chunks)):
+        pending = pool.submit(sp.encode, texts[0:chunk], num_threads=1)
+        for k, lo in enumerate(starts):
             ids = pending.result()
-            if k + 1 < len(chunks):
-                pending = pool.submit(sp.encode, chunks[k + 1], num_threads=1)
+            if k + 1 < len(starts):
+                pending = pool.submit(sp.encode, texts[starts[k + 1]: starts[k + 1] + chunk], num_threads=1)
             lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-            flats.append(np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())))
-            lens.append(lengths)
+            flat = np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum()))
             del ids
-    return np.concatenate(flats), np.concatenate(lens)
+            yield lo, flat, lengths
 
 
 def _list_array(seqs: list[np.ndarray]) -> pa.Array:
@@ -110,27 +109,28 @@ def pack_language(parts: list[Path], sp: spm.SentencePieceProcessor, out: Path, 
         df = pl.read_parquet(part, columns=["doc_id", "text"])
         if not len(df):
             continue
-        flat, lengths = encode_flat(sp, df["text"].to_list())
-        doc = df["doc_id"].to_numpy()
-        new_doc = np.r_[doc[0] != last_doc, doc[1:] != doc[:-1]]  # a document may continue from the last part
-        sep = new_doc.copy()
-        sep[0] &= started  # nothing before the very first document: no separator
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        tokens = np.concatenate([carry, np.insert(flat, starts[sep], eos)])  # </s> between documents
-        last_doc, started = doc[-1], True
-        stats["documents"] += int(new_doc.sum())
+        docs = df["doc_id"].to_numpy()
         stats["paragraphs"] += len(df)
-        stats["text_tokens"] += len(flat)
-        n_full = len(tokens) // body
-        if n_full:
-            full = tokens[: n_full * body].reshape(n_full, body)
-            framed = np.empty((n_full, seq_len), dtype=np.int32)
-            framed[:, 0], framed[:, -1], framed[:, 1:-1] = bos, eos, full
-            offsets = pa.array(np.arange(0, n_full * seq_len + 1, seq_len, dtype=np.int32))
-            writer.write(pa.record_batch([pa.ListArray.from_arrays(offsets, pa.array(framed.ravel()))],
-                                         schema=MRTD_SCHEMA))
-            stats["sequences"] += n_full
-        carry = tokens[n_full * body:]
+        for lo, flat, lengths in encode_chunks(sp, df["text"].to_list()):
+            doc = docs[lo: lo + len(lengths)]
+            new_doc = np.r_[doc[0] != last_doc, doc[1:] != doc[:-1]]  # a document may continue across chunks
+            sep = new_doc.copy()
+            sep[0] &= started  # nothing before the very first document: no separator
+            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+            tokens = np.concatenate([carry, np.insert(flat, starts[sep], eos)])  # </s> between documents
+            last_doc, started = doc[-1], True
+            stats["documents"] += int(new_doc.sum())
+            stats["text_tokens"] += len(flat)
+            n_full = len(tokens) // body
+            if n_full:
+                full = tokens[: n_full * body].reshape(n_full, body)
+                framed = np.empty((n_full, seq_len), dtype=np.int32)
+                framed[:, 0], framed[:, -1], framed[:, 1:-1] = bos, eos, full
+                offsets = pa.array(np.arange(0, n_full * seq_len + 1, seq_len, dtype=np.int32))
+                writer.write(pa.record_batch([pa.ListArray.from_arrays(offsets, pa.array(framed.ravel()))],
+                                             schema=MRTD_SCHEMA))
+                stats["sequences"] += n_full
+            carry = tokens[n_full * body:]
     if carry.size:  # the language's last, shorter sequence
         last = np.concatenate([[bos], carry, [eos]]).astype(np.int32)
         writer.write(pa.record_batch([_list_array([last])], schema=MRTD_SCHEMA))
