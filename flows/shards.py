@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import matplotlib
@@ -15,22 +16,43 @@ from prefect import flow, task  # noqa: E402
 from prefect.cache_policies import NO_CACHE  # noqa: E402
 
 from flows.stage import Invocation, StageOutcome, markdown_table, run_stage_flow  # noqa: E402
-from tasks.shards.build import encode_pairs, pack_language  # noqa: E402
+from tasks.shards.build import encode_pairs, pack_tokens, tokenize_part  # noqa: E402
 from xylent.progress import Progress  # noqa: E402
 from xylent.runners import make_task_runner, submit_all  # noqa: E402
 from xylent.spec import ShardsConfig  # noqa: E402
 from xylent.workspace import sha256_file  # noqa: E402
 
 
-@task(name="shard", task_run_name="shard {kind} {name}", cache_policy=NO_CACHE)
-def shard_task(kind: str, name: str, parts: list[str], model: str, out: str, cfg: ShardsConfig) -> dict:
+@task(name="tokenize", cache_policy=NO_CACHE)
+def tokenize_task(items: list[dict], model: str, out: str, cfg: ShardsConfig) -> list[dict]:
+    """A batch of Parquet parts (tasks stay few when parts are many and small)."""
     sp = spm.SentencePieceProcessor(model_file=model)
-    dest = Path(out) / kind / (f"lang={name}" if kind == "mrtd" else f"pair={name}")
-    fn = pack_language if kind == "mrtd" else encode_pairs
-    result = fn([Path(p) for p in parts], sp, dest, cfg.seq_len, cfg.shard_mb << 20)
-    shards = result.pop("shards").finish(Path(out))
-    return {"kind": kind, "name": name, **result, "shards": shards,
-            "rows": sum(s["rows"] for s in shards), "tokens": sum(s["tokens"] for s in shards)}
+    return [_tokenize(sp, **it, out=out, cfg=cfg) for it in items]
+
+
+def _tokenize(sp, kind: str, name: str, idx: int, part: str, out: str, cfg: ShardsConfig) -> dict:
+    """One Parquet part: MRTD parts become token files to pack; TRTD parts become shards directly."""
+    if kind == "mrtd":
+        return {"kind": kind, "name": name, "idx": idx,
+                **tokenize_part(Path(part), sp, Path(out) / "_tokens" / name / f"p{idx:05d}.npz")}
+    dest = Path(out) / "trtd" / f"pair={name}"
+    result = encode_pairs([Path(part)], sp, dest, cfg.seq_len, cfg.shard_mb << 20, prefix=f"shard-{idx:05d}")
+    return {"kind": kind, "name": name, "idx": idx, **result, "shards": result["shards"].finish(Path(out))}
+
+
+@task(name="pack", task_run_name="pack {name}", cache_policy=NO_CACHE)
+def pack_task(name: str, tokenized: list[dict], out: str, cfg: ShardsConfig, specials: dict) -> dict:
+    dest = Path(out) / "mrtd" / f"lang={name}"
+    result = pack_tokens(tokenized, dest, cfg.seq_len, cfg.shard_mb << 20, specials["bos"], specials["eos"])
+    return {"kind": "mrtd", "name": name, **result, "shards": result["shards"].finish(Path(out))}
+
+
+def _merge_pairs(parts: list[dict]) -> dict:
+    first = parts[0]
+    out = {"kind": "trtd", "name": first["name"], "shards": [sh for p in parts for sh in p["shards"]]}
+    for key in ("pairs", "truncated", "text_tokens"):
+        out[key] = sum(p[key] for p in parts)
+    return out
 
 
 def _body(inv: Invocation):
@@ -38,23 +60,44 @@ def _body(inv: Invocation):
 
     def body(tmp: Path, upstream: dict, run_id: str) -> StageOutcome:
         dedup_dir, model = upstream["dedup"], upstream["vocab"] / "spm.model"
+        sp = spm.SentencePieceProcessor(model_file=str(model))
+        specials = {"unk": sp.unk_id(), "bos": sp.bos_id(), "eos": sp.eos_id(), "pad": sp.pad_id(),
+                    "mask": sp.piece_to_id("<mask>")}
         calls = []
         for kind, sub, prefix in (("mrtd", "mono", "lang="), ("trtd", "bitext", "pair=")):
             for group in sorted((dedup_dir / sub).glob(f"{prefix}*")):
-                calls.append({"kind": kind, "name": group.name.removeprefix(prefix),
-                              "parts": [str(p) for p in sorted(group.glob("*.parquet"))],
-                              "model": str(model), "out": str(tmp), "cfg": cfg})
-        progress = Progress("shards", len(calls), unit="groups", key="shards-progress")
-        results = []
+                for idx, part in enumerate(sorted(group.glob("*.parquet"))):
+                    calls.append({"kind": kind, "name": group.name.removeprefix(prefix), "idx": idx,
+                                  "part": str(part)})
+        # parts in parallel: batched (largest first, dealt round-robin) into at most 4 x workers tasks
+        calls.sort(key=lambda c: -Path(c["part"]).stat().st_size)
+        n_tasks = max(1, min(len(calls), 4 * (inv.spec.runner.max_workers or 2)))
+        batches = [calls[i::n_tasks] for i in range(n_tasks)]
+        progress = Progress("shards", len(batches), unit="tasks", key="shards-progress")
+        done = []
         try:
             with make_task_runner(inv.spec.runner) as runner:
-                for fut in submit_all(runner, shard_task, calls):
-                    results.append(fut.result())
+                for fut in submit_all(runner, tokenize_task, [
+                        {"items": b, "model": str(model), "out": str(tmp), "cfg": cfg} for b in batches]):
+                    done.extend(fut.result())
                     progress.advance(1)
+                langs = sorted({d["name"] for d in done if d["kind"] == "mrtd"})
+                packs = submit_all(runner, pack_task, [
+                    {"name": lang, "tokenized": sorted((d for d in done if d["kind"] == "mrtd" and d["name"] == lang),
+                                                       key=lambda d: d["idx"]),
+                     "out": str(tmp), "cfg": cfg, "specials": specials} for lang in langs])
+                results = [f.result() for f in packs]
         finally:
             progress.close()
+        shutil.rmtree(tmp / "_tokens", ignore_errors=True)
+        for pair in sorted({d["name"] for d in done if d["kind"] == "trtd"}):
+            results.append(_merge_pairs(sorted((d for d in done if d["kind"] == "trtd" and d["name"] == pair),
+                                               key=lambda d: d["idx"])))
+        for r in results:
+            r["rows"] = sum(s["rows"] for s in r["shards"])
+            r["tokens"] = sum(s["tokens"] for s in r["shards"])
         index = {"seq_len": cfg.seq_len, "tokenizer": {"path": str(model), "sha256": sha256_file(model)},
-                 "specials": {"unk": 0, "bos": 1, "eos": 2, "pad": 3, "mask": 4}, "mrtd": {}, "trtd": {}}
+                 "specials": specials, "mrtd": {}, "trtd": {}}
         for r in sorted(results, key=lambda r: (r["kind"], r["name"])):
             index[r["kind"]][r["name"]] = {k: v for k, v in r.items() if k not in ("kind", "name")}
         (tmp / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True))

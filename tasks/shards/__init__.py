@@ -4,7 +4,7 @@ Public API: :class:`TrainingLoader` (batches for the trainer), :func:`pack_langu
 :func:`encode_pairs`, :func:`truncate_pair`.
 """
 
-from tasks.shards.build import encode_pairs, pack_language, truncate_pair
+from tasks.shards.build import encode_pairs, pack_language, pack_tokens, tokenize_part, truncate_pair
 from tasks.shards.loader import TrainingLoader
 
-__all__ = ["TrainingLoader", "encode_pairs", "pack_language", "truncate_pair"]
+__all__ = ["TrainingLoader", "encode_pairs", "pack_language", "pack_tokens", "tokenize_part", "truncate_pair"]

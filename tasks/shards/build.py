@@ -32,8 +32,8 @@ TRTD_SCHEMA = pa.schema([("src_ids", pa.list_(pa.int32())), ("tgt_ids", pa.list_
 class ShardWriter:
     """Arrow IPC files ``shard-NNNNN.arrow`` under ``root``, rolled at ``max_bytes``."""
 
-    def __init__(self, root: Path, schema: pa.Schema, max_bytes: int):
-        self.root, self.schema, self.max_bytes = root, schema, max_bytes
+    def __init__(self, root: Path, schema: pa.Schema, max_bytes: int, prefix: str = "shard"):
+        self.root, self.schema, self.max_bytes, self.prefix = root, schema, max_bytes, prefix
         self.shards: list[dict] = []
         self._writer = None
         self._bytes = 0
@@ -44,7 +44,7 @@ class ShardWriter:
         if self._writer is None or self._bytes + batch.nbytes > self.max_bytes and self._bytes > 0:
             self.close()
             self.root.mkdir(parents=True, exist_ok=True)
-            path = self.root / f"shard-{len(self.shards):05d}.arrow"
+            path = self.root / f"{self.prefix}-{len(self.shards):05d}.arrow"
             self._writer = ipc.new_file(path, self.schema)
             self.shards.append({"path": path, "rows": 0, "tokens": 0})
             self._bytes = 0
@@ -96,46 +96,100 @@ def _list_array(seqs: list[np.ndarray]) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
 
 
+class Packer:
+    """Cuts a language's token stream into ``<s> … </s>`` sequences of exactly
+    seq_len tokens, documents separated by ``</s>``; fed chunk by chunk."""
+
+    def __init__(self, out: Path, seq_len: int, max_bytes: int, bos: int, eos: int):
+        self.seq_len, self.body, self.bos, self.eos = seq_len, seq_len - 2, bos, eos
+        self.writer = ShardWriter(out, MRTD_SCHEMA, max_bytes)
+        self.carry = np.empty(0, dtype=np.int32)
+        self.started = False
+        self.stats = {"documents": 0, "paragraphs": 0, "text_tokens": 0, "sequences": 0}
+
+    def add(self, flat: np.ndarray, lengths: np.ndarray, new_doc: np.ndarray) -> None:
+        """``new_doc[i]``: paragraph i starts a document (i = 0 included: the caller knows
+        whether the previous chunk's last document goes on)."""
+        if not len(lengths):
+            return
+        sep = new_doc.copy()
+        sep[0] &= self.started  # nothing before the very first document: no separator
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        tokens = np.concatenate([self.carry, np.insert(flat, starts[sep], self.eos)])
+        self.started = True
+        self.stats["documents"] += int(new_doc.sum())
+        self.stats["paragraphs"] += len(lengths)
+        self.stats["text_tokens"] += len(flat)
+        n_full = len(tokens) // self.body
+        if n_full:
+            framed = np.empty((n_full, self.seq_len), dtype=np.int32)
+            framed[:, 0], framed[:, -1] = self.bos, self.eos
+            framed[:, 1:-1] = tokens[: n_full * self.body].reshape(n_full, self.body)
+            offsets = pa.array(np.arange(0, n_full * self.seq_len + 1, self.seq_len, dtype=np.int32))
+            self.writer.write(pa.record_batch([pa.ListArray.from_arrays(offsets, pa.array(framed.ravel()))],
+                                              schema=MRTD_SCHEMA))
+            self.stats["sequences"] += n_full
+        self.carry = tokens[n_full * self.body:]
+
+    def finish(self) -> dict:
+        if self.carry.size:  # the language's last, shorter sequence
+            last = np.concatenate([[self.bos], self.carry, [self.eos]]).astype(np.int32)
+            self.writer.write(pa.record_batch([_list_array([last])], schema=MRTD_SCHEMA))
+            self.stats["sequences"] += 1
+        return {**self.stats, "shards": self.writer}
+
+
+def _doc_starts(docs: np.ndarray, previous_last) -> np.ndarray:
+    return np.r_[docs[0] != previous_last, docs[1:] != docs[:-1]]
+
+
 def pack_language(parts: list[Path], sp: spm.SentencePieceProcessor, out: Path, seq_len: int,
                   max_bytes: int) -> dict:
-    """Pack one language's documents into exactly seq_len-token sequences."""
-    bos, eos = sp.bos_id(), sp.eos_id()
-    body = seq_len - 2
-    writer = ShardWriter(out, MRTD_SCHEMA, max_bytes)
-    carry = np.empty(0, dtype=np.int32)
-    last_doc, started = None, False
-    stats = {"documents": 0, "paragraphs": 0, "text_tokens": 0, "sequences": 0}
+    """Tokenise and pack one language in one process (segmentation of the next
+    chunk overlaps packing and writing of this one)."""
+    packer = Packer(out, seq_len, max_bytes, sp.bos_id(), sp.eos_id())
+    last_doc = None
     for part in parts:
         df = pl.read_parquet(part, columns=["doc_id", "text"])
         if not len(df):
             continue
         docs = df["doc_id"].to_numpy()
-        stats["paragraphs"] += len(df)
         for lo, flat, lengths in encode_chunks(sp, df["text"].to_list()):
             doc = docs[lo: lo + len(lengths)]
-            new_doc = np.r_[doc[0] != last_doc, doc[1:] != doc[:-1]]  # a document may continue across chunks
-            sep = new_doc.copy()
-            sep[0] &= started  # nothing before the very first document: no separator
-            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-            tokens = np.concatenate([carry, np.insert(flat, starts[sep], eos)])  # </s> between documents
-            last_doc, started = doc[-1], True
-            stats["documents"] += int(new_doc.sum())
-            stats["text_tokens"] += len(flat)
-            n_full = len(tokens) // body
-            if n_full:
-                full = tokens[: n_full * body].reshape(n_full, body)
-                framed = np.empty((n_full, seq_len), dtype=np.int32)
-                framed[:, 0], framed[:, -1], framed[:, 1:-1] = bos, eos, full
-                offsets = pa.array(np.arange(0, n_full * seq_len + 1, seq_len, dtype=np.int32))
-                writer.write(pa.record_batch([pa.ListArray.from_arrays(offsets, pa.array(framed.ravel()))],
-                                             schema=MRTD_SCHEMA))
-                stats["sequences"] += n_full
-            carry = tokens[n_full * body:]
-    if carry.size:  # the language's last, shorter sequence
-        last = np.concatenate([[bos], carry, [eos]]).astype(np.int32)
-        writer.write(pa.record_batch([_list_array([last])], schema=MRTD_SCHEMA))
-        stats["sequences"] += 1
-    return {**stats, "shards": writer}
+            packer.add(flat, lengths, _doc_starts(doc, last_doc))
+            last_doc = doc[-1]
+    return packer.finish()
+
+
+def tokenize_part(part: Path, sp: spm.SentencePieceProcessor, dest: Path) -> dict:
+    """One part's paragraphs as token ids (``dest``: flat ids, lengths, document
+    starts within the part), so the parts of one language tokenise in parallel."""
+    df = pl.read_parquet(part, columns=["doc_id", "text"])
+    docs = df["doc_id"].to_numpy()
+    chunks = list(encode_chunks(sp, df["text"].to_list()))
+    flat = np.concatenate([f for _, f, _ in chunks]) if chunks else np.empty(0, dtype=np.int32)
+    lengths = np.concatenate([n for _, _, n in chunks]) if chunks else np.empty(0, dtype=np.int64)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(dest, flat=flat, lengths=lengths)
+    return {"file": str(dest), "first_doc": str(docs[0]) if len(docs) else None,
+            "last_doc": str(docs[-1]) if len(docs) else None,
+            "doc_starts": np.flatnonzero(_doc_starts(docs, docs[0])[1:]).tolist() if len(docs) else []}
+
+
+def pack_tokens(tokenized: list[dict], out: Path, seq_len: int, max_bytes: int, bos: int, eos: int) -> dict:
+    """Pack the parts ``tokenize_part`` wrote, in order."""
+    packer = Packer(out, seq_len, max_bytes, bos, eos)
+    last_doc = None
+    for t in tokenized:
+        if t["first_doc"] is None:
+            continue
+        data = np.load(t["file"])
+        new_doc = np.zeros(len(data["lengths"]), dtype=bool)
+        new_doc[np.asarray(t["doc_starts"], dtype=np.int64) + 1] = True
+        new_doc[0] = t["first_doc"] != last_doc
+        packer.add(data["flat"], data["lengths"], new_doc)
+        last_doc = t["last_doc"]
+    return packer.finish()
 
 
 def truncate_pair(src: np.ndarray, tgt: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -152,8 +206,9 @@ def truncate_pair(src: np.ndarray, tgt: np.ndarray, budget: int) -> tuple[np.nda
 
 
 def encode_pairs(parts: list[Path], sp: spm.SentencePieceProcessor, out: Path, seq_len: int,
-                 max_bytes: int) -> dict:
-    writer = ShardWriter(out, TRTD_SCHEMA, max_bytes)
+                 max_bytes: int, prefix: str = "shard") -> dict:
+    """Pairs carry nothing across rows, so each part can be its own task (``prefix`` keeps names apart)."""
+    writer = ShardWriter(out, TRTD_SCHEMA, max_bytes, prefix)
     budget = seq_len - 3  # <s> e </s> f </s>
     stats = {"pairs": 0, "truncated": 0, "text_tokens": 0}
     for part in parts:
