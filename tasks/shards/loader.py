@@ -30,7 +30,8 @@ import pyarrow.ipc as ipc
 from xylent.errors import XylentError
 from xylent.workspace import sha256_file
 
-PAD, BOS, EOS = 3, 1, 2  # ids fixed by the vocab stage's model: <unk> 0, <s> 1, </s> 2, <pad> 3, <mask> 4
+# the vocab stage's layout (<unk> 0, <s> 1, </s> 2, <pad> 3, <mask> 4); the loader reads index.json's "specials"
+PAD, BOS, EOS = 3, 1, 2
 
 
 class _Rows:
@@ -82,6 +83,8 @@ class TrainingLoader:
         self.task, self.seed, self.rank, self.world = task, seed, rank, world_size
         self.batch_size, self.max_tokens, self.prefetch = batch_size, max_tokens, prefetch
         self.seq_len = self.index["seq_len"]
+        specials = self.index.get("specials", {})
+        self.pad, self.bos, self.eos = specials.get("pad", PAD), specials.get("bos", BOS), specials.get("eos", EOS)
         groups = self.index["mrtd" if task == "mrtd" else "trtd"]
         table = self._table(Path(sampling_dir))
         self.names = [n for n in table if n in groups and groups[n]["rows"] > 0]
@@ -133,11 +136,11 @@ class TrainingLoader:
         groups = np.searchsorted(self.cdf, rng.random(self.batch_size * self.world), side="right")
         seqs = [(g, self._next_row(int(g), st)) for g in groups]
         mine = seqs[self.rank:: self.world]
-        ids = np.full((len(mine), self.seq_len), PAD, dtype=np.int32)
+        ids = np.full((len(mine), self.seq_len), self.pad, dtype=np.int32)
         for k, (g, i) in enumerate(mine):
             row = self.rows[g].get(i)
             ids[k, : len(row)] = row
-        return {"input_ids": ids, "attention_mask": (ids != PAD).astype(np.int8),
+        return {"input_ids": ids, "attention_mask": (ids != self.pad).astype(np.int8),
                 "langs": [self.names[g] for g, _ in mine], "examples": [(self.names[g], i) for g, i in mine]}
 
     def _trtd(self, st: dict, rng: np.random.Generator) -> dict:
@@ -161,13 +164,13 @@ class TrainingLoader:
         order = sorted(range(len(examples)), key=lambda k: (-(len(examples[k][3]) + len(examples[k][4])), k))
         mine = [examples[k] for k in order[self.rank:: self.world]]
         width = max((len(s) + len(t) + 3 for _, _, _, s, t in mine), default=3)
-        ids = np.full((len(mine), width), PAD, dtype=np.int32)
+        ids = np.full((len(mine), width), self.pad, dtype=np.int32)
         seg = np.zeros((len(mine), width), dtype=np.int8)
         for k, (_, _, _, s, t) in enumerate(mine):
-            row = np.concatenate([[BOS], s, [EOS], t, [EOS]])
+            row = np.concatenate([[self.bos], s, [self.eos], t, [self.eos]])
             ids[k, : len(row)] = row
             seg[k, len(s) + 2: len(row)] = 1
-        return {"input_ids": ids, "attention_mask": (ids != PAD).astype(np.int8), "segment_ids": seg,
+        return {"input_ids": ids, "attention_mask": (ids != self.pad).astype(np.int8), "segment_ids": seg,
                 "pairs": [self.names[g] for g, _, _, _, _ in mine],
                 "flipped": np.array([f for _, f, _, _, _ in mine], dtype=bool),
                 "examples": [(self.names[g], i) for g, _, i, _, _ in mine]}
