@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from timing import best_of  # noqa: E402
 
 
 def corpus(n_docs: int, seed: int = 0) -> tuple[list[str], list[int]]:
@@ -176,13 +178,6 @@ def main() -> None:
     texts, truth = corpus(args.docs)
     near_duplicate_clusters(texts[:200])  # warm-up (imports, polars pools)
 
-    def best_of(fn, n=3):  # best of n: the machine's noise, not the code, makes the spread
-        times = []
-        for _ in range(n):
-            t = time.perf_counter()
-            value = fn()
-            times.append(time.perf_counter() - t)
-        return value, min(times)
 
     ours, ours_s = best_of(lambda: near_duplicate_clusters(texts))
     theirs, theirs_s = best_of(lambda: datasketch_clusters(texts))

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import ot
 
-from tasks.sampling import build_tables, m2m_pair_distribution, sinkhorn_pair_distribution
+from tasks.sampling import build_tables, m2m_pair_distribution, read_pair_counts, sinkhorn_pair_distribution
 from tasks.sampling.tables import marginal_error, target_marginal
 from xylent.spec import SamplingConfig
 
@@ -29,13 +29,7 @@ CCMATRIX = ROOT.parent / "shared" / "data" / "ccmatrix_v1_pairs.tsv"
 
 
 def ccmatrix() -> tuple[list[str], np.ndarray]:
-    rows = [line.split("\t") for line in CCMATRIX.read_text().splitlines()[1:]]
-    langs = sorted({r[0] for r in rows} | {r[1] for r in rows})
-    ix = {lang: i for i, lang in enumerate(langs)}
-    c = np.zeros((len(langs), len(langs)))
-    for a, b, n, _ in rows:
-        c[ix[a], ix[b]] += float(n)
-    return langs, c
+    return read_pair_counts(CCMATRIX)
 
 
 def synthetic(n: int, density: float = 0.3, seed: int = 0) -> np.ndarray:

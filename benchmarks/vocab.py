@@ -26,6 +26,8 @@ import polars as pl
 import sentencepiece as spm
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from timing import best_of  # noqa: E402
 DEMO = ROOT / "data_specs" / "demo.yaml"
 
 
@@ -72,17 +74,10 @@ def main() -> None:
     model = str(vdir / "spm.model")
     from tasks.vocab import average_log_probability
 
-    def best_of(fn, n=5):  # best of n: the machine's noise, not the code, makes the spread
-        times = []
-        for _ in range(n):
-            t = time.perf_counter()
-            value = fn()
-            times.append(time.perf_counter() - t)
-        return value, min(times)
 
-    ours_1, ours_1s = best_of(lambda: average_log_probability(model, sents, num_threads=1))
-    ours, ours_s = best_of(lambda: average_log_probability(model, sents))  # 2 threads
-    theirs, theirs_s = best_of(lambda: python_loop_alp(model, sents))
+    ours_1, ours_1s = best_of(lambda: average_log_probability(model, sents, num_threads=1), 5)
+    ours, ours_s = best_of(lambda: average_log_probability(model, sents), 5)  # 2 threads
+    theirs, theirs_s = best_of(lambda: python_loop_alp(model, sents), 5)
     alp = {"sentences": len(sents), "xylent_sentences_per_s": round(len(sents) / ours_s),
            "xylent_one_thread_sentences_per_s": round(len(sents) / ours_1s),
            "speedup_one_thread": round(theirs_s / ours_1s, 2),

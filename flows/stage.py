@@ -33,7 +33,7 @@ def _versions() -> dict[str, str]:
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
-            pass
+            continue  # not installed here: nothing to record
     return out
 
 

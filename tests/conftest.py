@@ -58,7 +58,7 @@ def _handler(corpus: Corpus):
         protocol_version = "HTTP/1.1"
 
         def log_message(self, *args):
-            pass
+            return None  # keep the test output quiet
 
         def do_GET(self):
             url = urlparse(self.path)
@@ -123,7 +123,7 @@ class _QuietServer(ThreadingHTTPServer):
     def handle_error(self, request, client_address):
         # a client that hangs up early (our own retry/resume tests do) is not a server bug;
         # socketserver would print its traceback into the CLI's captured stderr
-        pass
+        return None
 
 
 @pytest.fixture()

@@ -13,6 +13,7 @@ from tasks.sampling import (
     build_tables,
     language_distribution,
     m2m_pair_distribution,
+    read_pair_counts,
     sinkhorn_pair_distribution,
     temperature_pair_distribution,
 )
@@ -28,13 +29,7 @@ def ccmatrix() -> tuple[list[str], np.ndarray]:
         if os.environ.get("CI"):
             pytest.fail(f"CI must run the real-data tests but {CCMATRIX} is missing")
         pytest.skip(f"real CCMatrix counts not found at {CCMATRIX} (they ship beside the repository in CI)")
-    rows = [line.rstrip("\n").split("\t") for line in CCMATRIX.read_text().splitlines()[1:]]
-    langs = sorted({r[0] for r in rows} | {r[1] for r in rows})
-    ix = {lang: i for i, lang in enumerate(langs)}
-    c = np.zeros((len(langs), len(langs)))
-    for a, b, n, _ in rows:
-        c[ix[a], ix[b]] += float(n)
-    return langs, c
+    return read_pair_counts(CCMATRIX)
 
 
 def target(counts, t):

@@ -53,7 +53,7 @@ def test_stale_temporaries_are_removed_when_the_lock_is_taken(tmp_path):
         assert not stale.exists()
         assert partial.exists(), "partial downloads are kept: they are resumed"
         with ws.lock():  # re-entrant within one process
-            pass
+            assert (tmp_path / ".xylent.lock").exists()
 
 
 def test_remote_workspace_is_refused_clearly():

@@ -21,7 +21,7 @@ _PERMANENT = {400, 401, 403, 404, 405, 410, 451}
 
 
 class _Retry(Exception):
-    pass
+    """A transient failure (dropped connection, 5xx, 429): the fetch is tried again."""
 
 
 def _load_meta(meta_path: Path) -> dict:

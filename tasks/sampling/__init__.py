@@ -26,7 +26,7 @@ from tasks.sampling.tables import (
 )
 
 __all__ = [
-    "SamplingTables", "build_tables", "language_distribution", "m2m_pair_distribution",
+    "SamplingTables", "build_tables", "language_distribution", "m2m_pair_distribution", "read_pair_counts",
     "sinkhorn_pair_distribution", "temperature_pair_distribution",
 ]
 
@@ -39,6 +39,18 @@ class SamplingTables:
     matrices: dict[str, np.ndarray]  # q, p_star, p_m2m over `languages`
     metrics: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+
+
+def read_pair_counts(tsv) -> tuple[list[str], np.ndarray]:
+    """A pair-count table (lang_a, lang_b, sentence_pairs, ... with a header, like
+    CCMatrix's published counts) as (languages, L×L count matrix)."""
+    rows = [line.split("\t") for line in open(tsv, encoding="utf-8").read().splitlines()[1:] if line.strip()]
+    langs = sorted({r[0] for r in rows} | {r[1] for r in rows})
+    ix = {lang: i for i, lang in enumerate(langs)}
+    counts = np.zeros((len(langs), len(langs)))
+    for r in rows:
+        counts[ix[r[0]], ix[r[1]]] += float(r[2])
+    return langs, counts
 
 
 def _entropy(p: np.ndarray) -> float:
