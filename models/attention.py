@@ -1,0 +1,98 @@
+"""Self-attention with XLM-E's gated relative position bias.
+
+The bias table d[bucket(j − i), head] uses T5's bidirectional log buckets; one
+table is owned by the first layer and shared by every layer.  Each layer gates
+it per head and query position from the attention input x_h (the layer input
+split into heads, as in WavLM, whose mechanism XLM-E reuses):
+
+    g_u, g_r = σ(x_h·u), σ(x_h·v)
+    r = d + g_u·d + (1 − g_u)·w·g_r·d          (w per head, initialised to 1)
+
+so at initialisation (g ≈ ½) the gate multiplies d by ≈ 1.75.  The bias is
+added before the softmax through PyTorch's scaled-dot-product attention.
+Weights are initialised N(0, 0.02).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def relative_buckets(query_len: int, key_len: int, num_buckets: int = 32, max_distance: int = 128,
+                     device=None) -> torch.Tensor:
+    """T5 bidirectional buckets of j − i, shape (query_len, key_len)."""
+    ctx = torch.arange(query_len, device=device)[:, None]
+    mem = torch.arange(key_len, device=device)[None, :]
+    rel = mem - ctx
+    half = num_buckets // 2
+    buckets = (rel > 0).long() * half
+    rel = rel.abs()
+    exact = half // 2
+    small = rel < exact
+    large = exact + (torch.log(rel.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+                     * (half - exact)).long()
+    large = torch.minimum(large, torch.full_like(large, half - 1))
+    return buckets + torch.where(small, rel, large)
+
+
+class RelativePositionTable(nn.Module):
+    """d[bucket, head]: owned by the first layer, shared by all."""
+
+    def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128):
+        super().__init__()
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.table = nn.Embedding(num_buckets, num_heads)
+        nn.init.normal_(self.table.weight, std=0.02)
+
+    def forward(self, length: int) -> torch.Tensor:
+        """(heads, length, length) bias."""
+        b = relative_buckets(length, length, self.num_buckets, self.max_distance, device=self.table.weight.device)
+        return self.table(b).permute(2, 0, 1)
+
+
+class GatedRelativeBias(nn.Module):
+    """Per-layer gate of the shared table."""
+
+    def __init__(self, num_heads: int, head_dim: int):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, head_dim
+        self.uv = nn.Linear(head_dim, 2, bias=False)  # u and v
+        nn.init.normal_(self.uv.weight, std=0.02)
+        self.w = nn.Parameter(torch.ones(num_heads))
+
+    def forward(self, x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        """x: (B, L, H·Dh) attention input; d: (H, L, L) -> gated bias (B, H, L, L)."""
+        b, n, _ = x.shape
+        xh = x.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
+        g = torch.sigmoid(self.uv(xh))  # (B, H, L, 2)
+        g_u, g_r = g[..., 0:1], g[..., 1:2]  # gate per query position: broadcast over keys
+        scale = 1 + g_u + (1 - g_u) * self.w.view(1, -1, 1, 1) * g_r
+        return scale * d.unsqueeze(0)
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
+        super().__init__()
+        self.heads, self.head_dim = heads, hidden // heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.out = nn.Linear(hidden, hidden)
+        self.gate = GatedRelativeBias(heads, self.head_dim)
+        self.dropout = dropout
+        for lin in (self.qkv, self.out):
+            nn.init.normal_(lin.weight, std=0.02)
+            nn.init.zeros_(lin.bias)
+
+    def forward(self, x: torch.Tensor, rel: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, L, D); rel: (H, L, L) shared table output; pad_mask: (B, L) True where padding."""
+        b, n, dim = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        bias = self.gate(x, rel)
+        if pad_mask is not None:
+            bias = bias.masked_fill(pad_mask[:, None, None, :], float("-inf"))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(b, n, dim))

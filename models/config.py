@@ -1,0 +1,53 @@
+"""Model size bands (XLM-E Table 8 / XY-LENT) as presets; every field can be overridden.
+
+Discriminator sizes: Base 12×768 (FFN 3072, 12 heads), Large 24×1024 (4096, 16),
+XL 48×1536 (6144, 24).  The generator shares the token and position embeddings
+and has the discriminator's hidden size with fewer layers: 4 / 6 / 8 for Base /
+Large / XL.  ``tiny`` (tests, demo) and ``small`` (CPU benchmarks, ELECTRA-Small
+shaped) are ours.  Relative-position buckets / max distance are unpublished
+for XLM-E: 32 / 128 is our guess, kept configurable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    vocab_size: int = 250_002
+    hidden: int = 768
+    layers: int = 12
+    heads: int = 12
+    ffn: int = 3072
+    generator_layers: int = 4
+    max_position: int = 512
+    rel_buckets: int = 32
+    rel_max_distance: int = 128
+    dropout: float = 0.1
+
+    def __post_init__(self):
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS: dict[str, EncoderConfig] = {
+    "tiny": EncoderConfig(hidden=64, layers=2, heads=2, ffn=256, generator_layers=1, max_position=512),
+    "small": EncoderConfig(hidden=256, layers=12, heads=4, ffn=1024, generator_layers=4),
+    "base": EncoderConfig(hidden=768, layers=12, heads=12, ffn=3072, generator_layers=4),
+    "large": EncoderConfig(hidden=1024, layers=24, heads=16, ffn=4096, generator_layers=6),
+    "xl": EncoderConfig(hidden=1536, layers=48, heads=24, ffn=6144, generator_layers=8),
+}
+
+
+def preset(size: str, **overrides) -> EncoderConfig:
+    if size not in PRESETS:
+        raise ValueError(f"unknown model size {size!r}; choose one of {', '.join(PRESETS)}")
+    return replace(PRESETS[size], **overrides)
