@@ -6,21 +6,18 @@ import json
 import shutil
 from pathlib import Path
 
-import matplotlib
+import polars as pl
+import sentencepiece as spm
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import polars as pl  # noqa: E402
-import sentencepiece as spm  # noqa: E402
-from prefect import flow, task  # noqa: E402
-from prefect.cache_policies import NO_CACHE  # noqa: E402
-
-from flows.stage import Invocation, StageOutcome, markdown_table, run_stage_flow  # noqa: E402
-from tasks.shards.build import encode_pairs, pack_tokens, tokenize_part  # noqa: E402
-from xylent.progress import Progress  # noqa: E402
-from xylent.runners import make_task_runner, submit_all  # noqa: E402
-from xylent.spec import ShardsConfig  # noqa: E402
-from xylent.workspace import sha256_file  # noqa: E402
+from flows.stage import Invocation, StageOutcome, markdown_table, run_stage_flow
+from tasks.shards.build import encode_pairs, pack_tokens, tokenize_part
+from tasks.shards.plots import tokens_per_language
+from xylent.progress import Progress
+from xylent.runners import make_task_runner, submit_all
+from xylent.spec import ShardsConfig
+from xylent.workspace import sha256_file
 
 
 @task(name="tokenize", cache_policy=NO_CACHE)
@@ -105,7 +102,7 @@ def _body(inv: Invocation):
                                "shards": len(r["shards"]), "truncated": r.get("truncated", 0),
                                "documents": r.get("documents", 0)} for r in results]).sort("kind", "name")
         stats.write_parquet(tmp / "shards_stats.parquet")
-        _tokens_plot(stats, tmp / "tokens_per_language.png")
+        tokens_per_language(stats, tmp / "tokens_per_language.png")
         metrics = {"mrtd.sequences": float(stats.filter(pl.col("kind") == "mrtd")["rows"].sum()),
                    "mrtd.tokens": float(stats.filter(pl.col("kind") == "mrtd")["tokens"].sum()),
                    "trtd.pairs": float(stats.filter(pl.col("kind") == "trtd")["rows"].sum()),
@@ -119,16 +116,6 @@ def _body(inv: Invocation):
         return StageOutcome(metrics=metrics, table=stats.to_dicts(), summary=summary)
 
     return body
-
-
-def _tokens_plot(stats: pl.DataFrame, path: Path) -> None:
-    mono = stats.filter(pl.col("kind") == "mrtd").sort("tokens", descending=True)
-    fig, ax = plt.subplots(figsize=(max(6, 0.4 * len(mono)), 4))
-    ax.bar(mono["name"].to_list(), mono["tokens"].to_list())
-    ax.set_ylabel("MRTD tokens")
-    ax.set_title("Tokens per language in the shards")
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
 
 
 @flow(name="shards", log_prints=True)

@@ -236,3 +236,26 @@ def demo_run(tmp_path_factory, prefect_server):
                    "--workspace", str(ws), "--json"])
     assert rc == 0
     return json.loads(out.getvalue()), ws
+
+
+def kill_9_when(stage: str, spec, ws, ready, timeout: float = 120.0) -> None:
+    """Run ``xylent run STAGE`` in a child process and SIGKILL it as soon as
+    ``ready()`` is true (i.e. mid-stage); fails if the stage ends or never gets there."""
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "xylent.cli", "run", stage, "--spec", str(spec), "--workspace", str(ws)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline:
+            if ready():
+                return
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            time.sleep(0.02)
+        pytest.fail(f"{stage} never reached the point to kill it")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()

@@ -4,18 +4,12 @@ evidence, threads vs Ray, kill -9 mid-stage."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import polars as pl
-import pytest
 
-from conftest import write_spec
+from conftest import kill_9_when, write_spec
 
 WORDS = ("river mountain village market teacher window garden bridge station letter coffee winter "
          "summer evening morning doctor kitchen forest island harbour castle library museum").split()
@@ -127,20 +121,12 @@ def test_kill_9_during_dedup_then_rerun(run_cli, tmp_path):
     spec = _big_spec(tmp_path)
     ws = tmp_path / "ws"
     run_json(run_cli, "run", "prepare", "--spec", spec, "--workspace", ws)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "xylent.cli", "run", "dedup", "--spec", str(spec), "--workspace", str(ws)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
-    deadline = time.time() + 120
-    while time.time() < deadline:
+
+    def mapping() -> bool:  # the map phase is writing its buckets
         work = list((ws / "dedup").glob("*.tmp-*/_work/mono/de/near")) if (ws / "dedup").exists() else []
-        if work and list(work[0].rglob("*.parquet")):
-            break  # the map phase is writing its buckets
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        time.sleep(0.02)
-    else:
-        pytest.fail("dedup never started")
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+        return bool(work and list(work[0].rglob("*.parquet")))
+
+    kill_9_when("dedup", spec, ws, mapping)
     assert not [p for p in (ws / "dedup").iterdir() if ".tmp-" not in p.name], "nothing was published"
     rerun = run_json(run_cli, "run", "dedup", "--spec", spec, "--workspace", ws)
     assert not list((ws / "dedup").glob("*.tmp-*"))

@@ -4,18 +4,15 @@ recomputation, MLflow runs, exit codes, kill -9 recovery."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import polars as pl
 import pytest
 from mlflow import MlflowClient
 
-from conftest import cc100_xz, moses_zip, write_spec
+from conftest import cc100_xz, kill_9_when, moses_zip, write_spec
 
 SW_DOCS = [["Habari ya asubuhi.", "Leo ni siku nzuri."], ["Watoto wanacheza mpira."]]
 DE_DOCS = [["Guten Morgen.", "Heute ist ein schöner Tag."], ["Kinder spielen Fußball."], ["Ende."]]
@@ -245,22 +242,13 @@ def test_kill_9_during_prepare_leaves_nothing_trusted(run_cli, tmp_path):
     spec = _big_local_spec(tmp_path)
     ws = tmp_path / "ws"
     run_json(run_cli, "run", "download", "--spec", spec, "--workspace", ws)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "xylent.cli", "run", "prepare", "--spec", str(spec), "--workspace", str(ws)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy(),
-    )
     units = ws / "prepare" / "_units"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        tmp = [p for p in units.glob("*.tmp-*")] if units.exists() else []
-        if tmp and list(tmp[0].rglob("part-*-00001.parquet")):
-            break  # mid-write: a second part file has been started
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        time.sleep(0.05)
-    else:
-        pytest.fail("prepare never started writing")
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+
+    def mid_write() -> bool:  # a unit is being built and its second part file has been started
+        tmp = list(units.glob("*.tmp-*")) if units.exists() else []
+        return bool(tmp and list(tmp[0].rglob("part-*-00001.parquet")))
+
+    kill_9_when("prepare", spec, ws, mid_write)
     assert list(units.glob("*.tmp-*")), "the kill left a half-written unit behind"
     assert not [p for p in (ws / "prepare").iterdir() if p.name != "_units" and "tmp" not in p.name]
 
