@@ -75,24 +75,28 @@ class GatedRelativeBias(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, hidden: int, heads: int, dropout: float = 0.0):
+    def __init__(self, hidden: int, heads: int, dropout: float = 0.0, relative_bias: bool = True):
         super().__init__()
         self.heads, self.head_dim = heads, hidden // heads
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.out = nn.Linear(hidden, hidden)
-        self.gate = GatedRelativeBias(heads, self.head_dim)
+        self.gate = GatedRelativeBias(heads, self.head_dim) if relative_bias else None
         self.dropout = dropout
         for lin in (self.qkv, self.out):
             nn.init.normal_(lin.weight, std=0.02)
             nn.init.zeros_(lin.bias)
 
-    def forward(self, x: torch.Tensor, rel: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x: (B, L, D); rel: (H, L, L) shared table output; pad_mask: (B, L) True where padding."""
+    def forward(self, x: torch.Tensor, rel: torch.Tensor | None, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, L, D); rel: (H, L, L) shared table output (None without relative bias);
+        pad_mask: (B, L) True where padding."""
         b, n, dim = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        bias = self.gate(x, rel)
-        if pad_mask is not None:
-            bias = bias.masked_fill(pad_mask[:, None, None, :], float("-inf"))
+        if self.gate is not None:
+            bias = self.gate(x, rel)
+            if pad_mask is not None:
+                bias = bias.masked_fill(pad_mask[:, None, None, :], float("-inf"))
+        else:  # a boolean mask: True where attention is allowed
+            bias = None if pad_mask is None else ~pad_mask[:, None, None, :]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(b, n, dim))

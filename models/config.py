@@ -25,6 +25,7 @@ class EncoderConfig:
     rel_buckets: int = 32
     rel_max_distance: int = 128
     dropout: float = 0.1
+    relative_bias: bool = True  # False: plain attention (the benchmark's "what does the bias cost" row)
 
     def __post_init__(self):
         if self.hidden % self.heads:

@@ -1,15 +1,21 @@
-"""ELECTRA-style pretraining as XLM-E / XY-LENT do it.
+"""The pretraining models: ELECTRA generator + discriminator (XLM-E / XY-LENT) and
+the MLM/TLM ablation.
 
-- Masking: 15 % of the non-special tokens, uniformly (not spans); <s>, </s>,
-  <pad> (and every other control id) are never masked.  TRTD masks each side of
-  the pair separately (15 % of each).
+- Masking: 15 % of the non-special tokens of each segment, uniformly (not
+  spans); <s>, </s>, <pad> are never masked.  TRTD masks each side separately.
 - Generator G (no dropout, as XY-LENT following COCO-LM): MLM on the masked
-  input.  Its prediction is *sampled* (multinomial, temperature 1, no gradient
+  input, output layer tied to the shared token embeddings and evaluated only at
+  the masked positions.  Its prediction is *sampled* (temperature 1, no gradient
   through the sample) to corrupt the input.
 - Discriminator D: replaced-token detection on the corrupted input, over every
   non-pad token; a sample equal to the original counts as original.
 - Loss = L_G + λ·L_D, λ = 50.  Token and position embeddings are shared.
-- Ablations: ``mlm`` / ``tlm`` objectives with BERT's 80/10/10 corruption.
+- ``objective: mlm`` trains one encoder with BERT's 80/10/10 corruption: MLM on
+  MRTD batches, TLM (both sides of the pair masked) on TRTD batches.
+
+Forward passes return *sums and counts* (:class:`Stats`), not means: the trainer
+normalises by counts summed over every rank, so the loss is the mean over the
+global batch whatever its split into ranks.
 """
 
 from __future__ import annotations
@@ -22,96 +28,145 @@ from torch import nn
 
 from models.config import EncoderConfig
 from models.encoder import Embeddings, Encoder
-
-SPECIAL_IDS = (0, 1, 2, 3, 4)  # <unk> is maskable text in principle, but never worth predicting
-MASK_ID = 4
+from models.masking import MASK_ID, bert_corrupt, choose_masked, corrupt, sample_tokens
 
 
-def maskable(ids: torch.Tensor, special_ids=SPECIAL_IDS) -> torch.Tensor:
-    out = torch.ones_like(ids, dtype=torch.bool)
-    for s in special_ids:
-        out &= ids != s
-    return out
+class TiedLMHead(nn.Module):
+    """dense → GELU → LayerNorm → logits with the (shared) token embedding matrix."""
 
-
-def choose_masked(ids: torch.Tensor, segments: torch.Tensor | None, prob: float, generator: torch.Generator | None,
-                  special_ids=SPECIAL_IDS) -> torch.Tensor:
-    """Boolean mask of positions to corrupt: ``prob`` of each segment's maskable tokens
-    (at least one where a segment has any), chosen uniformly."""
-    can = maskable(ids, special_ids)
-    noise = torch.rand(ids.shape, generator=generator, device=ids.device)
-    noise = noise.masked_fill(~can, 2.0)
-    chosen = torch.zeros_like(can)
-    segs = [None] if segments is None else [0, 1]
-    for s in segs:
-        in_seg = can if s is None else can & (segments == s)
-        n = in_seg.sum(dim=1)
-        k = torch.where(n > 0, torch.clamp((n.float() * prob).round().long(), min=1), torch.zeros_like(n))
-        seg_noise = noise.masked_fill(~in_seg, 2.0)
-        ranks = seg_noise.argsort(dim=1).argsort(dim=1)
-        chosen |= (ranks < k[:, None]) & in_seg
-    return chosen
-
-
-def corrupt(ids: torch.Tensor, masked: torch.Tensor, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Put the generator's samples at the masked positions; a position is *replaced*
-    only where the sample differs from the original."""
-    corrupted = ids.clone()
-    corrupted[masked] = sampled
-    return corrupted, corrupted != ids
-
-
-class Head(nn.Module):
-    def __init__(self, hidden: int, out: int):
+    def __init__(self, hidden: int, vocab_size: int):
         super().__init__()
         self.dense = nn.Linear(hidden, hidden)
         self.ln = nn.LayerNorm(hidden)
-        self.out = nn.Linear(hidden, out)
+        self.bias = nn.Parameter(torch.zeros(vocab_size))
+        nn.init.normal_(self.dense.weight, std=0.02)
+        nn.init.zeros_(self.dense.bias)
+
+    def forward(self, x: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.ln(F.gelu(self.dense(x))), embedding, self.bias)
+
+
+class RTDHead(nn.Module):
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, 1)
         for lin in (self.dense, self.out):
             nn.init.normal_(lin.weight, std=0.02)
             nn.init.zeros_(lin.bias)
 
-    def forward(self, x):
-        return self.out(self.ln(F.gelu(self.dense(x))))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(F.gelu(self.dense(x))).squeeze(-1)
 
 
 @dataclass
-class Losses:
-    loss: torch.Tensor
-    generator: torch.Tensor
-    discriminator: torch.Tensor
-    generator_accuracy: torch.Tensor
-    replaced: torch.Tensor  # D targets (1 = replaced) over non-pad tokens
-    predicted: torch.Tensor  # D predictions over the same tokens
+class Stats:
+    """Per-micro-batch sums (tensors, so they can be all-reduced in one call)."""
+
+    g_loss: torch.Tensor          # Σ cross-entropy over masked tokens (with grad)
+    d_loss: torch.Tensor          # Σ BCE over non-pad tokens (with grad)
+    g_count: torch.Tensor         # masked tokens
+    g_correct: torch.Tensor       # argmax == original at masked tokens
+    d_count: torch.Tensor         # non-pad tokens
+    d_correct: torch.Tensor
+    d_true_pos: torch.Tensor      # predicted replaced and replaced
+    d_pred_pos: torch.Tensor      # predicted replaced
+    d_pos: torch.Tensor           # replaced
+    tokens: torch.Tensor          # non-pad tokens in the input
+
+    COUNTS = ("g_count", "g_correct", "d_count", "d_correct", "d_true_pos", "d_pred_pos", "d_pos", "tokens")
+
+    def counts(self) -> torch.Tensor:
+        return torch.stack([getattr(self, k).detach().float() for k in self.COUNTS])
+
+    def sums(self) -> torch.Tensor:
+        return torch.stack([self.g_loss.detach().float(), self.d_loss.detach().float()])
+
+
+def _zero(ref: torch.Tensor) -> torch.Tensor:
+    return ref.new_zeros((), dtype=torch.float32)
 
 
 class ElectraModel(nn.Module):
-    def __init__(self, cfg: EncoderConfig, disc_weight: float = 50.0):
+    objective = "electra"
+
+    def __init__(self, cfg: EncoderConfig, disc_weight: float = 50.0, mask_prob: float = 0.15):
         super().__init__()
-        self.cfg, self.disc_weight = cfg, disc_weight
+        self.cfg, self.disc_weight, self.mask_prob = cfg, disc_weight, mask_prob
         self.embeddings = Embeddings(cfg)
         self.generator = Encoder(cfg, cfg.generator_layers, dropout=0.0)
-        self.generator_head = Head(cfg.hidden, cfg.vocab_size)
+        self.generator_head = TiedLMHead(cfg.hidden, cfg.vocab_size)
         self.discriminator = Encoder(cfg, cfg.layers, dropout=cfg.dropout)
-        self.discriminator_head = Head(cfg.hidden, 1)
+        self.discriminator_head = RTDHead(cfg.hidden)
 
-    def forward(self, ids: torch.Tensor, pad: torch.Tensor, segments: torch.Tensor | None = None,
-                generator: torch.Generator | None = None, mask_prob: float = 0.15) -> Losses:
-        masked = choose_masked(ids, segments, mask_prob, generator)
-        g_in = ids.masked_fill(masked, MASK_ID)
-        g_logits = self.generator_head(self.generator(self.embeddings(g_in), pad))
-        g_loss = F.cross_entropy(g_logits[masked], ids[masked])
+    def forward(self, ids: torch.Tensor, pad: torch.Tensor, segments: torch.Tensor | None,
+                noise: torch.Tensor) -> Stats:
+        masked = choose_masked(ids, segments, self.mask_prob, noise[0])
+        g_hidden = self.generator(self.embeddings(ids.masked_fill(masked, MASK_ID)), pad)
+        g_logits = self.generator_head(g_hidden[masked], self.embeddings.tokens.weight)
+        target = ids[masked]
+        g_loss = F.cross_entropy(g_logits.float(), target, reduction="sum")
         with torch.no_grad():  # no gradient through the sample
-            probs = F.softmax(g_logits[masked].float(), dim=-1)
-            sampled = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-            g_acc = (g_logits[masked].argmax(-1) == ids[masked]).float().mean()
+            sampled = sample_tokens(g_logits, noise[1][masked])
+            g_correct = (g_logits.argmax(-1) == target).sum()
         corrupted, replaced = corrupt(ids, masked, sampled)
-        d_logits = self.discriminator_head(self.discriminator(self.embeddings(corrupted), pad)).squeeze(-1)
+        d_logits = self.discriminator_head(self.discriminator(self.embeddings(corrupted), pad))
         real = ~pad
-        d_loss = F.binary_cross_entropy_with_logits(d_logits[real], replaced[real].float())
-        return Losses(g_loss + self.disc_weight * d_loss, g_loss, d_loss, g_acc, replaced[real],
-                      (d_logits[real] > 0))
+        y = replaced[real]
+        d_loss = F.binary_cross_entropy_with_logits(d_logits[real].float(), y.float(), reduction="sum")
+        with torch.no_grad():
+            pred = d_logits[real] > 0
+        return Stats(g_loss, d_loss, masked.sum(), g_correct, real.sum(), (pred == y).sum(), (pred & y).sum(),
+                     pred.sum(), y.sum(), real.sum())
 
-    def encoder(self):
-        """The discriminator, what downstream tasks use."""
-        return self.discriminator
+    def loss(self, st: Stats, g_norm: float, d_norm: float) -> torch.Tensor:
+        return st.g_loss / g_norm + self.disc_weight * st.d_loss / d_norm
+
+    def encoder_state_dict(self) -> dict[str, torch.Tensor]:
+        """What downstream tasks use: the shared embeddings and the discriminator."""
+        return _prefixed(self, ("embeddings.", "discriminator."))
+
+
+class MaskedLMModel(nn.Module):
+    """The MLM/TLM ablation: one encoder, BERT's 80/10/10 corruption."""
+
+    objective = "mlm"
+
+    def __init__(self, cfg: EncoderConfig, mask_prob: float = 0.15):
+        super().__init__()
+        self.cfg, self.mask_prob = cfg, mask_prob
+        self.embeddings = Embeddings(cfg)
+        self.encoder = Encoder(cfg, cfg.layers, dropout=cfg.dropout)
+        self.head = TiedLMHead(cfg.hidden, cfg.vocab_size)
+
+    def forward(self, ids: torch.Tensor, pad: torch.Tensor, segments: torch.Tensor | None,
+                noise: torch.Tensor) -> Stats:
+        masked = choose_masked(ids, segments, self.mask_prob, noise[0])
+        hidden = self.encoder(self.embeddings(bert_corrupt(ids, masked, noise, self.cfg.vocab_size)), pad)
+        logits = self.head(hidden[masked], self.embeddings.tokens.weight)
+        target = ids[masked]
+        loss = F.cross_entropy(logits.float(), target, reduction="sum")
+        with torch.no_grad():
+            correct = (logits.argmax(-1) == target).sum()
+        z = _zero(ids)
+        return Stats(loss, z, masked.sum(), correct, z, z, z, z, z, (~pad).sum())
+
+    def loss(self, st: Stats, g_norm: float, d_norm: float) -> torch.Tensor:
+        return st.g_loss / g_norm
+
+    def encoder_state_dict(self) -> dict[str, torch.Tensor]:
+        sd = _prefixed(self, ("embeddings.", "encoder."))
+        return {("discriminator." + k[len("encoder."):] if k.startswith("encoder.") else k): v for k, v in sd.items()}
+
+
+def _prefixed(model: nn.Module, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in model.state_dict().items() if k.startswith(prefixes)}
+
+
+def build_model(objective: str, cfg: EncoderConfig, disc_weight: float = 50.0, mask_prob: float = 0.15) -> nn.Module:
+    if objective == "electra":
+        return ElectraModel(cfg, disc_weight, mask_prob)
+    if objective == "mlm":
+        return MaskedLMModel(cfg, mask_prob)
+    raise ValueError(f"unknown objective {objective!r}; choose 'electra' or 'mlm'")
+

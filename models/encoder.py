@@ -28,7 +28,7 @@ class Embeddings(nn.Module):
 class Layer(nn.Module):
     def __init__(self, cfg: EncoderConfig, dropout: float):
         super().__init__()
-        self.attn = SelfAttention(cfg.hidden, cfg.heads, dropout)
+        self.attn = SelfAttention(cfg.hidden, cfg.heads, dropout, cfg.relative_bias)
         self.ln1 = nn.LayerNorm(cfg.hidden)
         self.ffn = nn.Sequential(nn.Linear(cfg.hidden, cfg.ffn), nn.GELU(), nn.Linear(cfg.ffn, cfg.hidden))
         self.ln2 = nn.LayerNorm(cfg.hidden)
@@ -51,12 +51,13 @@ class Encoder(nn.Module):
         super().__init__()
         self.ln = nn.LayerNorm(cfg.hidden)
         self.drop = nn.Dropout(dropout)
-        self.rel = RelativePositionTable(cfg.heads, cfg.rel_buckets, cfg.rel_max_distance)
+        self.rel = (RelativePositionTable(cfg.heads, cfg.rel_buckets, cfg.rel_max_distance)
+                    if cfg.relative_bias else None)
         self.layers = nn.ModuleList(Layer(cfg, dropout) for _ in range(layers))
 
     def forward(self, emb: torch.Tensor, pad: torch.Tensor | None, return_layers: bool = False):
         x = self.drop(self.ln(emb))
-        rel = self.rel(x.shape[1])
+        rel = self.rel(x.shape[1]) if self.rel is not None else None
         hidden = [x]
         for layer in self.layers:
             x = layer(x, rel, pad)

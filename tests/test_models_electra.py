@@ -6,7 +6,8 @@ import numpy as np
 import torch
 
 from models.config import preset
-from models.electra import ElectraModel, choose_masked, corrupt, maskable
+from models.electra import ElectraModel, MaskedLMModel
+from models.masking import MASK_ID, bert_corrupt, choose_masked, corrupt, maskable, row_noise, sample_tokens
 
 
 def _batch(seed=0):
@@ -24,17 +25,17 @@ def _batch(seed=0):
 def test_specials_and_padding_are_never_masked_and_each_side_gets_its_share():
     ids, seg, g = _batch()
     for trial in range(20):
-        m = choose_masked(ids, seg, 0.15, g)
+        m = choose_masked(ids, seg, 0.15, torch.rand(ids.shape, generator=g))
         assert not (m & ~maskable(ids)).any(), "no <s>, </s>, <pad>, <mask> or <unk> is masked"
         assert (m & (seg == 0)).sum(1).min() >= 1 and (m & (seg == 1)).sum(1).min() >= 1, "TRTD masks both sides"
         assert ((m & (seg == 0)).sum(1) == round(18 * 0.15)).all()
-    single = choose_masked(ids, None, 0.15, g)
+    single = choose_masked(ids, None, 0.15, torch.rand(ids.shape, generator=g))
     assert (single.sum(1) == round(28 * 0.15)).all()
 
 
 def test_a_sample_equal_to_the_original_counts_as_original():
     ids, seg, g = _batch()
-    m = choose_masked(ids, seg, 0.15, g)
+    m = choose_masked(ids, seg, 0.15, torch.rand(ids.shape, generator=g))
     corrupted, replaced = corrupt(ids, m, ids[m])  # the generator reproduced every original
     assert torch.equal(corrupted, ids) and not replaced.any()
     other = ids[m] + 1
@@ -55,16 +56,65 @@ def test_a_tiny_model_learns_on_the_demo_shards(demo_run):
     model = ElectraModel(preset("tiny", vocab_size=vocab, max_position=json.loads(
         (Path(shards) / "index.json").read_text())["seq_len"]))
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01)
-    g = torch.Generator().manual_seed(0)
     gen_losses, disc_losses = [], []
-    for batch in TrainingLoader(shards, sampling, task="mrtd", batch_size=8, seed=0).batches(120):
+    for step, batch in enumerate(TrainingLoader(shards, sampling, task="mrtd", batch_size=8, seed=0).batches(120)):
         ids = torch.from_numpy(batch["input_ids"]).long()
-        out = model(ids, pad=ids == 3, generator=g)
+        pad = ids == 3
+        st = model(ids, pad, None, row_noise(0, step, 0, list(range(len(ids))), (~pad).sum(1).tolist(), ids.shape[1]))
         opt.zero_grad()
-        out.loss.backward()
+        model.loss(st, st.g_count.item(), st.d_count.item()).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 2.0)
         opt.step()
-        gen_losses.append(out.generator.item())
-        disc_losses.append(out.discriminator.item())
+        gen_losses.append(st.g_loss.item() / st.g_count.item())
+        disc_losses.append(st.d_loss.item() / st.d_count.item())
     assert np.mean(gen_losses[-20:]) < np.mean(gen_losses[:20]) - 0.5, "the generator's MLM loss falls"
     assert np.mean(disc_losses[-20:]) < np.mean(disc_losses[:20]), "the discriminator's loss falls"
+
+
+def test_row_noise_depends_on_the_global_row_not_on_the_batch_it_is_in():
+    a = row_noise(7, 3, 0, [0, 1, 2, 3], [10, 12, 8, 5], 12)
+    b = row_noise(7, 3, 0, [1, 3], [12, 5], 16)
+    assert torch.equal(a[:, 1, :12], b[:, 0, :12]) and torch.equal(a[:, 3, :5], b[:, 1, :5])
+    assert (b[:, 0, 12:] == 2.0).all(), "padding gets noise no threshold selects"
+    assert not torch.equal(row_noise(7, 4, 0, [0], [10], 10), a[:, :1, :10]), "a new step, new noise"
+
+
+def test_sampling_by_inverse_cdf_follows_the_generator_distribution():
+    logits = torch.log(torch.tensor([[0.1, 0.6, 0.3]])).repeat(60000, 1)
+    u = torch.rand(60000, generator=torch.Generator().manual_seed(1))
+    freq = torch.bincount(sample_tokens(logits, u), minlength=3).float() / 60000
+    assert torch.allclose(freq, torch.tensor([0.1, 0.6, 0.3]), atol=0.01)
+
+
+def test_bert_80_10_10_on_the_chosen_positions_only():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 1000, (64, 200), generator=g)
+    noise = torch.rand((3, 64, 200), generator=g)
+    masked = choose_masked(ids, None, 0.15, noise[0])
+    out = bert_corrupt(ids, masked, noise, 1000)
+    assert torch.equal(out[~masked], ids[~masked])
+    n = masked.sum().item()
+    to_mask = (out[masked] == MASK_ID).float().sum().item() / n
+    kept = (out[masked] == ids[masked]).float().sum().item() / n
+    assert abs(to_mask - 0.8) < 0.02 and abs(kept - 0.1) < 0.02
+    assert out[masked & (out != MASK_ID)].min() >= 5, "a random replacement is never a special token"
+
+
+def test_the_mlm_ablation_learns_and_exposes_the_same_encoder_keys():
+    torch.manual_seed(0)
+    cfg = preset("tiny", vocab_size=60, max_position=64, dropout=0.0)
+    mlm, electra = MaskedLMModel(cfg), ElectraModel(cfg)
+    assert set(mlm.encoder_state_dict()) == set(electra.encoder_state_dict())
+    opt = torch.optim.AdamW(mlm.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    losses = []
+    for step in range(150):  # a learnable language: every row counts up from a random start
+        start = torch.randint(5, 20, (16, 1), generator=g)
+        ids = start + torch.arange(32)[None]
+        pad = torch.zeros_like(ids, dtype=torch.bool)
+        st = mlm(ids, pad, None, row_noise(0, step, 0, list(range(16)), [32] * 16, 32))
+        opt.zero_grad()
+        mlm.loss(st, st.g_count.item(), 1.0).backward()
+        opt.step()
+        losses.append(st.g_loss.item() / st.g_count.item())
+    assert np.mean(losses[-20:]) < np.mean(losses[:20]) - 1.0

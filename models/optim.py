@@ -1,0 +1,64 @@
+"""AdamW with XY-LENT's settings (Table 9), its parameter groups, and the
+linear warmup + linear decay schedule; FLOP counts for MFU."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from models.config import EncoderConfig
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only: biases, LayerNorm and the gate's per-head w
+    are left alone (BERT/ELECTRA practice; XY-LENT does not say)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or name.endswith(".bias") or ".ln" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def make_optimizer(model: nn.Module, lr: float, betas=(0.9, 0.98), eps: float = 1e-6,
+                   weight_decay: float = 0.01) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps)
+
+
+def warmup_linear_decay(warmup: int, total: int, final_ratio: float = 0.0):
+    """lr multiplier at optimizer step s: 0 → 1 over ``warmup`` steps, then linearly
+    down to ``final_ratio`` at ``total``."""
+    def f(step: int) -> float:
+        if warmup > 0 and step < warmup:
+            return (step + 1) / warmup
+        span = max(1, total - warmup)
+        return max(final_ratio, 1.0 - (1.0 - final_ratio) * (step - warmup) / span)
+    return f
+
+
+def flops_per_token(cfg: EncoderConfig, seq_len: int, objective: str, mask_prob: float = 0.15) -> float:
+    """Training FLOPs (forward + backward = 3 × forward) per input token.
+
+    Per layer and token a forward pass costs 2 × 12·h² (QKV, output, two FFN
+    matrices, with ffn = 4h in general: 2·(4h² + 2·h·ffn)) plus 2 × 2·seq·h for
+    QKᵀ and AV.  The generator head runs only at the masked positions (h·V each).
+    """
+    h = cfg.hidden
+    per_layer = 2 * (4 * h * h + 2 * h * cfg.ffn) + 4 * seq_len * h
+    layers = cfg.layers + (cfg.generator_layers if objective == "electra" else 0)
+    head = mask_prob * 2 * (h * h + h * cfg.vocab_size)
+    disc_head = 2 * h * h if objective == "electra" else 0
+    return 3 * (layers * per_layer + head + disc_head)
+
+
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "GH200": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
+
+
+def peak_tflops(device_name: str, configured: float | None = None) -> float | None:
+    """Dense bf16 peak of the device (vendor datasheets), unless configured."""
+    if configured:
+        return configured
+    for key, value in PEAK_BF16_TFLOPS.items():
+        if key in device_name:
+            return value
+    return None

@@ -1,0 +1,258 @@
+"""One training rank, started by the ``deepspeed`` launcher:
+
+    deepspeed --num_gpus N models/trainer.py --config train.json
+
+Each optimizer step runs ``grad_accum`` micro-batches per task it trains
+(``alternate``: one task per step; ``mix``: every task every step).  Losses are
+normalised by token counts summed over all ranks (see models.electra), data and
+masking noise are functions of (seed, step, global row), so the run is the same
+on any number of ranks up to float rounding.
+
+Checkpoints: ``<checkpoints>/step-XXXXXXXX/`` = DeepSpeed's files + each rank's
+RNG state + the loaders' state (client state) + ``COMPLETE``, written last; a
+restart loads the newest complete one and continues exactly.  Rank 0 writes one
+JSON line of metrics per step to ``metrics.jsonl`` and sends them to MLflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the launcher runs this file as a script
+
+from models.config import EncoderConfig  # noqa: E402
+from models.electra import build_model  # noqa: E402
+from models.masking import row_noise  # noqa: E402
+from models.optim import flops_per_token, make_optimizer, peak_tflops, warmup_linear_decay  # noqa: E402
+from models.run_config import TrainConfig  # noqa: E402
+from tasks.shards import TrainingLoader  # noqa: E402
+
+COMPLETE = "COMPLETE"
+
+
+def task_plan(cfg: TrainConfig, step: int) -> list[str]:
+    """The tasks of each micro-batch of optimizer step ``step``."""
+    tasks = cfg.tasks
+    if len(tasks) == 1:
+        return tasks * cfg.grad_accum
+    if cfg.task_schedule == "mix":
+        return [t for t in tasks for _ in range(cfg.grad_accum)]
+    # alternate: TRTD on the steps where the running share of TRTD steps falls below trtd_ratio
+    r = cfg.trtd_ratio
+    is_trtd = int((step + 1) * r + 1e-9) > int(step * r + 1e-9)
+    return [("trtd" if is_trtd else "mrtd")] * cfg.grad_accum
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob("step-*") if (p / COMPLETE).exists())
+
+
+def ds_config(cfg: TrainConfig, bf16: bool) -> dict:
+    base = json.loads(Path(cfg.deepspeed_config).read_text())
+    base = {k: v for k, v in base.items() if not k.startswith("_")}
+    base["zero_optimization"] = {**base.get("zero_optimization", {}), "stage": cfg.zero_stage}
+    base.update({
+        "train_micro_batch_size_per_gpu": cfg.batch_size,
+        "gradient_accumulation_steps": len(task_plan(cfg, 0)),
+        "gradient_clipping": cfg.clip,
+        "bf16": {"enabled": bf16},
+    })
+    return base
+
+
+class MetricsSink:
+    """Rank 0's metrics: metrics.jsonl (every step, flushed) and MLflow (batched)."""
+
+    def __init__(self, cfg: TrainConfig, start_step: int):
+        self.path = Path(cfg.metrics_file)
+        self.every = cfg.log_every
+        kept = []
+        if self.path.exists() and start_step > 0:  # drop what a killed run wrote after its last checkpoint
+            kept = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln)["step"] <= start_step]
+        self.path.write_text("".join(ln + "\n" for ln in kept))
+        self.file = open(self.path, "a")
+        self.client, self.run_id, self.pending = None, cfg.mlflow_run_id, []
+        self.monitor = None
+        if self.run_id:
+            from mlflow import MlflowClient
+
+            self.client = MlflowClient(cfg.mlflow_tracking_uri)
+            if cfg.system_metrics:
+                from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+                self.monitor = SystemMetricsMonitor(self.run_id, sampling_interval=cfg.system_metrics_interval,
+                                                    resume_logging=start_step > 0,
+                                                    tracking_uri=cfg.mlflow_tracking_uri)
+                self.monitor.start()
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.file.flush()
+        if self.client is None:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.pending += [Metric(k, float(v), now, step) for k, v in metrics.items()]
+        if step % self.every == 0:
+            self.flush()
+
+    def flush(self) -> None:
+        for i in range(0, len(self.pending), 1000):
+            self.client.log_batch(self.run_id, metrics=self.pending[i: i + 1000])
+        self.pending = []
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.flush()
+        if self.monitor is not None:
+            self.monitor.finish()
+        self.file.close()
+
+
+def summarise(sums: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Per task: losses and accuracies from the all-reduced sums of a step."""
+    out = {}
+    for task, v in sums.items():
+        (g_loss, d_loss, g_count, g_correct, d_count, d_correct, tp, pred_pos, pos, _tokens) = v.tolist()
+        out[f"{task}/generator_loss"] = g_loss / max(g_count, 1)
+        out[f"{task}/generator_accuracy"] = g_correct / max(g_count, 1)
+        if d_count:
+            out[f"{task}/discriminator_loss"] = d_loss / d_count
+            out[f"{task}/discriminator_accuracy"] = d_correct / d_count
+            out[f"{task}/discriminator_precision"] = tp / pred_pos if pred_pos else 0.0
+            out[f"{task}/discriminator_recall"] = tp / pos if pos else 0.0
+            out[f"{task}/replaced_fraction"] = pos / d_count
+    return out
+
+
+def train(cfg: TrainConfig) -> None:
+    cuda = torch.cuda.is_available() and not os.environ.get("DS_ACCELERATOR") == "cpu"
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    bf16 = cuda if cfg.precision == "auto" else cfg.precision == "bf16"
+
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank
+    enc = EncoderConfig(**cfg.model)
+    model = build_model(cfg.objective, enc, cfg.disc_weight, cfg.mask_prob)
+    optimizer = make_optimizer(model, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(cfg.warmup_steps, cfg.steps))
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=schedule,
+                                           config=ds_config(cfg, bf16))
+    torch.manual_seed(cfg.seed + 1 + rank)  # dropout: each rank its own stream
+
+    loaders = {t: TrainingLoader(cfg.shards_dir, cfg.sampling_dir, task=t, seed=cfg.seed, rank=rank, world_size=world,
+                                 batch_size=cfg.batch_size, max_tokens=cfg.trtd_max_tokens, verify=rank == 0)
+               for t in cfg.tasks}
+    ckroot = Path(cfg.checkpoint_dir)
+    start = 0
+    done = complete_checkpoints(ckroot)
+    if done:
+        tag = done[-1].name
+        _, client = engine.load_checkpoint(str(ckroot), tag=tag)
+        start = int(client["step"])
+        for t, state in client["loaders"].items():
+            loaders[t].load_state_dict(state)
+        rng = done[-1] / f"rng-rank{rank}.pt"
+        if rng.exists() and client.get("world_size") == world:
+            state = torch.load(rng, weights_only=False)
+            torch.set_rng_state(state["cpu"])
+            if cuda and state.get("cuda") is not None:
+                torch.cuda.set_rng_state(state["cuda"])
+        if rank == 0:
+            print(f"xylent: resumed from {done[-1]} at step {start}", flush=True)
+
+    sink = MetricsSink(cfg, start) if rank == 0 else None
+    micro_total = sum(len(task_plan(cfg, s)) for s in range(start, cfg.steps))
+    iters = {t: loaders[t].batches(micro_total) for t in cfg.tasks}
+    seq_len = loaders[cfg.tasks[0]].seq_len
+    fpt = flops_per_token(enc, seq_len, cfg.objective, cfg.mask_prob)
+    peak = peak_tflops(torch.cuda.get_device_name(device), cfg.peak_tflops) if cuda else None
+    engine.train()
+    for step in range(start, cfg.steps):
+        t0 = time.perf_counter()
+        sums: dict[str, torch.Tensor] = {}
+        for micro, task in enumerate(task_plan(cfg, step)):
+            batch = next(iters[task])
+            ids = torch.from_numpy(batch["input_ids"]).long().to(device)
+            pad = ids == loaders[task].pad
+            seg = torch.from_numpy(batch["segment_ids"]).to(device) if "segment_ids" in batch else None
+            rows = [rank + world * k for k in range(ids.shape[0])]
+            noise = row_noise(cfg.seed, step, micro, rows, (~pad).sum(1).tolist(), ids.shape[1]).to(device)
+            st = engine(ids, pad, seg, noise)
+            reduced = torch.cat([st.sums(), st.counts()])
+            if world > 1:
+                dist.all_reduce(reduced)
+            g_norm, d_norm = max(reduced[2].item(), 1) / world, max(reduced[4].item(), 1) / world
+            engine.backward(engine.module.loss(st, g_norm, d_norm))
+            engine.step()
+            sums[task] = sums.get(task, 0) + reduced.cpu()
+        if cuda:
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        done_step = step + 1
+        if rank == 0:
+            metrics = summarise(sums)
+            tokens = sum(float(v[-1]) for v in sums.values())
+            loss = sum(metrics.get(f"{t}/generator_loss", 0) + cfg.disc_weight * metrics.get(
+                f"{t}/discriminator_loss", 0) for t in sums) / len(sums)
+            gn = engine.get_global_grad_norm()
+            metrics.update({"loss": loss, "lr": schedule.get_last_lr()[0] if hasattr(schedule, "get_last_lr")
+                            else cfg.lr, "grad_norm": float(gn) if gn is not None else float("nan"),
+                            "tokens_per_second": tokens / seconds, "step_seconds": seconds, "tokens": tokens})
+            if peak:
+                metrics["mfu"] = tokens * fpt / seconds / (peak * 1e12 * world)
+            sink.log(done_step, metrics)
+            if done_step % cfg.log_every == 0 or done_step == cfg.steps:
+                parts = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if "loss" in k or k == "tokens_per_second")
+                print(f"xylent: step {done_step}/{cfg.steps} {parts}", flush=True)
+        if done_step % cfg.checkpoint_every == 0 or done_step == cfg.steps:
+            save_checkpoint(engine, cfg, ckroot, done_step, {t: ld.state_dict() for t, ld in loaders.items()},
+                            rank, world, cuda)
+    if sink is not None:
+        sink.close()
+    dist.barrier()
+
+
+def save_checkpoint(engine, cfg: TrainConfig, root: Path, step: int, loader_states: dict, rank: int, world: int,
+                    cuda: bool) -> None:
+    tag = f"step-{step:08d}"
+    engine.save_checkpoint(str(root), tag=tag, client_state={"step": step, "loaders": loader_states,
+                                                             "world_size": world})
+    torch.save({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if cuda else None},
+               root / tag / f"rng-rank{rank}.pt")
+    dist.barrier()
+    if rank == 0:
+        (root / tag / COMPLETE).write_text(json.dumps({"step": step, "time": time.time()}))
+        for old in complete_checkpoints(root)[:-cfg.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+        print(f"xylent: checkpoint {root / tag}", flush=True)
+    dist.barrier()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True, help="train.json written by the pretrain flow")
+    ap.add_argument("--local_rank", type=int, default=0, help="set by the deepspeed launcher")
+    args = ap.parse_args(argv)
+    train(TrainConfig.load(args.config))
+
+
+if __name__ == "__main__":
+    main()
