@@ -21,8 +21,8 @@ class TrainConfig:
     task_schedule: str = "alternate"
     trtd_ratio: float = 0.5
     steps: int = 100
-    batch_size: int = 8
-    trtd_max_tokens: int = 2048
+    batch_size: int = 8           # global: all ranks together
+    trtd_max_tokens: int = 2048   # global
     grad_accum: int = 1
     lr: float = 8e-4
     warmup_steps: int = 10

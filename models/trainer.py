@@ -58,12 +58,12 @@ def complete_checkpoints(root: Path) -> list[Path]:
     return sorted(p for p in root.glob("step-*") if (p / COMPLETE).exists())
 
 
-def ds_config(cfg: TrainConfig, bf16: bool) -> dict:
+def ds_config(cfg: TrainConfig, bf16: bool, world: int) -> dict:
     base = json.loads(Path(cfg.deepspeed_config).read_text())
     base = {k: v for k, v in base.items() if not k.startswith("_")}
     base["zero_optimization"] = {**base.get("zero_optimization", {}), "stage": cfg.zero_stage}
     base.update({
-        "train_micro_batch_size_per_gpu": cfg.batch_size,
+        "train_micro_batch_size_per_gpu": cfg.batch_size // world,
         "gradient_accumulation_steps": len(task_plan(cfg, 0)),
         "gradient_clipping": cfg.clip,
         "bf16": {"enabled": bf16},
@@ -147,6 +147,10 @@ def train(cfg: TrainConfig) -> None:
     if cuda:
         torch.cuda.set_device(device)
     bf16 = cuda if cfg.precision == "auto" else cfg.precision == "bf16"
+    for name in ("batch_size", "trtd_max_tokens"):  # global sizes, split evenly over the ranks
+        if getattr(cfg, name) % world:
+            raise SystemExit(f"xylent: pretrain.{name}={getattr(cfg, name)} is not divisible by the world size "
+                             f"{world}; choose a multiple of it")
 
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     enc = EncoderConfig(**cfg.model)
@@ -154,11 +158,12 @@ def train(cfg: TrainConfig) -> None:
     optimizer = make_optimizer(model, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(cfg.warmup_steps, cfg.steps))
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=schedule,
-                                           config=ds_config(cfg, bf16))
+                                           config=ds_config(cfg, bf16, world))
     torch.manual_seed(cfg.seed + 1 + rank)  # dropout: each rank its own stream
 
     loaders = {t: TrainingLoader(cfg.shards_dir, cfg.sampling_dir, task=t, seed=cfg.seed, rank=rank, world_size=world,
-                                 batch_size=cfg.batch_size, max_tokens=cfg.trtd_max_tokens, verify=rank == 0)
+                                 batch_size=cfg.batch_size // world, max_tokens=cfg.trtd_max_tokens // world,
+                                 verify=rank == 0)
                for t in cfg.tasks}
     ckroot = Path(cfg.checkpoint_dir)
     start = 0
@@ -187,6 +192,7 @@ def train(cfg: TrainConfig) -> None:
     engine.train()
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
+        lr = schedule.get_last_lr()[0]  # the lr this step uses
         sums: dict[str, torch.Tensor] = {}
         for micro, task in enumerate(task_plan(cfg, step)):
             batch = next(iters[task])
@@ -213,8 +219,7 @@ def train(cfg: TrainConfig) -> None:
             loss = sum(metrics.get(f"{t}/generator_loss", 0) + cfg.disc_weight * metrics.get(
                 f"{t}/discriminator_loss", 0) for t in sums) / len(sums)
             gn = engine.get_global_grad_norm()
-            metrics.update({"loss": loss, "lr": schedule.get_last_lr()[0] if hasattr(schedule, "get_last_lr")
-                            else cfg.lr, "grad_norm": float(gn) if gn is not None else float("nan"),
+            metrics.update({"loss": loss, "lr": lr, "grad_norm": float(gn) if gn is not None else float("nan"),
                             "tokens_per_second": tokens / seconds, "step_seconds": seconds, "tokens": tokens})
             if peak:
                 metrics["mfu"] = tokens * fpt / seconds / (peak * 1e12 * world)

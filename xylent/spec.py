@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -254,7 +254,76 @@ class SamplingConfig(Strict):
 
 
 class ModelConfig(Strict):
+    """A size band (models/config.py presets, XLM-E Table 8) with any field overridden.
+    The vocabulary size comes from the vocab stage, positions from shards.seq_len."""
+
     size: Literal["tiny", "small", "base", "large", "xl"] = "tiny"
+    hidden: int | None = Field(default=None, gt=0)
+    layers: int | None = Field(default=None, gt=0)
+    heads: int | None = Field(default=None, gt=0)
+    ffn: int | None = Field(default=None, gt=0)
+    generator_layers: int | None = Field(default=None, gt=0)
+    max_position: int | None = Field(default=None, gt=0)
+    rel_buckets: int | None = Field(default=None, gt=1)
+    rel_max_distance: int | None = Field(default=None, gt=1)
+    dropout: float | None = Field(default=None, ge=0, lt=1)
+    relative_bias: bool | None = None
+
+    def overrides(self) -> dict:
+        return {k: v for k, v in self.model_dump().items() if k != "size" and v is not None}
+
+
+# lr / clip per size band (XY-LENT Table 9 for base/large/xl; ours for tiny/small)
+DEFAULT_LR = {"tiny": 2e-3, "small": 1e-3, "base": 8e-4, "large": 2e-4, "xl": 1e-4}
+DEFAULT_CLIP = {"tiny": 2.0, "small": 2.0, "base": 2.0, "large": 1.0, "xl": 1.0}
+
+
+class PretrainConfig(Strict):
+    objective: Literal["electra", "mlm"] = Field(
+        default="electra", description="electra: XLM-E generator + discriminator; mlm: the MLM/TLM ablation")
+    tasks: list[Literal["mrtd", "trtd"]] = Field(default_factory=lambda: ["mrtd", "trtd"], min_length=1)
+    task_schedule: Literal["alternate", "mix"] = Field(
+        default="alternate", description="alternate: one task per optimizer step; mix: every task every step")
+    trtd_ratio: float = Field(default=0.5, gt=0, lt=1, description="alternate: share of steps that are TRTD")
+    steps: int = Field(default=125_000, gt=0, description="optimizer steps")
+    batch_size: int = Field(default=8192, gt=0, description="MRTD sequences per micro-batch, all ranks together")
+    trtd_max_tokens: int = Field(default=4_194_304, gt=0,
+                                 description="TRTD tokens (padded) per micro-batch, all ranks together")
+    grad_accum: int = Field(default=1, gt=0, description="micro-batches per task per optimizer step")
+    lr: float | None = Field(default=None, gt=0, description="peak lr; default by size (base 8e-4, large 2e-4, xl 1e-4)")
+    warmup_steps: int = Field(default=10_000, ge=0)
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = Field(default=1e-6, gt=0)
+    weight_decay: float = Field(default=0.01, ge=0)
+    clip: float | None = Field(default=None, gt=0, description="gradient clipping norm; default by size")
+    disc_weight: float = Field(default=50.0, gt=0, description="λ in L_G + λ·L_D")
+    mask_prob: float = Field(default=0.15, gt=0, lt=1)
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    precision: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="auto: bf16 on GPU, fp32 on CPU")
+    checkpoint_every: int = Field(default=1000, gt=0)
+    keep_checkpoints: int = Field(default=2, gt=0)
+    # how to run, not what: left out of the fingerprint, so a restart may change them and still resume
+    ranks: int = Field(default=1, gt=0, description="local ranks (GPUs; CPU processes without a GPU)")
+    hostfile: str | None = Field(default=None, description="DeepSpeed hostfile for several nodes")
+    master_port: int | None = Field(default=None, gt=0, lt=65536, description="default: a free port")
+    deepspeed_config: str | None = Field(default=None, description="default: infra/deepspeed/zero<stage>.json")
+    log_every: int = Field(default=10, gt=0, description="steps between MLflow flushes and log lines")
+    system_metrics: bool = True
+    peak_tflops: float | None = Field(default=None, gt=0, description="for MFU; default from the GPU's name")
+    register_name: str | None = Field(default=None, description="MLflow registered model; default xylent-<spec name>")
+
+    OPERATIONAL: ClassVar[tuple[str, ...]] = ("ranks", "hostfile", "master_port", "log_every", "system_metrics", "peak_tflops",
+                   "register_name")
+
+    @model_validator(mode="after")
+    def _check(self):
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError("pretrain.tasks lists a task twice")
+        for name in ("batch_size", "trtd_max_tokens"):
+            if getattr(self, name) % self.ranks:
+                raise ValueError(f"pretrain.{name} ({getattr(self, name)}) must be divisible by pretrain.ranks "
+                                 f"({self.ranks}): it is the global micro-batch, split evenly over ranks")
+        return self
 
 
 class Spec(Strict):
@@ -272,6 +341,7 @@ class Spec(Strict):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     shards: ShardsConfig = Field(default_factory=ShardsConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
 
     # where relative paths in the spec are resolved (the spec file's folder)
     base_dir: str = Field(default=".", exclude=True)

@@ -78,6 +78,11 @@ def _shards_slice(spec: Spec) -> dict:
     return {"shards": spec.shards.model_dump(mode="json")}
 
 
+def _pretrain_slice(spec: Spec) -> dict:
+    p = spec.pretrain.model_dump(mode="json", exclude=set(spec.pretrain.OPERATIONAL))
+    return {"model": spec.model.model_dump(mode="json"), "pretrain": p, "seed": spec.seed}
+
+
 def _sampling_slice(spec: Spec) -> dict:
     return {"sampling": spec.sampling.model_dump(mode="json")}
 
@@ -139,6 +144,14 @@ STAGES: list[StageInfo] = [
         "1",
         _shards_slice,
         ("dedup", "vocab"),
+    ),
+    StageInfo(
+        "pretrain",
+        "ELECTRA (MRTD + TRTD) pretraining under DeepSpeed ZeRO; exports and registers the encoder",
+        "flows.pretrain:pretrain",
+        "1",
+        _pretrain_slice,
+        ("vocab", "sampling", "shards"),
     ),
 ]
 

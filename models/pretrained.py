@@ -1,0 +1,109 @@
+"""The exported model and how to load it.
+
+``model/`` holds ``model.safetensors`` (shared embeddings + discriminator: the
+encoder downstream tasks use), ``pretraining.safetensors`` (every weight, to
+continue pretraining), ``config.json`` and the SentencePiece tokenizer.
+:func:`load_pretrained` returns a :class:`PretrainedEncoder`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from models.config import EncoderConfig
+from models.encoder import Embeddings, Encoder
+
+FORMAT = "xylent-encoder/1"
+
+
+def consolidate(checkpoint_root: Path, tag: str) -> dict[str, torch.Tensor]:
+    """fp32 weights from a DeepSpeed checkpoint: the optimizer's fp32 partitions
+    for ZeRO 1–3 (and bf16), the module itself for ZeRO 0 in fp32."""
+    tag_dir = Path(checkpoint_root) / tag
+    if any(tag_dir.glob("*optim_states.pt")):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        sd = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_root), tag=tag)
+    else:
+        sd = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+    return {k: v.detach().float().contiguous() for k, v in sd.items()}
+
+
+def export(model_dir: Path, full_state: dict[str, torch.Tensor], encoder_state: dict[str, torch.Tensor],
+           cfg: EncoderConfig, tokenizer_dir: Path, meta: dict) -> None:
+    from safetensors.torch import save_file
+
+    model_dir.mkdir(parents=True, exist_ok=True)
+    save_file(encoder_state, str(model_dir / "model.safetensors"), metadata={"format": FORMAT})
+    save_file(full_state, str(model_dir / "pretraining.safetensors"), metadata={"format": FORMAT})
+    for name in ("spm.model", "spm.vocab"):
+        shutil.copy2(tokenizer_dir / name, model_dir / name)
+    (model_dir / "config.json").write_text(json.dumps({
+        "format": FORMAT, "encoder": cfg.to_dict(), "tokenizer": "spm.model",
+        "specials": {"unk": 0, "bos": 1, "eos": 2, "pad": 3, "mask": 4}, **meta}, indent=2))
+
+
+class PretrainedEncoder(nn.Module):
+    """Shared embeddings + the discriminator stack (ELECTRA) or the MLM encoder."""
+
+    def __init__(self, cfg: EncoderConfig, tokenizer=None, meta: dict | None = None):
+        super().__init__()
+        self.config, self.tokenizer, self.meta = cfg, tokenizer, meta or {}
+        self.embeddings = Embeddings(cfg)
+        self.discriminator = Encoder(cfg, cfg.layers, dropout=cfg.dropout)
+        self.pad_id = 3
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                output_hidden_states: bool = False):
+        """Last hidden state (B, L, H); with ``output_hidden_states`` also every layer
+        (embeddings output first)."""
+        pad = (input_ids == self.pad_id) if attention_mask is None else attention_mask == 0
+        out, hidden = self.discriminator(self.embeddings(input_ids), pad, return_layers=True)
+        return (out, hidden) if output_hidden_states else out
+
+    def tokenize(self, texts: list[str], max_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        max_length = max_length or self.config.max_position
+        rows = [[1, *ids[: max_length - 2], 2] for ids in self.tokenizer.encode(list(texts))]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        for k, r in enumerate(rows):
+            ids[k, : len(r)] = torch.tensor(r)
+        return ids, (ids != self.pad_id).long()
+
+    @torch.no_grad()
+    def embed(self, texts: list[str], layer: int = -1, batch_size: int = 32) -> torch.Tensor:
+        """Mean-pooled hidden states of ``layer`` (-1: last; Tatoeba-style retrieval uses a middle layer)."""
+        self.eval()
+        device = next(self.parameters()).device
+        out = []
+        for i in range(0, len(texts), batch_size):
+            ids, mask = self.tokenize(texts[i: i + batch_size])
+            _, hidden = self(ids.to(device), mask.to(device), output_hidden_states=True)
+            h, m = hidden[layer], mask.to(device).unsqueeze(-1).float()
+            out.append((h * m).sum(1) / m.sum(1))
+        return torch.cat(out)
+
+
+def load_pretrained(path: str | Path, map_location: str = "cpu") -> PretrainedEncoder:
+    """The discriminator encoder of an exported ``model/`` directory, with its tokenizer."""
+    import sentencepiece as spm
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    try:
+        meta = json.loads((path / "config.json").read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} has no config.json: point load_pretrained at a pretrain output's model/ "
+                                f"folder (workspace/pretrain/<fingerprint>/model)") from None
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path}/config.json: format {meta.get('format')!r} is not {FORMAT!r}")
+    cfg = EncoderConfig(**meta["encoder"])
+    tok = spm.SentencePieceProcessor(model_file=str(path / meta["tokenizer"]))
+    model = PretrainedEncoder(cfg, tok, meta)
+    model.load_state_dict(load_file(str(path / "model.safetensors"), device=map_location), strict=True)
+    return model.eval()

@@ -1,0 +1,1 @@
+"""pretrain stage logic: launching ranks, exporting the model, loss plots."""

@@ -1,0 +1,126 @@
+"""Start the training ranks through the ``deepspeed`` launcher and watch them.
+
+The launcher runs as a child process (its own process group, and told to die
+with us through PR_SET_PDEATHSIG, so a killed flow never leaves ranks running);
+its output, every rank's included, is streamed line by line to ``train.log``
+and to a callback.  When a rank dies the launcher kills the others and exits
+non-zero; we turn that into an error naming the rank, its exit code, the end of
+its traceback and the checkpoint a rerun will resume from.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from xylent.errors import XylentError
+
+TRAINER = Path(__file__).resolve().parents[2] / "models" / "trainer.py"
+REPO = TRAINER.parents[1]
+_DIED = re.compile(r"exits with return code = (-?\d+)")
+_RANK_LINE = re.compile(r"^\[rank(\d+)\]:")
+_SPAWNED = re.compile(r"--local_rank=(\d+)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gpu_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def deepspeed_command(config: Path, *, ranks: int, hostfile: str | None = None, master_port: int | None = None
+                      ) -> list[str]:
+    exe = shutil.which("deepspeed", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
+    if exe is None:
+        raise XylentError("the deepspeed launcher is not installed", where=sys.executable,
+                          fix="pip install deepspeed (it is a dependency of xylent: pip install -e .)")
+    cmd = [exe]
+    if hostfile:
+        if not Path(hostfile).exists():
+            raise XylentError("the DeepSpeed hostfile does not exist", where=hostfile,
+                              fix="write one 'host slots=N' line per node, or drop pretrain.hostfile")
+        cmd += ["--hostfile", str(hostfile)]
+    else:
+        cmd += ["--num_gpus", str(ranks)]
+    cmd += ["--master_port", str(master_port or free_port()), str(TRAINER), "--config", str(config)]
+    return cmd
+
+
+def _die_with_parent() -> None:
+    os.setsid()
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: the process group is still ours to kill in the finally below
+
+
+@dataclass
+class LaunchResult:
+    resumed_from_step: int
+    log_file: Path
+
+
+def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None = None,
+           resume_hint: Callable[[], str] | None = None) -> LaunchResult:
+    env = os.environ.copy()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if not gpu_available():
+        env["DS_ACCELERATOR"] = "cpu"  # CPU ranks talk over gloo
+        env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    resumed, died, tracebacks = 0, [], {}
+    with open(log_file, "a", encoding="utf-8") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+                                errors="replace", bufsize=1, preexec_fn=_die_with_parent)
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                if m := re.search(r"xylent: resumed from .* at step (\d+)", line):
+                    resumed = int(m.group(1))
+                if m := _DIED.search(line):
+                    rank = _SPAWNED.search(line)
+                    died.append((int(rank.group(1)) if rank else None, int(m.group(1))))
+                if m := _RANK_LINE.match(line):
+                    tracebacks.setdefault(int(m.group(1)), []).append(line.rstrip())
+                if on_line is not None:
+                    on_line(line.rstrip("\n"))
+            rc = proc.wait()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait()
+    if rc != 0:
+        raise XylentError(_death_message(rc, died, tracebacks), where=str(log_file),
+                          fix=(resume_hint() if resume_hint else "fix the cause and run it again"))
+    return LaunchResult(resumed, log_file)
+
+
+def _death_message(rc: int, died: list[tuple[int | None, int]], tracebacks: dict[int, list[str]]) -> str:
+    if died:
+        rank, code = died[0]
+        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        what = f"training rank (local) {rank if rank is not None else '?'} died ({how}); the launcher stopped the others"
+    else:
+        what = f"the deepspeed launcher failed (exit code {rc})"
+    for r in sorted(tracebacks)[:1]:  # the first rank that printed a traceback: usually the cause
+        last = [ln.split(":", 1)[1].strip() for ln in tracebacks[r] if ln.split(":", 1)[1].strip()][-3:]
+        what += "".join(f"\n  rank {r}: {ln}" for ln in last)
+    return what
