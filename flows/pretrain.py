@@ -195,12 +195,12 @@ def _consolidate(cfg: TrainConfig):
 
 def _summary(m: dict, p, enc, name: str, uri: str, resumed: int) -> str:
     rows = []
-    for task in ("mrtd", "trtd"):
+    for t in ("mrtd", "trtd"):
         for k in ("generator_loss", "discriminator_loss", "generator_accuracy", "discriminator_precision",
                   "discriminator_recall"):
-            if f"first.{task}/{k}" in m:
-                rows.append({"task": task, "metric": k, "first steps": m[f"first.{task}/{k}"],
-                             "last steps": m[f"final.{task}/{k}"]})
+            if f"first.{t}/{k}" in m:
+                rows.append({"task": t, "metric": k, "first steps": m[f"first.{t}/{k}"],
+                             "last steps": m[f"final.{t}/{k}"]})
     lines = [f"**{p.objective}** on {', '.join(t.upper() for t in p.tasks)} ({p.task_schedule}), "
              f"{int(m['steps'])} steps, ZeRO-{p.zero_stage}, {p.ranks} local rank(s).",
              f"Model: {enc.layers}×{enc.hidden} (generator {enc.generator_layers} layers), vocab {enc.vocab_size:,}, "

@@ -117,7 +117,8 @@ def _death_message(rc: int, died: list[tuple[int | None, int]], tracebacks: dict
     if died:
         rank, code = died[0]
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
-        what = f"training rank (local) {rank if rank is not None else '?'} died ({how}); the launcher stopped the others"
+        who = rank if rank is not None else "?"
+        what = f"training rank (local) {who} died ({how}); the launcher stopped the others"
     else:
         what = f"the deepspeed launcher failed (exit code {rc})"
     for r in sorted(tracebacks)[:1]:  # the first rank that printed a traceback: usually the cause
