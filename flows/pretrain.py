@@ -74,8 +74,11 @@ def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str
 
 @task(name="train-ranks", cache_policy=NO_CACHE)
 def train_ranks(cmd: list[str], log_file: str, steps: int, checkpoints: str):
+    from prefect import get_run_logger
+
     from models.trainer import complete_checkpoints
 
+    logger = get_run_logger()
     progress = Progress("pretrain steps", steps, unit="steps", key="pretrain-progress")
     seen = [0]
 
@@ -85,7 +88,7 @@ def train_ranks(cmd: list[str], log_file: str, steps: int, checkpoints: str):
             progress.advance(n - seen[0])
             seen[0] = n
         if line.startswith("xylent:") or "Error" in line or "Traceback" in line:
-            print(line)
+            logger.info(line)
 
     def hint() -> str:
         done = complete_checkpoints(Path(checkpoints))

@@ -26,8 +26,12 @@ def consolidate(checkpoint_root: Path, tag: str) -> dict[str, torch.Tensor]:
     for ZeRO 1–3 (and bf16), the module itself for ZeRO 0 in fp32."""
     tag_dir = Path(checkpoint_root) / tag
     if any(tag_dir.glob("*optim_states.pt")):
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        import contextlib
+        import sys
 
+        # DeepSpeed's logger binds to the stdout of its import; ours is for the CLI's --json output
+        with contextlib.redirect_stdout(sys.stderr):
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
         sd = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_root), tag=tag)
     else:
         sd = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]

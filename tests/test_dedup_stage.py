@@ -68,7 +68,7 @@ def manifest_files(res, stage="dedup"):
 
 def test_dedup_stage_removes_planted_duplicates_with_evidence(run_cli, tmp_path):
     spec = make_corpus(tmp_path)
-    res = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", tmp_path / "ws")
+    res = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", tmp_path / "ws", "--until", "shards")
     out = Path(res["stages"]["dedup"]["output_dir"])
     prep = Path(res["stages"]["prepare"]["output_dir"])
     assert len(list((prep / "mono" / "lang=de").glob("*.parquet"))) >= 4, "the input spans several parts"

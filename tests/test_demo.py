@@ -19,7 +19,7 @@ def _files(res: dict) -> list:
 
 def test_demo_pipeline_on_django_catalogs(run_cli, tmp_path, demo_run):
     res, _ = demo_run
-    assert set(res["stages"]) == {"download", "prepare", "dedup", "vocab", "sampling", "shards"}
+    assert set(res["stages"]) == {"download", "prepare", "dedup", "vocab", "sampling", "shards", "pretrain"}
     prep = Path(res["stages"]["prepare"]["output_dir"])
     mono = pl.scan_parquet(prep / "mono" / "**" / "*.parquet", hive_partitioning=True)
     per_lang = dict(mono.group_by("lang").len().collect().rows())
@@ -42,6 +42,16 @@ def test_demo_pipeline_on_django_catalogs(run_cli, tmp_path, demo_run):
     assert abs(table["p"].sum() - 1) < 1e-9
     assert len(pl.read_parquet(samp / "mono_sampling.parquet")) == 20
     assert (samp / "pair_heatmaps.png").stat().st_size > 10_000
+
+    pre = Path(res["stages"]["pretrain"]["output_dir"])
+    m = json.loads((pre / "_manifest.json").read_text())["metrics"]
+    for task in ("mrtd", "trtd"):
+        for loss in ("generator_loss", "discriminator_loss"):
+            assert m[f"final.{task}/{loss}"] < m[f"first.{task}/{loss}"] - 0.05, (task, loss)
+    assert m["steps"] == 300
+    assert (pre / "loss_curves.png").stat().st_size > 20_000
+    assert {"model.safetensors", "pretraining.safetensors", "config.json", "spm.model"} <= {
+        p.name for p in (pre / "model").iterdir()}
 
     proc = run_cli("run", "prepare", "--spec", DEMO, "--workspace", tmp_path / "ws-proc", "--json",
                    "--set", "runner.kind=processes")

@@ -62,7 +62,7 @@ def run_json(run_cli, *args):
 
 def test_pipeline_caches_forces_and_recomputes_only_the_edited_branch(run_cli, loopback):
     spec, ws, corpus = loopback
-    first = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws)
+    first = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws, "--until", "shards")
     assert [first["stages"][s]["cached"] for s in ("download", "prepare", "dedup", "sampling")] == [False] * 4
     assert first["stages"]["vocab"]["cached"] is False
     out = Path(first["stages"]["prepare"]["output_dir"])
@@ -76,7 +76,7 @@ def test_pipeline_caches_forces_and_recomputes_only_the_edited_branch(run_cli, l
     assert set(stats["source"]) == {"cc100", "ccmatrix", "extra"}
     fetched = len(corpus.requests)
 
-    again = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws)
+    again = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws, "--until", "shards")
     assert all(s["cached"] for s in again["stages"].values())
     assert {k: v["fingerprint"] for k, v in again["stages"].items()} == \
         {k: v["fingerprint"] for k, v in first["stages"].items()}
@@ -107,7 +107,7 @@ def test_changing_one_url_refetches_only_that_file(run_cli, loopback):
     run_json(run_cli, "run", "download", "--spec", spec, "--workspace", ws)
     counts = {p: corpus.count(p) for p in corpus.files}
     corpus.files["/extra/en-sw-v2.tsv"] = "Yes.\tNdiyo.\n".encode()
-    res = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws,
+    res = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws, "--until", "shards",
                    "--set", f"sources.2.url={corpus.base}/extra/en-sw-v2.tsv")
     assert res["stages"]["download"]["cached"] is False
     assert {p: corpus.count(p) for p in counts} == counts, "unchanged files are not fetched again"
@@ -116,7 +116,7 @@ def test_changing_one_url_refetches_only_that_file(run_cli, loopback):
 
 def test_mlflow_has_parent_and_nested_stage_runs(run_cli, loopback):
     spec, ws, _ = loopback
-    res = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws)
+    res = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws, "--until", "shards")
     client = MlflowClient(tracking_uri=f"sqlite:///{ws}/mlflow.db")
     exp = client.get_experiment_by_name("loopback")
     parent = client.get_run(res["mlflow_parent_run_id"])
@@ -144,7 +144,7 @@ def test_prefect_artifacts_link_the_mlflow_run(run_cli, loopback):
     from prefect.client.orchestration import get_client
 
     spec, ws, _ = loopback
-    res = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws)
+    res = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws, "--until", "shards")
     run_id = res["stages"]["prepare"]["mlflow_run_id"]
 
     async def artifacts():
@@ -171,7 +171,7 @@ def test_truncated_xz_from_the_server_fails_prepare_clearly(run_cli, loopback):
     spec, ws, corpus = loopback
     whole = corpus.files["/cc100/sw.txt.xz"]
     corpus.files["/cc100/sw.txt.xz"] = whole[: len(whole) // 2]
-    rc, _, err = run_cli("run", "pipeline", "--spec", spec, "--workspace", ws)
+    rc, _, err = run_cli("run", "pipeline", "--spec", spec, "--workspace", ws, "--until", "shards")
     assert rc == 2 and "truncated" in err and "sw.txt.xz" in err and "Traceback" not in err
     assert not [p for p in (ws / "prepare").iterdir() if p.name != "_units"], "no prepare output was published"
 

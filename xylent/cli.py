@@ -34,6 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     spec_args(run)
     run.add_argument("--force", action="store_true",
                      help="recompute the named stage (with 'pipeline': every stage) even if cached")
+    run.add_argument("--until", metavar="STAGE", help="with 'pipeline': stop after this stage (e.g. shards)")
     sub.add_parser("stages", help="list the stages in pipeline order")
     status = sub.add_parser("status", help="per stage: fingerprint, cached or not, output folder, MLflow run")
     spec_args(status)
@@ -58,11 +59,15 @@ def _run(args) -> dict:
     target = args.target
     if target != "pipeline":
         get_stage(target)
+        if args.until:
+            raise XylentError("--until only goes with 'pipeline'", fix=f"xylent run pipeline --until {target}")
+    elif args.until:
+        get_stage(args.until)
     from flows.pipeline import pipeline, stage_flow
 
     kwargs = {"spec_file": args.spec, "workspace": args.workspace, "overrides": args.overrides}
     if target == "pipeline":
-        return pipeline(**kwargs, force=args.force)
+        return pipeline(**kwargs, force=args.force, until=args.until)
     return stage_flow(target)(**kwargs, force=args.force)
 
 
