@@ -181,3 +181,42 @@ def test_warmup_then_linear_decay_and_no_decay_on_norms_and_biases():
     head = dict(model.generator_head.named_parameters())
     assert not any(p.shape == model.embeddings.tokens.weight.shape for p in head.values()), \
         "the generator's output layer is the shared embedding matrix, not a copy"
+
+
+def test_the_demo_model_is_exported_tracked_and_registered(demo_run):
+    import mlflow
+    import torch
+    from mlflow import MlflowClient
+    from safetensors.torch import load_file
+
+    import models
+    from models.config import EncoderConfig
+    from models.electra import ElectraModel
+
+    res, ws = demo_run
+    out = Path(res["stages"]["pretrain"]["output_dir"])
+    enc = models.load_pretrained(out / "model")
+    cfg = json.loads((out / "model" / "config.json").read_text())
+    full = ElectraModel(EncoderConfig(**cfg["encoder"]))
+    full.load_state_dict(load_file(str(out / "model" / "pretraining.safetensors")))
+    full.eval()
+    ids, mask = enc.tokenize(["Guten Morgen", "早上好", "สวัสดีตอนเช้า"])
+    last, layers = enc(ids, mask, output_hidden_states=True)
+    assert len(layers) == enc.config.layers + 1 and last.shape == (3, ids.shape[1], enc.config.hidden)
+    with torch.no_grad():
+        same = full.discriminator(full.embeddings(ids), ids == 3)
+    assert torch.allclose(last, same, atol=1e-6), "the exported encoder is the trained discriminator"
+
+    client = MlflowClient(f"sqlite:///{ws}/mlflow.db")
+    run_id = res["stages"]["pretrain"]["mlflow_run_id"]
+    assert len(client.get_metric_history(run_id, "mrtd/generator_loss")) == 150, "alternate: every other step"
+    for key in ("trtd/discriminator_precision", "trtd/discriminator_recall", "mrtd/generator_accuracy",
+                "lr", "grad_norm", "tokens_per_second"):
+        assert len(client.get_metric_history(run_id, key)) >= 150, key
+    assert any(k.startswith("system/") for k in client.get_run(run_id).data.metrics), "system metrics are on"
+    versions = client.search_model_versions("name='xylent-demo'")
+    assert versions and any(v.run_id == run_id for v in versions)
+    mlflow.set_tracking_uri(f"sqlite:///{ws}/mlflow.db")
+    served = mlflow.pyfunc.load_model(f"models:/xylent-demo/{max(int(v.version) for v in versions)}")
+    vecs = np.array(served.predict(["Guten Morgen", "早上好"]))
+    assert np.allclose(vecs, enc.embed(["Guten Morgen", "早上好"]).numpy(), atol=1e-5)
