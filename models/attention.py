@@ -64,14 +64,19 @@ class GatedRelativeBias(nn.Module):
         nn.init.normal_(self.uv.weight, std=0.02)
         self.w = nn.Parameter(torch.ones(num_heads))
 
-    def forward(self, x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-        """x: (B, L, H·Dh) attention input; d: (H, L, L) -> gated bias (B, H, L, L)."""
+    def forward(self, x: torch.Tensor, d: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, L, H·Dh) attention input; d: (H, L, L) -> gated bias (B, H, L, L), with
+        -inf at padded keys when ``pad_mask`` (B, L) is given."""
         b, n, _ = x.shape
         xh = x.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, L, Dh)
         g = torch.sigmoid(self.uv(xh))  # (B, H, L, 2)
         g_u, g_r = g[..., 0:1], g[..., 1:2]  # gate per query position: broadcast over keys
         scale = 1 + g_u + (1 - g_u) * self.w.view(1, -1, 1, 1) * g_r
-        return scale * d.unsqueeze(0)
+        if pad_mask is None:
+            return scale * d.unsqueeze(0)
+        # one pass over the (B, H, L, L) tensor: padding's -inf added in the same kernel
+        pad = torch.zeros(pad_mask.shape, dtype=d.dtype, device=d.device).masked_fill(pad_mask, float("-inf"))
+        return torch.addcmul(pad[:, None, None, :], scale, d.unsqueeze(0))
 
 
 class SelfAttention(nn.Module):
@@ -92,9 +97,7 @@ class SelfAttention(nn.Module):
         b, n, dim = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.gate is not None:
-            bias = self.gate(x, rel)
-            if pad_mask is not None:
-                bias = bias.masked_fill(pad_mask[:, None, None, :], float("-inf"))
+            bias = self.gate(x, rel, pad_mask)
         else:  # a boolean mask: True where attention is allowed
             bias = None if pad_mask is None else ~pad_mask[:, None, None, :]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias,
