@@ -14,7 +14,9 @@ after warm-up:
   bias costs.
 
 On a GPU (``--device cuda``) the script also reports MFU for bf16 and peak
-memory; ``--zero-stages`` there runs the real trainer per ZeRO stage.
+memory of the bare model; memory per ZeRO stage comes from the trainer itself
+(``peak_memory_gb`` per step in metrics.jsonl / MLflow, one run per
+``pretrain.zero_stage``).
 
     python benchmarks/pretrain.py --size small [--out benchmarks/results/pretrain.json]
 """

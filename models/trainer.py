@@ -221,6 +221,8 @@ def train(cfg: TrainConfig) -> None:
             gn = engine.get_global_grad_norm()
             metrics.update({"loss": loss, "lr": lr, "grad_norm": float(gn) if gn is not None else float("nan"),
                             "tokens_per_second": tokens / seconds, "step_seconds": seconds, "tokens": tokens})
+            if cuda:
+                metrics["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
             if peak:
                 metrics["mfu"] = tokens * fpt / seconds / (peak * 1e12 * world)
             sink.log(done_step, metrics)
