@@ -8,7 +8,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from flows.stage import Invocation, flow_run_url
-from xylent.stages import STAGES, stages_up_to
+from xylent.stages import STAGES, get_stage
 
 
 def stage_flow(name: str):
@@ -19,12 +19,13 @@ def stage_flow(name: str):
 @flow(name="pipeline", log_prints=True)
 def pipeline(spec_file: str, workspace: str | None = None, overrides: list[str] | None = None,
              force: bool = False, until: str | None = None, mlflow_parent_run_id: str | None = None):
-    """Run every stage in order (or up to ``until``); cached stages are skipped."""
+    """Run every stage in pipeline order (or every stage up to and including ``until``); cached
+    stages are skipped."""
     inv = Invocation.open(spec_file, workspace, overrides, mlflow_parent_run_id, "pipeline")
     ok = False
     try:
         with inv.ws.lock():
-            for info in (stages_up_to(until) if until else STAGES):
+            for info in (STAGES[: STAGES.index(get_stage(until)) + 1] if until else STAGES):
                 result = stage_flow(info.name)(**inv.flow_kwargs(), force=force)
                 for name, r in result["stages"].items():
                     inv.results.setdefault(name, r)  # the first report of a stage is what this run did

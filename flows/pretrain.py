@@ -73,7 +73,7 @@ def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str
 
 
 @task(name="train-ranks", cache_policy=NO_CACHE)
-def train_ranks(cmd: list[str], log_file: str, steps: int, checkpoints: str):
+def train_ranks(cmd: list[str], log_file: str, steps: int, checkpoints: str, local_ranks: int | None):
     from prefect import get_run_logger
 
     from models.trainer import complete_checkpoints
@@ -96,7 +96,7 @@ def train_ranks(cmd: list[str], log_file: str, steps: int, checkpoints: str):
         return f"see the rank's traceback in the log; run the same command again to resume {at}"
 
     try:
-        return launch(cmd, Path(log_file), on_line, hint)
+        return launch(cmd, Path(log_file), on_line, hint, ranks=local_ranks)
     finally:
         progress.close()
 
@@ -120,19 +120,22 @@ def _summary_metrics(rows: list[dict], n_params: int, enc_params: int) -> dict[s
     return out
 
 
-def register_model(tracking_uri: str, run_id: str, model_dir: Path, name: str) -> str:
-    """Log the exported model to MLflow (a pyfunc: texts -> embeddings) and register it."""
+def register_model(tracking_uri: str, run_id: str, model_dir: Path, name: str) -> tuple[str, int]:
+    """Log the exported model to MLflow (a pyfunc: texts -> embeddings) and register it;
+    returns (model URI, registered version)."""
     import mlflow
 
     from models.serving import EncoderPyfunc
 
+    # both, every time: MLflow keeps the first registry URI of the process otherwise
     mlflow.set_tracking_uri(tracking_uri)
+    mlflow.set_registry_uri(tracking_uri)
     with mlflow.start_run(run_id=run_id):  # MLflow's active run is thread-local: this thread only
         info = mlflow.pyfunc.log_model(
             name="model", python_model=EncoderPyfunc(), artifacts={"model": str(model_dir)},
             code_paths=[str(REPO / "models")], registered_model_name=name,
             pip_requirements=["torch", "sentencepiece", "safetensors", "pandas"])
-    return info.model_uri
+    return info.model_uri, int(info.registered_model_version)
 
 
 def _body(inv: Invocation):
@@ -143,8 +146,10 @@ def _body(inv: Invocation):
         ckdir.mkdir(parents=True, exist_ok=True)
         cfg = train_config(spec, upstream, ckdir, run_id, inv.tracker.uri)
         cfg.save(ckdir / "train.json")
-        cmd = deepspeed_command(ckdir / "train.json", ranks=p.ranks, hostfile=p.hostfile, master_port=p.master_port)
-        result = train_ranks.submit(cmd, str(ckdir / "train.log"), p.steps, cfg.checkpoint_dir).result()
+        hostfile = str(spec.resolve_path(p.hostfile)) if p.hostfile else None
+        cmd = deepspeed_command(ckdir / "train.json", ranks=p.ranks, hostfile=hostfile, master_port=p.master_port)
+        result = train_ranks.submit(cmd, str(ckdir / "train.log"), p.steps, cfg.checkpoint_dir,
+                                    None if hostfile else p.ranks).result()
 
         rows = read_metrics(Path(cfg.metrics_file))
         if result.resumed_from_step:  # the steps a killed run did: into this run too, so its charts are whole
@@ -162,13 +167,14 @@ def _body(inv: Invocation):
         for f in ("train.json", "metrics.jsonl", "train.log"):
             shutil.copy2(ckdir / f, tmp / f)
         loss_curves(rows, tmp / "loss_curves.png")
-        model_uri = register_model(inv.tracker.uri, run_id, tmp / "model", name)
+        model_uri, version = register_model(inv.tracker.uri, run_id, tmp / "model", name)
         metrics = _summary_metrics(rows, n_params, sum(v.numel() for v in enc_state.values()))
-        summary = _summary(metrics, p, enc_cfg, name, model_uri, result.resumed_from_step)
+        summary = _summary(metrics, p, enc_cfg, f"{name} v{version}", model_uri, result.resumed_from_step)
         (tmp / "report.md").write_text(summary)
         table = [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items()} for r in rows[-200:]]
         return StageOutcome(metrics=metrics, table=table, summary=summary,
                             manifest={"checkpoints": str(ckdir), "registered_model": name, "model_uri": model_uri,
+                                      "registered_version": version,
                                       "resumed_from_step": result.resumed_from_step})
 
     return body

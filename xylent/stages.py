@@ -168,16 +168,6 @@ def get_stage(name: str) -> StageInfo:
     )
 
 
-def stages_up_to(name: str) -> list[StageInfo]:
-    """The stage and everything it depends on, in pipeline order."""
-    need = {name}
-    for s in reversed(STAGES):
-        if s.name in need:
-            need.update(s.upstream)
-    get_stage(name)
-    return [s for s in STAGES if s.name in need]
-
-
 def stage_config(spec: Spec, stage: StageInfo) -> dict:
     return stage.spec_slice(spec)
 

@@ -76,13 +76,15 @@ class LaunchResult:
 
 
 def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None = None,
-           resume_hint: Callable[[], str] | None = None) -> LaunchResult:
+           resume_hint: Callable[[], str] | None = None, ranks: int | None = None) -> LaunchResult:
     env = os.environ.copy()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if not gpu_available():
         env["DS_ACCELERATOR"] = "cpu"  # CPU ranks talk over gloo
         env.setdefault("CUDA_VISIBLE_DEVICES", "")
+        if ranks:  # each rank its share of the cores, not all of them (oversubscription halves throughput)
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
     resumed, died, tracebacks = 0, [], {}
     with open(log_file, "a", encoding="utf-8") as log:
         log.write("$ " + " ".join(cmd) + "\n")
