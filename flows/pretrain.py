@@ -120,29 +120,42 @@ def _summary_metrics(rows: list[dict], n_params: int, enc_params: int) -> dict[s
     return out
 
 
-def register_model(tracking_uri: str, run_id: str, model_dir: Path, name: str) -> tuple[str, int]:
-    """Log the exported model to MLflow (a pyfunc: texts -> embeddings) and register it;
-    returns (model URI, registered version)."""
-    import mlflow
+def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Path) -> tuple[str, int]:
+    """Log the exported model to the stage's MLflow run (a pyfunc: texts -> embeddings) and
+    register it; returns (model URI, registered version).
+
+    Everything goes through the tracker's client with the run id: MLflow's fluent API
+    (set_tracking_uri, start_run, log_model) is process-global and would redirect every
+    later run of this process to this store."""
+    import mlflow.pyfunc
+    from mlflow.exceptions import MlflowException
 
     from models.serving import EncoderPyfunc
 
-    # both, every time: MLflow keeps the first registry URI of the process otherwise
-    mlflow.set_tracking_uri(tracking_uri)
-    mlflow.set_registry_uri(tracking_uri)
-    with mlflow.start_run(run_id=run_id):  # MLflow's active run is thread-local: this thread only
-        info = mlflow.pyfunc.log_model(
-            name="model", python_model=EncoderPyfunc(), artifacts={"model": str(model_dir)},
-            code_paths=[str(REPO / "models")], registered_model_name=name,
-            pip_requirements=["torch", "sentencepiece", "safetensors", "pandas"])
-    return info.model_uri, int(info.registered_model_version)
+    local = scratch / "mlflow-model"
+    mlflow.pyfunc.save_model(path=str(local), python_model=EncoderPyfunc(), artifacts={"model": str(model_dir)},
+                             code_paths=[str(REPO / "models")],
+                             pip_requirements=["torch", "sentencepiece", "safetensors"])
+    client = tracker.client
+    client.log_artifacts(run_id, str(local), "model")
+    shutil.rmtree(local, ignore_errors=True)
+    try:
+        client.create_registered_model(name, description="xylent encoders (embeddings + discriminator)")
+    except MlflowException as exc:
+        if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
+            raise
+    source = f"{client.get_run(run_id).info.artifact_uri}/model"
+    version = client.create_model_version(name, source, run_id=run_id)
+    return f"models:/{name}/{version.version}", int(version.version)
 
 
-def _body(inv: Invocation):
+def _body(inv: Invocation, force: bool):
     spec, p = inv.spec, inv.spec.pretrain
 
     def body(tmp: Path, upstream: dict, run_id: str) -> StageOutcome:
         ckdir = inv.ws.stage_dir("pretrain") / "_checkpoints" / inv.fingerprints["pretrain"]
+        if force and ckdir.exists():  # --force means train again from scratch, not resume
+            shutil.rmtree(ckdir)
         ckdir.mkdir(parents=True, exist_ok=True)
         cfg = train_config(spec, upstream, ckdir, run_id, inv.tracker.uri)
         cfg.save(ckdir / "train.json")
@@ -167,7 +180,7 @@ def _body(inv: Invocation):
         for f in ("train.json", "metrics.jsonl", "train.log"):
             shutil.copy2(ckdir / f, tmp / f)
         loss_curves(rows, tmp / "loss_curves.png")
-        model_uri, version = register_model(inv.tracker.uri, run_id, tmp / "model", name)
+        model_uri, version = register_model(inv.tracker, run_id, tmp / "model", name, ckdir)
         metrics = _summary_metrics(rows, n_params, sum(v.numel() for v in enc_state.values()))
         summary = _summary(metrics, p, enc_cfg, f"{name} v{version}", model_uri, result.resumed_from_step)
         (tmp / "report.md").write_text(summary)
@@ -226,4 +239,4 @@ def pretrain(spec_file: str, workspace: str | None = None, overrides: list[str] 
              force: bool = False, mlflow_parent_run_id: str | None = None):
     """ELECTRA (MRTD + TRTD) or MLM/TLM pretraining under DeepSpeed ZeRO; exports and registers the encoder."""
     inv = Invocation.open(spec_file, workspace, overrides, mlflow_parent_run_id, "pretrain")
-    return run_stage_flow(inv, "pretrain", force, _body(inv))
+    return run_stage_flow(inv, "pretrain", force, _body(inv, force))

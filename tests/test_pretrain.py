@@ -134,9 +134,10 @@ def test_a_killed_rank_is_reported_and_the_rerun_resumes_exactly(run_cli, demo_r
 
 def test_mlm_ablation_with_zero3_mixed_tasks_and_accumulation_exports_a_loadable_encoder(run_cli, demo_run, tmp_path):
     _, demo_ws = demo_run
-    res, out = _pretrain(run_cli, _linked(Path(demo_ws), tmp_path / "mlm"), "--set", "pretrain.objective=mlm",
-                         "--set", "pretrain.zero_stage=3", "--set", "pretrain.task_schedule=mix",
-                         "--set", "pretrain.steps=20", "--set", "pretrain.grad_accum=2")
+    ws = _linked(Path(demo_ws), tmp_path / "mlm")
+    mlm = ["--set", "pretrain.objective=mlm", "--set", "pretrain.zero_stage=3", "--set", "pretrain.task_schedule=mix",
+           "--set", "pretrain.steps=20", "--set", "pretrain.grad_accum=2"]
+    res, out = _pretrain(run_cli, ws, *mlm)
     rows = _metrics(out)
     assert all("mrtd/generator_loss" in r and "trtd/generator_loss" in r for r in rows), "mix: both tasks every step"
     assert not any("discriminator_loss" in k for r in rows for k in r), "MLM/TLM has no discriminator"
@@ -147,6 +148,11 @@ def test_mlm_ablation_with_zero3_mixed_tasks_and_accumulation_exports_a_loadable
     enc = models.load_pretrained(out / "model")
     assert json.loads((out / "model" / "config.json").read_text())["objective"] == "mlm"
     assert enc.embed(["Hallo Welt", "Bonjour"]).shape == (2, enc.config.hidden)
+
+    again, out2 = _pretrain(run_cli, ws, *mlm, "--force")
+    assert again["cached"] is False and out2 == out
+    assert json.loads((out / "_manifest.json").read_text())["resumed_from_step"] == 0, "--force trains from scratch"
+    assert [r["mrtd/generator_loss"] for r in _metrics(out)] == [r["mrtd/generator_loss"] for r in rows]
 
 
 def test_user_errors_in_the_pretrain_spec_are_clear(run_cli, demo_run, tmp_path):
@@ -192,7 +198,7 @@ def test_warmup_then_linear_decay_and_no_decay_on_norms_and_biases():
         "the generator's output layer is the shared embedding matrix, not a copy"
 
 
-def test_the_demo_model_is_exported_tracked_and_registered(demo_run):
+def test_the_demo_model_is_exported_tracked_and_registered(demo_run, monkeypatch):
     import mlflow
     import torch
     from mlflow import MlflowClient
@@ -227,8 +233,8 @@ def test_the_demo_model_is_exported_tracked_and_registered(demo_run):
     assert len(mine) == 1
     manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["registered_version"] == int(mine[0].version)
-    mlflow.set_tracking_uri(f"sqlite:///{ws}/mlflow.db")
-    mlflow.set_registry_uri(f"sqlite:///{ws}/mlflow.db")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{ws}/mlflow.db")  # undone after the test, unlike
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", f"sqlite:///{ws}/mlflow.db")  # mlflow.set_tracking_uri
     served = mlflow.pyfunc.load_model(f"models:/xylent-demo/{mine[0].version}")
     vecs = np.array(served.predict(["Guten Morgen", "早上好"]))
     assert np.allclose(vecs, enc.embed(["Guten Morgen", "早上好"]).numpy(), atol=1e-5)
