@@ -159,6 +159,11 @@ def test_user_errors_in_the_pretrain_spec_are_clear(run_cli, demo_run, tmp_path)
     ws = _linked(Path(demo_run[1]), tmp_path / "linked")
     rc, _, err = run_cli("run", "pretrain", "--spec", DEMO, "--workspace", ws, "--set", "pretrain.hostfile=nope.txt")
     assert rc == 2 and "the DeepSpeed hostfile does not exist" in err and "nope.txt" in err
+    unreachable = tmp_path / "hostfile"
+    unreachable.write_text("localhost slots=2\n")  # multi-node launch goes over ssh, which has no keys here
+    rc, _, err = run_cli("run", "pretrain", "--spec", DEMO, "--workspace", ws, *SMALL,
+                         "--set", f"pretrain.hostfile={unreachable}")
+    assert rc == 2 and "the deepspeed launcher failed (exit code" in err and "train.log" in err, err[-2000:]
     rc, _, err = run_cli("run", "pretrain", "--spec", DEMO, "--workspace", ws, "--set", "model.max_position=64")
     assert rc == 2 and "shorter than shards.seq_len" in err
     rc, _, err = run_cli("run", "pretrain", "--spec", DEMO, "--workspace", tmp_path, "--set", "pretrain.ranks=3")

@@ -85,7 +85,7 @@ def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None
         env.setdefault("CUDA_VISIBLE_DEVICES", "")
         if ranks:  # each rank its share of the cores, not all of them (oversubscription halves throughput)
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
-    resumed, died, tracebacks = 0, [], {}
+    resumed, died, tracebacks, errors = 0, [], {}, []
     with open(log_file, "a", encoding="utf-8") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
@@ -102,6 +102,8 @@ def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None
                     died.append((int(rank.group(1)) if rank else None, int(m.group(1))))
                 if m := _RANK_LINE.match(line):
                     tracebacks.setdefault(int(m.group(1)), []).append(line.rstrip())
+                elif re.match(r"^\w*(Error|Exception): ", line):  # the launcher's own failure
+                    errors.append(line.strip())
                 if on_line is not None:
                     on_line(line.rstrip("\n"))
             rc = proc.wait()
@@ -110,19 +112,20 @@ def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait()
     if rc != 0:
-        raise XylentError(_death_message(rc, died, tracebacks), where=str(log_file),
+        raise XylentError(_death_message(rc, died, tracebacks, errors), where=str(log_file),
                           fix=(resume_hint() if resume_hint else "fix the cause and run it again"))
     return LaunchResult(resumed, log_file)
 
 
-def _death_message(rc: int, died: list[tuple[int | None, int]], tracebacks: dict[int, list[str]]) -> str:
+def _death_message(rc: int, died: list[tuple[int | None, int]], tracebacks: dict[int, list[str]],
+                   errors: list[str]) -> str:
     if died:
         rank, code = died[0]
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
         who = rank if rank is not None else "?"
         what = f"training rank (local) {who} died ({how}); the launcher stopped the others"
     else:
-        what = f"the deepspeed launcher failed (exit code {rc})"
+        what = f"the deepspeed launcher failed (exit code {rc})" + (f": {errors[-1]}" if errors else "")
     for r in sorted(tracebacks)[:1]:  # the first rank that printed a traceback: usually the cause
         last = [ln.split(":", 1)[1].strip() for ln in tracebacks[r] if ln.split(":", 1)[1].strip()][-3:]
         what += "".join(f"\n  rank {r}: {ln}" for ln in last)
