@@ -79,7 +79,12 @@ class MetricsSink:
         self.every = cfg.log_every
         kept = []
         if self.path.exists() and start_step > 0:  # drop what a killed run wrote after its last checkpoint
-            kept = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln)["step"] <= start_step]
+            for ln in self.path.read_text().splitlines():
+                try:
+                    if json.loads(ln)["step"] <= start_step:
+                        kept.append(ln)
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    continue  # a line cut short by the kill
         self.path.write_text("".join(ln + "\n" for ln in kept))
         self.file = open(self.path, "a")
         self.client, self.run_id, self.pending = None, cfg.mlflow_run_id, []
