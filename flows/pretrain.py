@@ -166,9 +166,10 @@ def _body(inv: Invocation, force: bool):
 
         rows = read_metrics(Path(cfg.metrics_file))
         if result.resumed_from_step:  # the steps a killed run did: into this run too, so its charts are whole
-            inv.tracker.client.log_batch(run_id, metrics=[
-                _metric(k, v, r["step"]) for r in rows if r["step"] <= result.resumed_from_step
-                for k, v in r.items() if k != "step"][:100_000])
+            earlier = [_metric(k, v, r["step"]) for r in rows if r["step"] <= result.resumed_from_step
+                       for k, v in r.items() if k != "step"]
+            for i in range(0, len(earlier), 1000):  # MLflow's batch limit
+                inv.tracker.client.log_batch(run_id, metrics=earlier[i: i + 1000])
         full, enc_state, enc_cfg, n_params = _consolidate(cfg)
         from models.pretrained import export
 

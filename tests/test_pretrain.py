@@ -124,6 +124,10 @@ def test_a_killed_rank_is_reported_and_the_rerun_resumes_exactly(run_cli, demo_r
     res, out = _pretrain(run_cli, ws, "--set", "pretrain.ranks=2", "--set", "pretrain.zero_stage=2")
     manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["resumed_from_step"] >= 10
+    from mlflow import MlflowClient
+
+    history = MlflowClient(f"sqlite:///{ws}/mlflow.db").get_metric_history(res["mlflow_run_id"], "loss")
+    assert sorted(m.step for m in history) == list(range(1, 41)), "the resumed run's charts are whole"
     resumed, ref = _metrics(out), _metrics(ref_out)
     assert [r["step"] for r in resumed] == list(range(1, 41)), "no step lost, none twice"
     for a, b in zip(resumed, ref):
