@@ -10,6 +10,7 @@ its traceback and the checkpoint a rerun will resume from.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -63,10 +64,9 @@ def deepspeed_command(config: Path, *, ranks: int, hostfile: str | None = None, 
 
 def _die_with_parent() -> None:
     os.setsid()
-    try:
+    # not Linux (no libc.so.6): the process group is still ours to kill in launch()'s finally
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: the process group is still ours to kill in the finally below
 
 
 @dataclass

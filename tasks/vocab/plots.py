@@ -11,6 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
 
+from xylent.plots import bar_chart  # noqa: E402
+
 
 def alp_curves(alloc: pl.DataFrame, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(9, 6))
@@ -33,13 +35,8 @@ def alp_curves(alloc: pl.DataFrame, path: Path) -> Path:
 
 def allocation_bars(alloc: pl.DataFrame, path: Path) -> Path:
     df = alloc.sort("chosen_size", descending=True)
-    fig, ax = plt.subplots(figsize=(max(6, 0.4 * len(df)), 4))
-    ax.bar(df["lang"].to_list(), df["chosen_size"].to_list())
-    ax.set_ylabel("pieces allocated")
-    ax.set_title("VoCAP allocation per language")
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return bar_chart(df["lang"].to_list(), df["chosen_size"].to_list(), "pieces allocated",
+                     "VoCAP allocation per language", path)
 
 
 def tokens_per_sentence(cmp: pl.DataFrame, path: Path) -> Path:
