@@ -1,9 +1,9 @@
 """sampling: the three pair tables on hand-checkable matrices and on the real
-CCMatrix v1 pair counts."""
+CCMatrix v1 pair counts (tests/data/, shipped with the repository, so these
+tests always run), with XY-LENT's P* pinned against an independent solver."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -21,15 +21,24 @@ from tasks.sampling.tables import marginal_error, target_marginal
 from xylent.errors import XylentError
 from xylent.spec import SamplingConfig
 
-CCMATRIX = Path(__file__).resolve().parents[2] / "shared" / "data" / "ccmatrix_v1_pairs.tsv"
+DATA = Path(__file__).resolve().parent / "data"  # shipped with the repository: see tests/data/README.md
+CCMATRIX = DATA / "ccmatrix_v1_pairs.tsv"
+CCMATRIX_MONO = DATA / "ccmatrix_v1_mono.tsv"
 
 
 def ccmatrix() -> tuple[list[str], np.ndarray]:
-    if not CCMATRIX.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the real-data tests but {CCMATRIX} is missing")
-        pytest.skip(f"real CCMatrix counts not found at {CCMATRIX} (they ship beside the repository in CI)")
     return read_pair_counts(CCMATRIX)
+
+
+def ccmatrix_mono() -> dict[str, float]:
+    """Sentences per language from the CCMatrix v1 monolingual table ("5.1M", "1.5G", ...)."""
+    scale = {"k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9}
+    out = {}
+    for line in CCMATRIX_MONO.read_text(encoding="utf-8").splitlines()[1:]:
+        if line.strip():
+            lang, _tokens, sentences = line.split("\t")
+            out[lang] = float(sentences[:-1]) * scale[sentences[-1]]
+    return out
 
 
 def target(counts, t):
@@ -170,3 +179,117 @@ def test_build_tables_on_ccmatrix_reports_wastage():
     en_de = b.filter((b["lang_a"] == "de") & (b["lang_b"] == "en"))
     assert en_de["pairs"][0] == pairs[("de", "en")], "pair sizes are the input counts"
     assert en_de["expected_epochs_star"][0] == pytest.approx(en_de["p_star"][0] * 2e9 / en_de["pairs"][0])
+
+
+# -- P* pinned against an independent Sinkhorn-Knopp solver ------------------
+
+def sinkhorn_knopp(q: np.ndarray, a: np.ndarray, tol: float = 1e-15, max_iter: int = 100_000):
+    """Plain Sinkhorn-Knopp on the kernel Q (float64): alternately rescale rows and
+    columns of diag(u) Q diag(v) to the marginal a.  Zeros of Q stay exact zeros.
+    Written here, independently of POT, on purpose."""
+    q = np.asarray(q, dtype=np.float64)
+    u, v = np.ones(len(a)), np.ones(len(a))
+    for _ in range(max_iter):
+        u = a / (q @ v)
+        v = a / (q.T @ u)
+        plan = u[:, None] * q * v[None, :]
+        if max(np.abs(plan.sum(axis=1) - a).max(), np.abs(plan.sum(axis=0) - a).max()) < tol:
+            return plan
+    raise AssertionError(f"the reference Sinkhorn-Knopp did not reach {tol} in {max_iter} iterations")
+
+
+def additivity_residual(plan: np.ndarray, q: np.ndarray) -> float:
+    """Least-squares fit of log P_ij - log Q_ij = f_i + g_j over Q's support: the max
+    abs residual is ~1e-14 when P = diag(u) Q diag(v) and O(1) otherwise."""
+    i, j = np.nonzero(q > 0)
+    y = np.log(plan[i, j]) - np.log(q[i, j])
+    n = len(q)
+    design = np.zeros((len(i), 2 * n))
+    design[np.arange(len(i)), i] = 1.0
+    design[np.arange(len(i)), n + j] = 1.0
+    fg, *_ = np.linalg.lstsq(design, y, rcond=None)
+    return float(np.abs(design @ fg - y).max())
+
+
+def test_additivity_residual_detects_a_plan_that_is_not_a_scaling():
+    """The check below has teeth: the temperature table n^0.7 is not diag(u) Q diag(v)."""
+    _, c = ccmatrix()
+    s = c + c.T
+    q = s / s.sum()
+    assert additivity_residual(sinkhorn_knopp(q, target_marginal(q, 5.0)), q) < 1e-10
+    assert additivity_residual(temperature_pair_distribution(c, 0.7), q) > 0.1
+
+
+@pytest.mark.parametrize("t", [2.0, 5.0])
+def test_ccmatrix_p_star_equals_independent_sinkhorn_knopp(t):
+    langs, c = ccmatrix()
+    s = c + c.T
+    q = s / s.sum()
+    support = q > 0
+    p = q.sum(axis=1)
+    a = p ** (1.0 / t)
+    a /= a.sum()
+    reference = sinkhorn_knopp(q, a)
+
+    star = sinkhorn_pair_distribution(c, t)
+    # Magnitudes: on CCMatrix v1 (90 languages, 2394 ordered pairs with data) the
+    # non-zero entries of P* run from ~6e-6 (T=2) / ~1e-5 (T=5) up to ~4e-3 / ~6e-3, and
+    # the two solvers agree to ~3e-16 absolute, ~7e-13 relative.  1e-9 absolute is
+    # therefore ~1e-4 of the smallest entry, so we also bound the relative error.
+    assert np.abs(star - reference).max() < 1e-9
+    assert (np.abs(star - reference)[support] / reference[support]).max() < 1e-9
+    assert np.all(star[~support] == 0.0) and np.all(reference[~support] == 0.0)
+
+    # marginals: both are a = p^(1/T) renormalised (a runs ~7e-5..0.056 at T=2, ~2e-3..0.025 at T=5)
+    assert np.abs(star.sum(axis=1) - a).max() < 1e-9 and np.abs(star.sum(axis=0) - a).max() < 1e-9
+    assert np.allclose(a, target(c, t), rtol=0, atol=1e-15)
+    # T > 1 flattens: the target is not Q's own marginal (else the test would be vacuous)
+    assert np.abs(a - p).max() > 0.01
+
+    # P* = diag(u) Q diag(v): log P*_ij - log Q_ij = f_i + g_j on Q's support
+    # (log-ratios span ~-2..6 at T=2 and ~-4..9 at T=5; the fit residual is ~4e-14)
+    assert additivity_residual(star, q) < 1e-8
+    # the same, without a fit: every 2x2 rectangle of the support has zero cross difference
+    rng = np.random.default_rng(0)
+    rows, cols = rng.integers(0, len(q), size=(2, 200_000)), rng.integers(0, len(q), size=(2, 200_000))
+    i, k = rows
+    j, m = cols
+    ok = support[i, j] & support[i, m] & support[k, j] & support[k, m]
+    assert ok.sum() > 1000, "enough rectangles of the support sampled"
+    with np.errstate(divide="ignore", invalid="ignore"):  # -inf - -inf off the support: never used
+        r = np.log(star) - np.log(q)
+    cross = r[i, j] - r[i, m] - r[k, j] + r[k, m]
+    assert np.abs(cross[ok]).max() < 1e-8
+
+    # build_tables (the stage) carries the same P*, reordered by language size
+    pairs = {(langs[x], langs[y]): int(c[x, y]) for x, y in zip(*np.nonzero(c))}
+    tables = build_tables({lang: 1 for lang in langs}, pairs, SamplingConfig(temperature=t))
+    order = [langs.index(lang) for lang in tables.languages]
+    assert np.abs(tables.matrices["p_star"] - reference[np.ix_(order, order)]).max() < 1e-9
+    b = tables.bitext
+    ix = {lang: x for x, lang in enumerate(langs)}
+    unordered = np.array([reference[ix[x], ix[y]] + reference[ix[y], ix[x]]
+                          for x, y in zip(b["lang_a"], b["lang_b"])])
+    assert np.abs(b["p_star"].to_numpy() - unordered).max() < 1e-9
+    assert tables.metrics["max_marginal_error.star"] < 1e-9
+
+
+def test_ccmatrix_monolingual_smoothing():
+    """p_j ∝ m_j^0.7 on the real CCMatrix v1 monolingual sentence counts."""
+    mono = ccmatrix_mono()
+    assert len(mono) == 90 and max(mono.values()) > 1e9 and min(mono.values()) < 1e5
+    langs = sorted(mono)
+    m = np.array([mono[lang] for lang in langs])
+    p = language_distribution(m, 0.7)
+    assert abs(p.sum() - 1) < 1e-12
+    # exact power law: log p_i - log p_j = 0.7 (log m_i - log m_j) for every pair
+    lp, lm = np.log(p), np.log(m)
+    assert np.abs((lp[:, None] - lp[None, :]) - 0.7 * (lm[:, None] - lm[None, :])).max() < 1e-10
+    raw = m / m.sum()
+    big, small = int(np.argmax(m)), int(np.argmin(m))
+    assert p[big] < raw[big] and p[small] > 3 * raw[small], "smoothing moves mass to small languages"
+    t = build_tables({lang: int(n) for lang, n in mono.items()}, {("de", "en"): 10},
+                     SamplingConfig(alpha=0.7))
+    ix = {lang: x for x, lang in enumerate(langs)}
+    got = t.mono["p"].to_numpy()
+    assert np.abs(got - p[[ix[lang] for lang in t.mono["lang"]]]).max() < 1e-12
