@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -116,6 +117,182 @@ def test_budget_below_the_floor_gives_every_language_the_smallest_size():
     report = {}
     chosen = allocate_vocabulary(curves, {k: 0.25 for k in curves}, 10, pieces, report=report)
     assert set(chosen.values()) == {grid[0]} and report["over_budget_at_floor"]
+
+
+# -- VoCAP allocation against exhaustive search ---------------------------------
+#
+# What allocate_vocabulary guarantees (tasks/vocab/allocate.py, METHODS.md step 4):
+# it is a *threshold* rule.  With gains g = w_i * (ALP_i(s_k) - ALP_i(s_{k-1})) per
+# grid step (w_i = q_i^beta), the allocation at threshold t takes, per language, the
+# steps whose gain exceeds t; the rule returns the smallest threshold (among the
+# distinct gains) whose allocation's piece union fits the budget.  Such an
+# allocation x maximises  Obj(y) - t' * K(y)  over *all* grid allocations y, where
+# K(y) = number of grid steps above the floor and t' = the largest gain x did not
+# take (the upper concave hull of (K, Obj), supporting slope t').  Hence:
+#   (a) Obj(y) <= Obj(x) + t' * (K(y) - K(x)) for every y;
+#   (b) Obj(x) = max Obj(y) over K(y) <= K(x);
+#   (c) OPT(budget) - Obj(x) <= t' * (max K(y) over union(y) <= budget  -  K(x)).
+# When every step costs the same number of new pieces (uniform grid, languages'
+# pieces disjoint) the union is linear in K, and with distinct gains x is exactly
+# the exhaustive optimum.  With overlapping pieces it is not: a step that costs
+# few new pieces (shared with another language) can be worth more per piece than
+# the next step by gain, and the rule ignores that (see the numbers below).
+
+GRID = [100, 200, 300, 400]
+LANGS = ("en", "de", "fr", "zh")
+Q = {"en": 0.4, "de": 0.25, "fr": 0.2, "zh": 0.15}
+BETA = 0.7
+
+
+def _concave_curves():
+    """Strictly concave ALP curves (c_i * log size), so smoothing leaves them as they are."""
+    scales = {"en": 40, "de": 33, "fr": 27, "zh": 52}
+    return {lang: [(s, -1000 + scales[lang] * math.log(s) + 0.37 * i) for s in GRID]
+            for i, lang in enumerate(LANGS)}
+
+
+def _disjoint(lang, size):  # nested in size, nothing shared between languages
+    return {f"{lang}{k}" for k in range(size)}
+
+
+def _overlapping(lang, size):  # nested in size; en/de/fr share half their pieces, zh shares nothing
+    if lang == "zh":
+        return {f"zh{k}" for k in range(size)}
+    return {f"latin{k}" for k in range(size // 2)} | {f"{lang}{k}" for k in range(size - size // 2)}
+
+
+def _union(alloc, pieces):
+    return len(set().union(*(pieces(lang, s) for lang, s in alloc.items())))
+
+
+def _objective(curves, alloc):
+    return sum(Q[lang] ** BETA * dict(curves[lang])[size] for lang, size in alloc.items())
+
+
+def _steps(alloc):
+    return sum(GRID.index(size) for size in alloc.values())
+
+
+def _gains(curves):
+    return {lang: Q[lang] ** BETA * np.diff([a for _, a in curves[lang]]) for lang in curves}
+
+
+def _at_threshold(gains, t):
+    """The rule, written independently: every step whose weighted gain exceeds t."""
+    return {lang: GRID[int((g > t).sum())] for lang, g in gains.items()}
+
+
+def _enumerate(curves, pieces):
+    """Every grid allocation (each language at or above the floor GRID[0]): (sizes, union, objective)."""
+    out = []
+    for combo in itertools.product(GRID, repeat=len(LANGS)):
+        y = dict(zip(LANGS, combo))
+        out.append((y, _union(y, pieces), _objective(curves, y)))
+    return out
+
+
+def test_synthetic_curves_are_concave_with_distinct_gains():
+    curves = _concave_curves()
+    for points in curves.values():
+        alps = [a for _, a in points]
+        assert concave_curve(GRID, alps) == pytest.approx(alps, abs=1e-12), "smoothing is the identity"
+        assert np.all(np.diff(alps, 2) < 0), "strictly concave"
+    flat = np.concatenate(list(_gains(curves).values()))
+    assert len(set(np.round(flat, 9))) == len(flat), "no two steps tie"
+
+
+def test_vocap_allocation_is_the_exhaustive_optimum_when_every_step_costs_the_same():
+    curves = _concave_curves()
+    table = _enumerate(curves, _disjoint)
+    floor, full = 100 * len(LANGS), 400 * len(LANGS)
+    for budget in range(floor, full + 1, 10):  # every multiple of a step, and budgets in between
+        chosen = allocate_vocabulary(curves, Q, budget, _disjoint, beta=BETA)
+        feasible = [(y, obj) for y, u, obj in table if u <= budget]
+        best_y, best = max(feasible, key=lambda r: r[1])
+        assert _union(chosen, _disjoint) <= budget
+        assert _objective(curves, chosen) == pytest.approx(best, abs=1e-9), budget
+        assert chosen == best_y, f"budget {budget}: the unique optimum"
+        # the budget is used up to less than one step (100 pieces)
+        assert budget - _union(chosen, _disjoint) < 100
+
+
+def test_vocap_allocation_with_overlapping_pieces_is_on_the_upper_hull():
+    curves = _concave_curves()
+    gains = _gains(curves)
+    all_gains = np.sort(np.concatenate(list(gains.values())))[::-1]
+    table = _enumerate(curves, _overlapping)
+    # the threshold allocations, in order of decreasing threshold, and their unions (monotone: nested pieces)
+    ladder = [_at_threshold(gains, t) for t in [np.inf, *all_gains, -np.inf]]
+    unions = [_union(x, _overlapping) for x in ladder]
+    assert unions == sorted(unions)
+
+    gaps = {}
+    for budget in range(350, 1300, 10):
+        report = {}
+        chosen = allocate_vocabulary(curves, Q, budget, _overlapping, beta=BETA, report=report)
+        union, obj, k = _union(chosen, _overlapping), _objective(curves, chosen), _steps(chosen)
+        assert union <= budget and report["union_size"] == union
+        # a threshold allocation, and the last one on the ladder that fits
+        fits = [x for x, u in zip(ladder, unions) if u <= budget]
+        assert chosen == fits[-1], budget
+        untaken = [g for lang in LANGS for g in gains[lang][GRID.index(chosen[lang]):]]
+        t_next = max(untaken) if untaken else 0.0
+        # (a) the supporting line of slope t_next lies above every allocation
+        for y, _u, o in table:
+            assert o <= obj + t_next * (_steps(y) - k) + 1e-9, (budget, y)
+        # (b) exhaustive optimum among allocations with no more grid steps
+        assert obj == pytest.approx(max(o for y, _u, o in table if _steps(y) <= k), abs=1e-9)
+        # (c) the gap to the exhaustive optimum under the union budget is bounded
+        feasible = [(y, o) for y, u, o in table if u <= budget]
+        opt = max(o for _, o in feasible)
+        k_max = max(_steps(y) for y, _ in feasible)
+        assert obj <= opt + 1e-9
+        assert opt - obj <= t_next * (k_max - k) + 1e-9, budget
+        gaps[budget] = opt - obj
+
+    # Budgets where it matters: here the union-constrained optimum is no threshold
+    # allocation at all, so no threshold rule can reach it.  Measured: at budget 500
+    # the rule picks en 200, de/fr 100, zh 200 (union 500) while en/de/fr 200, zh 100
+    # (union 500: the Latin languages share pieces) scores 5.18 higher; at 450 the rule
+    # leaves 50 pieces unused (the next step by gain, zh, costs 100) where de's step
+    # costs 50 and is worth 8.67.
+    for budget in (450, 500, 600, 750, 1000):
+        best_y = max(((y, o) for y, u, o in table if u <= budget), key=lambda r: r[1])[0]
+        assert best_y not in ladder, budget
+        assert gaps[budget] > 1.0, budget
+    assert gaps[350] == gaps[400] == 0.0 and gaps[1290] == pytest.approx(0.0, abs=1e-9)
+
+
+@pytest.mark.xfail(strict=True, reason="bug: on a non-uniform grid the rule compares gains per grid step, "
+                   "not per piece (a doubling grid with ALP ~ log size gives every step the same gain)")
+def test_vocap_on_a_doubling_grid_uses_the_budget():
+    grid = [100, 200, 400, 800]
+    curves = {"a": [(s, 10 * math.log(s)) for s in grid], "b": [(s, 6 * math.log(s)) for s in grid]}
+    q = {"a": 0.5, "b": 0.5}
+    chosen = allocate_vocabulary(curves, q, 800, _disjoint, beta=BETA)
+    # disjoint pieces: the union is the sum of the sizes; exhaustive optimum is a 400, b 400
+    best = max((dict(zip("ab", c)) for c in itertools.product(grid, grid) if sum(c) <= 800),
+               key=lambda y: 10 * math.log(y["a"]) + 6 * math.log(y["b"]))  # equal weights
+    assert best == {"a": 400, "b": 400}
+    assert chosen == best  # measured: {"a": 100, "b": 100}, 600 of the 800 pieces unused
+
+
+@pytest.mark.xfail(strict=True, reason="bug: the binary search assumes the union grows as the threshold "
+                   "falls, which needs nested piece sets; separately trained SentencePiece models are not nested")
+def test_vocap_finds_the_last_fitting_threshold_when_pieces_are_not_nested():
+    grid = [100, 200]
+    curves = {"a": [(100, 0.0), (200, 5.0)], "b": [(100, 0.0), (200, 4.0)], "c": [(100, 0.0), (200, 3.0)]}
+    own = {lang: [f"{lang}{k}" for k in range(200)] for lang in "abc"}
+
+    def pieces(lang, size):
+        if lang == "c" and size == 200:  # c's larger model keeps none of its smaller model's pieces
+            return set(own["a"][:100] + own["b"][:100])
+        return set(own[lang][:size])
+
+    # thresholds 5 > 4 > 3 > 0 give unions 300, 400, 500, 400: all three grown (400) fits 450
+    assert _union({"a": 200, "b": 200, "c": 200}, pieces) == 400
+    chosen = allocate_vocabulary(curves, {"a": 1.0, "b": 1.0, "c": 1.0}, 450, pieces)
+    assert chosen == {"a": 200, "b": 200, "c": 200}  # measured: a 200, b 100, c 100
 
 
 def test_merged_model_loads_and_round_trips_multilingual_text(tiny_models, tmp_path):
