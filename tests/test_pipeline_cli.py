@@ -140,22 +140,62 @@ def test_mlflow_has_parent_and_nested_stage_runs(run_cli, loopback):
 
 def test_prefect_artifacts_link_the_mlflow_run(run_cli, loopback):
     import asyncio
+    from uuid import UUID
 
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter,
+                                                FlowRunFilterParentFlowRunId)
 
     spec, ws, _ = loopback
     res = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws, "--until", "shards")
-    run_id = res["stages"]["prepare"]["mlflow_run_id"]
+    pipeline_run = UUID(res["prefect_flow_run_id"])
+    prep = res["stages"]["prepare"]
+    run_id = prep["mlflow_run_id"]
 
-    async def artifacts():
+    async def read():
         async with get_client() as client:
-            return await client.read_artifacts()
+            subflows = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[pipeline_run])))
+            by_stage = {}
+            for fr in subflows:
+                by_stage.setdefault((await client.read_flow(fr.flow_id)).name, []).append(fr)
+            ids = [fr.id for runs in by_stage.values() for fr in runs]
+            arts = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=ids)))
+            return by_stage, arts
 
-    mine = {a.key: a for a in asyncio.run(artifacts()) if run_id in str(a.data)}
-    assert {"prepare-summary", "prepare-mlflow"} <= set(mine)
-    assert f"/runs/{run_id})" in str(mine["prepare-mlflow"].data), "a link to the MLflow run page"
-    tables = [a for a in asyncio.run(artifacts()) if a.key == "prepare-stats"]
-    assert tables and "rows_out" in str(tables[-1].data)
+    by_stage, arts = asyncio.run(read())
+    assert set(by_stage) == {"download", "prepare", "dedup", "vocab", "sampling", "shards"}, \
+        "every stage ran as a subflow of this pipeline run"
+    assert all(len(runs) == 1 for runs in by_stage.values())
+    prepare_run = by_stage["prepare"][0].id
+    manifest = json.loads((Path(prep["output_dir"]) / "_manifest.json").read_text())
+    assert manifest["prefect_flow_run_id"] == str(prepare_run), "the output records the flow run that made it"
+    assert MlflowClient(tracking_uri=f"sqlite:///{ws}/mlflow.db").get_run(run_id).data.tags[
+        "prefect.flow_run_id"] == str(prepare_run), "and so does the MLflow run"
+
+    mine = [a for a in arts if a.flow_run_id == prepare_run]
+    keys = sorted(a.key for a in mine)
+    assert keys == ["prepare-mlflow", "prepare-progress", "prepare-stats", "prepare-summary"], keys
+    mine = {a.key: a for a in mine}
+    assert float(mine["prepare-progress"].data) == 100.0, "the progress bar in the UI ends full"
+    link = mine["prepare-mlflow"]
+    assert link.type == "markdown" and link.data.startswith(f"[MLflow run {run_id}](")
+    assert link.data.endswith(f"/runs/{run_id})"), "a link to the MLflow run page"
+    summary = str(mine["prepare-summary"].data)
+    assert f"# prepare `{prep['fingerprint']}`" in summary and f"[{run_id}](" in summary
+    assert prep["output_dir"] in summary
+    assert "7 monolingual rows in 2 languages, 4 sentence pairs in 2 pairs." in summary
+    assert mine["prepare-stats"].type == "table"
+    table = json.loads(mine["prepare-stats"].data)
+    stats = pl.read_parquet(Path(prep["output_dir"]) / "stats.parquet").to_dicts()
+    assert table == stats, "the table artifact is the stage's stats.parquet, row for row"
+    assert {r["source"] for r in table} == {"cc100", "ccmatrix", "extra"}
+    assert sum(r["rows_out"] for r in table if r["kind"] == "mono") == 7
+    stage_of = {fr.id: name for name, runs in by_stage.items() for fr in runs}
+    assert all(a.key.split("-")[0] == stage_of[a.flow_run_id] for a in arts), \
+        "every stage's artifacts hang on that stage's own flow run"
+    assert {stage_of[a.flow_run_id] for a in arts if a.key.endswith("-mlflow")} == set(by_stage)
 
 
 def test_mlflow_tracking_uri_from_the_environment(run_cli, loopback, tmp_path, monkeypatch):
