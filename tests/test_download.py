@@ -24,7 +24,9 @@ def test_plain_download_verifies_checksum(http_corpus, tmp_path):
     rec = _fetch(http_corpus.base + "/a.bin", tmp_path, sha256=hashlib.sha256(BODY).hexdigest(), size=len(BODY))
     assert (tmp_path / "x.part").read_bytes() == BODY
     assert rec["bytes"] == len(BODY) and rec["sha256"] == hashlib.sha256(BODY).hexdigest()
-    assert rec["etag"] and not rec["truncated"]
+    assert rec["etag"] == '"' + hashlib.md5(BODY).hexdigest() + '"', "the server's ETag, kept to resume safely"
+    assert rec["truncated"] is False and rec["url"] == http_corpus.base + "/a.bin"
+    assert http_corpus.count("/a.bin") == 1
 
 
 def test_connection_dropped_mid_body_resumes_with_range(http_corpus, tmp_path):
@@ -53,6 +55,8 @@ def test_server_error_then_success_is_retried_with_backoff(http_corpus, tmp_path
     http_corpus.fail_first["/a.bin"] = 2
     rec = _fetch(http_corpus.base + "/a.bin", tmp_path, retries=3)
     assert rec["bytes"] == len(BODY) and http_corpus.count("/a.bin") == 3
+    assert (tmp_path / "x.part").read_bytes() == BODY, "the error pages are not part of the file"
+    assert rec["sha256"] == hashlib.sha256(BODY).hexdigest()
 
 
 def test_persistent_server_error_gives_up_with_a_clear_error(http_corpus, tmp_path):
@@ -100,6 +104,7 @@ def test_file_url(tmp_path):
     src.write_bytes(BODY)
     rec = fetch(src.as_uri(), tmp_path / "y.part")
     assert (tmp_path / "y.part").read_bytes() == BODY and rec["bytes"] == len(BODY)
+    assert rec["sha256"] == hashlib.sha256(BODY).hexdigest() and rec["truncated"] is False
 
 
 def test_missing_file_url_is_a_user_error(tmp_path):

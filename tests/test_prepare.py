@@ -68,6 +68,7 @@ def test_gzip_and_max_lines(tmp_path):
     f.write_bytes(gzip.compress("".join(f"Zeile {i}\n" for i in range(100)).encode()))
     unit, manifest = run(tmp_path, [record(f, "text-gz", lang="de")], max_lines=10)
     assert mono(unit, "de")["text"].to_list() == [f"Zeile {i}" for i in range(10)]
+    assert manifest["stats"][0]["rows_out"] == 10
 
 
 def test_truncated_xz_is_a_clear_error(tmp_path):
@@ -201,4 +202,7 @@ def test_output_is_deterministic(tmp_path):
     _, m1 = run(tmp_path, [record(f, "text-xz", lang="de")])
     ws2 = Workspace(tmp_path / "ws2")
     m2, _ = prepare_unit([record(f, "text-xz", lang="de")], ws2, PrepareConfig(), {})
-    assert [(x["path"], x["sha256"]) for x in m1["files"]] == [(x["path"], x["sha256"]) for x in m2["files"]]
+    files = [(x["path"], x["sha256"]) for x in m1["files"]]
+    assert files == [(x["path"], x["sha256"]) for x in m2["files"]]
+    parts = [x for x in m1["files"] if x["path"].startswith("mono/lang=de/")]
+    assert parts and sum(x["rows"] for x in parts) == 1001, "not two empty outputs"
