@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import subprocess
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -27,9 +31,13 @@ def test_publish_writes_manifest_last_and_describes_files(tmp_path):
         ws.publish(tmp, final, {"stage": "prepare"})
     m = read_manifest(final)
     files = {f["path"]: f for f in m["files"]}
+    assert sorted(files) == ["note.txt", "sub/t.parquet"], "every file but the manifest itself"
     assert files["sub/t.parquet"]["rows"] == 3 and files["note.txt"]["bytes"] == 2
-    assert len(files["note.txt"]["sha256"]) == 64
+    for rel, f in files.items():
+        data = (final / rel).read_bytes()
+        assert f["sha256"] == hashlib.sha256(data).hexdigest() and f["bytes"] == len(data), rel
     assert json.loads((final / "_manifest.json").read_text())["stage"] == "prepare"
+    assert sorted(p.name for p in final.parent.iterdir()) == ["abc"], "the temporary folder was renamed into place"
 
 
 def test_a_failed_build_leaves_nothing(tmp_path):
@@ -53,7 +61,25 @@ def test_stale_temporaries_are_removed_when_the_lock_is_taken(tmp_path):
         assert not stale.exists()
         assert partial.exists(), "partial downloads are kept: they are resumed"
         with ws.lock():  # re-entrant within one process
-            assert (tmp_path / ".xylent.lock").exists()
+            assert (tmp_path / ".xylent.lock").read_text().startswith(f"pid {os.getpid()} since ")
+        assert _lock_in_another_process(tmp_path).returncode == 3, "held: another process is refused"
+    assert _lock_in_another_process(tmp_path).returncode == 0, "released: another process takes it"
+
+
+def _lock_in_another_process(root):
+    code = ("import sys\n"
+            "from xylent.errors import XylentError\n"
+            "from xylent.workspace import Workspace\n"
+            "try:\n"
+            "    with Workspace(sys.argv[1]).lock():\n"
+            "        pass\n"
+            "except XylentError as exc:\n"
+            "    assert 'in use by another xylent run' in str(exc) and f'pid {sys.argv[2]}' in str(exc), str(exc)\n"
+            "    sys.exit(3)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(root), str(os.getpid())], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode in (0, 3), done.stderr
+    return done
 
 
 def test_remote_workspace_is_refused_clearly():
