@@ -31,10 +31,26 @@ def test_prefect_yaml_declares_every_stage_and_deploys(prefect_server):
 
     async def read():
         async with get_client() as client:
-            return await client.read_deployments()
+            deployments = await client.read_deployments()
+            flows = {d.flow_id: (await client.read_flow(d.flow_id)).name for d in deployments}
+            return deployments, flows
 
-    deployments = {d.name: d for d in asyncio.run(read())}
+    found, flow_names = asyncio.run(read())
+    deployments = {d.name: d for d in found}
     assert {"pipeline-demo", *STAGE_NAMES} <= set(deployments)
+    for want in decl["deployments"]:
+        got = deployments[want["name"]]
+        function = want["entrypoint"].split(":")[1]
+        assert got.entrypoint == want["entrypoint"] and flow_names[got.flow_id] == function, want["name"]
+        assert got.work_pool_name == "xylent" and sorted(got.tags) == sorted(want["tags"])
+        assert got.parameters == {"spec_file": "data_specs/demo.yaml", "workspace": "workspace"}
+        flow_params = set(got.parameter_openapi_schema["properties"])
+        assert {"spec_file", "workspace", "overrides", "force"} <= flow_params, "the UI's form is the flow's signature"
+        assert got.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}], \
+            "a worker runs the flows from the repository (XYLENT_HOME)"
+    assert "gpu" in deployments["pretrain"].tags
     pipe = deployments["pipeline-demo"]
-    assert pipe.parameters["spec_file"] == "data_specs/demo.yaml"
-    assert pipe.schedules and pipe.schedules[0].schedule.cron == "0 3 * * *"
+    (schedule,) = pipe.schedules
+    assert schedule.schedule.cron == "0 3 * * *" and schedule.schedule.timezone == "UTC"
+    assert schedule.active is False, "declared off: enabled from the UI"
+    assert all(not deployments[name].schedules for name in STAGE_NAMES)
