@@ -17,8 +17,17 @@ BASE = {"languages": ["de", "en"],
 
 
 def test_shipped_specs_validate():
+    from tasks.download.plan import plan_source
+
     demo = load_spec(ROOT / "data_specs" / "demo.yaml")
     assert len(demo.languages) == 20 and demo.sources[0].kind == "gettext"
+    items = plan_source(demo, demo.sources[0])  # the installed Django has catalogs for every other language
+    per_lang = {lang: [i for i in items if i.lang == lang] for lang in demo.languages}
+    assert not per_lang["en"], "English is the msgids' language, not a catalog"
+    assert all(len(per_lang[lang]) >= 3 and all(Path(i.path).is_file() for i in per_lang[lang])
+               for lang in demo.languages if lang != "en"), {k: len(v) for k, v in per_lang.items()}
+    fps = stage_fingerprints(demo)
+    assert len(set(fps.values())) == 7 and all(len(f) == 16 and int(f, 16) >= 0 for f in fps.values())
     base = load_spec(ROOT / "data_specs" / "xy-lent-base.yaml")
     assert base.model.size == "base" and {s.kind for s in base.sources} == {"cc100", "opus"}
     assert len(base.languages) >= 100
@@ -37,6 +46,9 @@ def test_set_overrides_nested_fields_lists_and_yaml_values(tmp_path):
                          "runner.kind=processes"])
     assert s.prepare.min_chars == 5 and s.sources[0].max_lines == 10
     assert s.languages == ["de", "en", "fr"] and s.runner.kind == "processes"
+    again = load_spec(spec)
+    assert again.prepare.min_chars == 1 and again.sources[0].max_lines is None and again.languages == ["de", "en"], \
+        "overrides do not leak into the next load of the same file"
     with pytest.raises(XylentError, match="not an index"):
         load_spec(spec, ["sources.3.max_lines=1"])
     with pytest.raises(XylentError, match="key.path=value"):
