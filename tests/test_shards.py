@@ -81,6 +81,131 @@ def test_language_and_pair_frequencies_follow_the_tables(dirs):
     assert abs(np.mean(flips) - 0.5) < 0.03 and len(flips) > 3000
 
 
+# -- a sampling table deliberately far from the data's own proportions ------------
+#
+# The shards stage writes <name>: rows per language (MRTD) and per pair (TRTD); the
+# sampling stage writes mono_sampling.parquet (lang, examples, tokens, p_raw, p) and
+# bitext_sampling.parquet (lang_a, lang_b, pairs, q, p_star, ..., p).  The loader must
+# draw languages/pairs by the column ``p`` (the α-smoothed / Sinkhorn table), not by
+# how much data each one has.  Below, p is set far from the data: the smallest
+# language (5% of the rows) gets 60% of the draws and the biggest pair (~79% of the
+# rows) gets 2%.  A loader that ignored the table or the smoothing -- sampling rows
+# uniformly, i.e. names in proportion to their row counts, or reading p_raw / q /
+# examples / pairs instead of p -- would produce the raw proportions, 0.05 instead
+# of 0.60 for "sw", and fail by > 100 binomial standard deviations.
+
+MONO_ROWS = {"en": 1400, "de": 400, "fr": 100, "sw": 100}  # raw shares .70 .20 .05 .05
+MONO_P = {"en": 0.10, "de": 0.25, "fr": 0.05, "sw": 0.60}
+PAIR_ROWS = {("de", "en"): 2400, ("en", "fr"): 300, ("de", "fr"): 150, ("en", "sw"): 60, ("de", "sw"): 40,
+             ("fr", "sw"): 100}  # de-en holds 79% of the sentence pairs
+PAIR_P = {("de", "en"): 0.02, ("en", "fr"): 0.08, ("de", "fr"): 0.10, ("en", "sw"): 0.40, ("de", "sw"): 0.25,
+          ("fr", "sw"): 0.15}
+MONO_TAG, SRC_TAG, TGT_TAG = 100, 200, 300  # first token after <s> says where a row came from
+
+
+def _write_group(root: Path, sub: str, schema, columns: list[list[np.ndarray]]) -> dict:
+    from tasks.shards.build import ShardWriter
+
+    writer = ShardWriter(root / sub, schema, max_bytes=2000)  # small: several shards per group
+    n = len(columns[0])
+    for lo in range(0, n, 64):
+        arrays = [pa.array([c.tolist() for c in col[lo: lo + 64]], type=pa.list_(pa.int32())) for col in columns]
+        writer.write(pa.RecordBatch.from_arrays(arrays, schema=schema))
+    shards = writer.finish(root)
+    return {"rows": sum(s["rows"] for s in shards), "tokens": sum(s["tokens"] for s in shards), "shards": shards}
+
+
+@pytest.fixture(scope="module")
+def skewed(tmp_path_factory):
+    """Shards written by the shards stage's writer, and sampling tables built by the
+    sampling stage (build_tables) from the same counts, with ``p`` then overridden."""
+    from tasks.sampling import build_tables
+    from tasks.shards.build import MRTD_SCHEMA, TRTD_SCHEMA
+    from xylent.spec import SamplingConfig
+
+    root = tmp_path_factory.mktemp("skewed")
+    shards, sampling = root / "shards", root / "sampling"
+    sampling.mkdir()
+    langs = sorted(MONO_ROWS)
+    index = {"seq_len": 8, "specials": {"unk": 0, "bos": BOS, "eos": EOS, "pad": 3, "mask": 4},
+             "mrtd": {}, "trtd": {}}
+    for g, lang in enumerate(langs):
+        rows = [np.array([BOS, MONO_TAG + g, 10 + i // 100, 10 + i % 100, EOS]) for i in range(MONO_ROWS[lang])]
+        index["mrtd"][lang] = _write_group(shards, f"mrtd/lang={lang}", MRTD_SCHEMA, [rows])
+    pairs = sorted(PAIR_ROWS)
+    for g, (a, b) in enumerate(pairs):
+        n = PAIR_ROWS[(a, b)]
+        src = [np.array([SRC_TAG + g, 10 + i // 100, 10 + i % 100]) for i in range(n)]
+        tgt = [np.array([TGT_TAG + g, 10 + i // 100, 10 + i % 100]) for i in range(n)]
+        index["trtd"][f"{a}-{b}"] = _write_group(shards, f"trtd/pair={a}-{b}", TRTD_SCHEMA, [src, tgt])
+    (shards / "index.json").write_text(json.dumps(index))
+
+    t = build_tables(MONO_ROWS, PAIR_ROWS, SamplingConfig(pair_method="temperature"))
+    mono = t.mono.with_columns(pl.Series("p", [MONO_P[lang] for lang in t.mono["lang"]]))
+    bitext = t.bitext.with_columns(pl.Series("p", [PAIR_P[(a, b)] for a, b in zip(t.bitext["lang_a"],
+                                                                                    t.bitext["lang_b"])]))
+    mono.write_parquet(sampling / "mono_sampling.parquet")
+    bitext.write_parquet(sampling / "bitext_sampling.parquet")
+    return shards, sampling, langs, pairs
+
+
+def _far_from_the_data(names, observed, table_p, raw_p):
+    """Observed counts match the table (chi-square and a 5-sd binomial band) and are
+    nowhere near the raw data shares."""
+    n = observed.sum()
+    freq = observed / n
+    sd = np.sqrt(table_p * (1 - table_p) / n)
+    assert np.all(np.abs(freq - table_p) < 5 * sd), dict(zip(names, freq.round(4)))
+    assert chisquare(observed, table_p * n).pvalue > 1e-3
+    assert chisquare(observed, raw_p * n).pvalue < 1e-100, "indistinguishable from the raw data shares"
+    return freq, sd
+
+
+def test_frequencies_follow_a_skewed_table_not_the_data(skewed):
+    shards, sampling, langs, pairs = skewed
+    mono_table = pl.read_parquet(sampling / "mono_sampling.parquet")
+    # the table as the stage wrote it: p_raw is the data's share, p is the (overridden) sampling probability
+    assert dict(zip(mono_table["lang"], mono_table["p_raw"])) == pytest.approx(
+        {lang: n / 2000 for lang, n in MONO_ROWS.items()})
+
+    mono = TrainingLoader(shards, sampling, task="mrtd", batch_size=32, seed=3)
+    counts = Counter()
+    for batch in mono.batches(400):
+        ids = batch["input_ids"]
+        assert ids.shape == (32, 8)
+        drawn = [langs[t - MONO_TAG] for t in ids[:, 1]]  # where the rows really came from
+        assert drawn == batch["langs"]
+        for row, (lang, i) in zip(ids, batch["examples"]):
+            assert (row[2] - 10) * 100 + (row[3] - 10) == i, "the example index is the row read"
+        counts.update(drawn)
+    observed = np.array([counts[lang] for lang in langs])
+    raw = np.array([MONO_ROWS[lang] for lang in langs]) / 2000
+    freq, sd = _far_from_the_data(langs, observed, np.array([MONO_P[lang] for lang in langs]), raw)
+    sw = langs.index("sw")
+    # measured (12800 draws): sw 0.606 (data share 0.05), en 0.096 (data share 0.70); a loader
+    # reading p_raw instead of p gives sw 0.054, en 0.698 and fails the band above
+    assert abs(freq[sw] - raw[sw]) > 100 * sd[sw]
+
+    loader = TrainingLoader(shards, sampling, task="trtd", max_tokens=512, seed=3)
+    seen, flips, total = Counter(), 0, 0
+    for batch in loader.batches(300):
+        first = batch["input_ids"][:, 1]
+        flipped = first >= TGT_TAG
+        assert np.array_equal(flipped, batch["flipped"]), "a flipped pair really starts with the target side"
+        drawn = [pairs[t - (TGT_TAG if f else SRC_TAG)] for t, f in zip(first, flipped)]
+        assert [f"{a}-{b}" for a, b in drawn] == batch["pairs"]
+        seen.update(drawn)
+        flips += int(flipped.sum())
+        total += len(first)
+    observed = np.array([seen[p] for p in pairs])
+    raw = np.array([PAIR_ROWS[p] for p in pairs]) / sum(PAIR_ROWS.values())
+    freq, sd = _far_from_the_data(pairs, observed, np.array([PAIR_P[p] for p in pairs]), raw)
+    big = pairs.index(("de", "en"))
+    # measured (16800 draws): de-en 0.022 (data share 0.79), en-sw 0.400 (data share 0.02)
+    assert raw[big] > 0.75 and abs(freq[big] - raw[big]) > 100 * sd[big]
+    assert total > 10_000 and abs(flips / total - 0.5) < 5 * np.sqrt(0.25 / total)
+
+
 @pytest.mark.parametrize("task", ["mrtd", "trtd"])
 def test_resume_mid_epoch_is_exact(dirs, task):
     def loader():
