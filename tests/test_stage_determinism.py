@@ -147,7 +147,8 @@ def threads_run(tmp_path_factory, spec, dedup_ws) -> dict:
     files = stage_files(dirs["shards"])
     assert {"index.json", "shards_stats.parquet"} <= files
     assert len([f for f in files if f.startswith("mrtd/") and f.endswith(".arrow")]) >= len(LANGS)
-    assert len([f for f in files if f.startswith("trtd/") and f.endswith(".arrow")]) >= len(LANGS) * (len(LANGS) - 1) // 2
+    n_pairs = len(LANGS) * (len(LANGS) - 1) // 2
+    assert len([f for f in files if f.startswith("trtd/") and f.endswith(".arrow")]) >= n_pairs
     assert {"spm.model", "spm.vocab", "joint.model", "allocation.parquet"} <= stage_files(dirs["vocab"])
     return {"ws": ws, **dirs}
 
