@@ -46,7 +46,6 @@ class RelativePositionTable(nn.Module):
         super().__init__()
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.table = nn.Embedding(num_buckets, num_heads)
-        nn.init.normal_(self.table.weight, std=0.02)
 
     def forward(self, length: int) -> torch.Tensor:
         """(heads, length, length) bias."""
@@ -61,7 +60,6 @@ class GatedRelativeBias(nn.Module):
         super().__init__()
         self.num_heads, self.head_dim = num_heads, head_dim
         self.uv = nn.Linear(head_dim, 2, bias=False)  # u and v
-        nn.init.normal_(self.uv.weight, std=0.02)
         self.w = nn.Parameter(torch.ones(num_heads))
 
     def forward(self, x: torch.Tensor, d: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -87,9 +85,6 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(hidden, hidden)
         self.gate = GatedRelativeBias(heads, self.head_dim) if relative_bias else None
         self.dropout = dropout
-        for lin in (self.qkv, self.out):
-            nn.init.normal_(lin.weight, std=0.02)
-            nn.init.zeros_(lin.bias)
 
     def forward(self, x: torch.Tensor, rel: torch.Tensor | None, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, L, D); rel: (H, L, L) shared table output (None without relative bias);

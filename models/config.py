@@ -10,7 +10,7 @@ for XLM-E: 32 / 128 is our guess, kept configurable.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,25 @@ class EncoderConfig:
     rel_max_distance: int = 128
     dropout: float = 0.1
     relative_bias: bool = True  # False: plain attention (the benchmark's "what does the bias cost" row)
+    # the tokenizer's special ids (unk, bos, eos, pad, mask), copied from it when the model is
+    # configured (tasks.pretrain.config); models read them from here, never from a constant
+    specials: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
+
+    def special(self, name: str) -> int:
+        try:
+            return self.specials[name]
+        except KeyError:
+            raise ValueError(f"the encoder config has no {name!r} id (specials={self.specials}); configure the "
+                             "model with its tokenizer's special ids (tasks.vocab.specials.special_ids)") from None
+
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        """Ids that are never masked and never a random replacement."""
+        return tuple(sorted(self.special(k) for k in ("unk", "bos", "eos", "pad", "mask")))
 
     @property
     def head_dim(self) -> int:

@@ -28,7 +28,8 @@ from torch import nn
 
 from models.config import EncoderConfig
 from models.encoder import Embeddings, Encoder
-from models.masking import MASK_ID, bert_corrupt, choose_masked, corrupt, sample_tokens
+from models.init import init_weights
+from models.masking import bert_corrupt, choose_masked, corrupt, sample_tokens
 
 
 class TiedLMHead(nn.Module):
@@ -39,8 +40,6 @@ class TiedLMHead(nn.Module):
         self.dense = nn.Linear(hidden, hidden)
         self.ln = nn.LayerNorm(hidden)
         self.bias = nn.Parameter(torch.zeros(vocab_size))
-        nn.init.normal_(self.dense.weight, std=0.02)
-        nn.init.zeros_(self.dense.bias)
 
     def forward(self, x: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
         return F.linear(self.ln(F.gelu(self.dense(x))), embedding, self.bias)
@@ -51,9 +50,6 @@ class RTDHead(nn.Module):
         super().__init__()
         self.dense = nn.Linear(hidden, hidden)
         self.out = nn.Linear(hidden, 1)
-        for lin in (self.dense, self.out):
-            nn.init.normal_(lin.weight, std=0.02)
-            nn.init.zeros_(lin.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(F.gelu(self.dense(x))).squeeze(-1)
@@ -98,11 +94,13 @@ class ElectraModel(nn.Module):
         self.generator_head = TiedLMHead(cfg.hidden, cfg.vocab_size)
         self.discriminator = Encoder(cfg, cfg.layers, dropout=cfg.dropout)
         self.discriminator_head = RTDHead(cfg.hidden)
+        self.special_ids, self.mask_id = cfg.special_ids, cfg.special("mask")
+        self.apply(init_weights)
 
     def forward(self, ids: torch.Tensor, pad: torch.Tensor, segments: torch.Tensor | None,
                 noise: torch.Tensor) -> Stats:
-        masked = choose_masked(ids, segments, self.mask_prob, noise[0])
-        g_hidden = self.generator(self.embeddings(ids.masked_fill(masked, MASK_ID)), pad)
+        masked = choose_masked(ids, segments, self.mask_prob, noise[0], self.special_ids)
+        g_hidden = self.generator(self.embeddings(ids.masked_fill(masked, self.mask_id)), pad)
         g_logits = self.generator_head(g_hidden[masked], self.embeddings.tokens.weight)
         target = ids[masked]
         g_loss = F.cross_entropy(g_logits.float(), target, reduction="sum")
@@ -138,11 +136,14 @@ class MaskedLMModel(nn.Module):
         self.embeddings = Embeddings(cfg)
         self.encoder = Encoder(cfg, cfg.layers, dropout=cfg.dropout)
         self.head = TiedLMHead(cfg.hidden, cfg.vocab_size)
+        self.special_ids, self.mask_id = cfg.special_ids, cfg.special("mask")
+        self.apply(init_weights)
 
     def forward(self, ids: torch.Tensor, pad: torch.Tensor, segments: torch.Tensor | None,
                 noise: torch.Tensor) -> Stats:
-        masked = choose_masked(ids, segments, self.mask_prob, noise[0])
-        hidden = self.encoder(self.embeddings(bert_corrupt(ids, masked, noise, self.cfg.vocab_size)), pad)
+        masked = choose_masked(ids, segments, self.mask_prob, noise[0], self.special_ids)
+        corrupted = bert_corrupt(ids, masked, noise, self.cfg.vocab_size, self.mask_id, max(self.special_ids) + 1)
+        hidden = self.encoder(self.embeddings(corrupted), pad)
         logits = self.head(hidden[masked], self.embeddings.tokens.weight)
         target = ids[masked]
         loss = F.cross_entropy(logits.float(), target, reduction="sum")

@@ -17,8 +17,6 @@ class Embeddings(nn.Module):
         super().__init__()
         self.tokens = nn.Embedding(cfg.vocab_size, cfg.hidden)
         self.positions = nn.Embedding(cfg.max_position, cfg.hidden)
-        for emb in (self.tokens, self.positions):
-            nn.init.normal_(emb.weight, std=0.02)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(ids.shape[1], device=ids.device)
@@ -33,10 +31,6 @@ class Layer(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(cfg.hidden, cfg.ffn), nn.GELU(), nn.Linear(cfg.ffn, cfg.hidden))
         self.ln2 = nn.LayerNorm(cfg.hidden)
         self.drop = nn.Dropout(dropout)
-        for m in self.ffn:
-            if isinstance(m, nn.Linear):
-                nn.init.normal_(m.weight, std=0.02)
-                nn.init.zeros_(m.bias)
 
     def forward(self, x, rel, pad):
         x = self.ln1(x + self.drop(self.attn(x, rel, pad)))

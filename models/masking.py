@@ -13,9 +13,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-SPECIAL_IDS = (0, 1, 2, 3, 4)  # <unk>, <s>, </s>, <pad>, <mask>: never masked, never a BERT random replacement
-MASK_ID = 4
-FIRST_REGULAR_ID = 5
 PLANES = 3  # uniforms per position: mask choice, sample / 80-10-10 choice, replacement token
 
 
@@ -28,7 +25,8 @@ def row_noise(seed: int, step: int, micro: int, rows: list[int], lengths: list[i
     return torch.from_numpy(out)
 
 
-def maskable(ids: torch.Tensor, special_ids=SPECIAL_IDS) -> torch.Tensor:
+def maskable(ids: torch.Tensor, special_ids: tuple[int, ...]) -> torch.Tensor:
+    """True where a token may be masked: anything but the tokenizer's special ids."""
     out = torch.ones_like(ids, dtype=torch.bool)
     for s in special_ids:
         out &= ids != s
@@ -36,7 +34,7 @@ def maskable(ids: torch.Tensor, special_ids=SPECIAL_IDS) -> torch.Tensor:
 
 
 def choose_masked(ids: torch.Tensor, segments: torch.Tensor | None, prob: float, noise: torch.Tensor,
-                  special_ids=SPECIAL_IDS) -> torch.Tensor:
+                  special_ids: tuple[int, ...]) -> torch.Tensor:
     """Boolean mask of the positions to corrupt: round(prob × n) of each segment's n
     maskable tokens (at least one where a segment has any), the ones with the smallest noise."""
     can = maskable(ids, special_ids)
@@ -68,12 +66,14 @@ def corrupt(ids: torch.Tensor, masked: torch.Tensor, sampled: torch.Tensor) -> t
     return corrupted, corrupted != ids
 
 
-def bert_corrupt(ids: torch.Tensor, masked: torch.Tensor, noise: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """BERT's 80/10/10 on the chosen positions: <mask>, a random regular token, or unchanged."""
+def bert_corrupt(ids: torch.Tensor, masked: torch.Tensor, noise: torch.Tensor, vocab_size: int, mask_id: int,
+                 first_regular_id: int) -> torch.Tensor:
+    """BERT's 80/10/10 on the chosen positions: <mask>, a random regular token (ids from
+    ``first_regular_id``: the tokenizer puts its special pieces first), or unchanged."""
     choice, token = noise[1], noise[2]
     out = ids.clone()
-    out[masked & (choice < 0.8)] = MASK_ID
+    out[masked & (choice < 0.8)] = mask_id
     rand = masked & (choice >= 0.8) & (choice < 0.9)
-    span = vocab_size - FIRST_REGULAR_ID
-    out[rand] = FIRST_REGULAR_ID + (token[rand] * span).long().clamp(max=span - 1)
+    span = vocab_size - first_regular_id
+    out[rand] = first_regular_id + (token[rand] * span).long().clamp(max=span - 1)
     return out

@@ -17,6 +17,7 @@ from torch import nn
 
 from models.config import EncoderConfig
 from models.encoder import Embeddings, Encoder
+from models.init import init_weights
 
 FORMAT = "xylent-encoder/1"
 
@@ -49,7 +50,7 @@ def export(model_dir: Path, full_state: dict[str, torch.Tensor], encoder_state: 
         shutil.copy2(tokenizer_dir / name, model_dir / name)
     (model_dir / "config.json").write_text(json.dumps({
         "format": FORMAT, "encoder": cfg.to_dict(), "tokenizer": "spm.model",
-        "specials": {"unk": 0, "bos": 1, "eos": 2, "pad": 3, "mask": 4}, **meta}, indent=2))
+        "specials": cfg.specials, **meta}, indent=2))
 
 
 class PretrainedEncoder(nn.Module):
@@ -60,7 +61,8 @@ class PretrainedEncoder(nn.Module):
         self.config, self.tokenizer, self.meta = cfg, tokenizer, meta or {}
         self.embeddings = Embeddings(cfg)
         self.discriminator = Encoder(cfg, cfg.layers, dropout=cfg.dropout)
-        self.pad_id = 3
+        self.pad_id, self.bos_id, self.eos_id = cfg.special("pad"), cfg.special("bos"), cfg.special("eos")
+        self.apply(init_weights)  # what a random-init baseline is; loaded weights replace it
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 output_hidden_states: bool = False):
@@ -72,7 +74,7 @@ class PretrainedEncoder(nn.Module):
 
     def tokenize(self, texts: list[str], max_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         max_length = max_length or self.config.max_position
-        rows = [[1, *ids[: max_length - 2], 2] for ids in self.tokenizer.encode(list(texts))]
+        rows = [[self.bos_id, *ids[: max_length - 2], self.eos_id] for ids in self.tokenizer.encode(list(texts))]
         width = max(len(r) for r in rows)
         ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         for k, r in enumerate(rows):
@@ -106,7 +108,8 @@ def load_pretrained(path: str | Path, map_location: str = "cpu") -> PretrainedEn
                                 f"folder (workspace/pretrain/<fingerprint>/model)") from None
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path}/config.json: format {meta.get('format')!r} is not {FORMAT!r}")
-    cfg = EncoderConfig(**meta["encoder"])
+    enc = meta["encoder"]
+    cfg = EncoderConfig(**{**enc, "specials": enc.get("specials") or meta["specials"]})  # older exports: top level
     tok = spm.SentencePieceProcessor(model_file=str(path / meta["tokenizer"]))
     model = PretrainedEncoder(cfg, tok, meta)
     model.load_state_dict(load_file(str(path / "model.safetensors"), device=map_location), strict=True)

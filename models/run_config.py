@@ -1,56 +1,66 @@
-"""train.json: everything one training run needs, written by the pretrain flow
-and read by every rank (plain JSON, so a Slurm job can be launched from it)."""
+"""train.json: everything one training run needs, written by the pretrain stage
+(:func:`tasks.pretrain.config.train_config`) and read by every rank (plain JSON,
+so a Slurm job can be launched from it).
+
+No field has a default here: the spec (``xylent.spec.PretrainConfig``) is the one
+place defaults live, and a train.json that lacks a field is refused.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 
 @dataclass
 class TrainConfig:
+    # where things are
     shards_dir: str
     sampling_dir: str
     checkpoint_dir: str
     metrics_file: str
-    deepspeed_config: str
-    model: dict
-    objective: str = "electra"
-    tasks: list[str] = field(default_factory=lambda: ["mrtd", "trtd"])
-    task_schedule: str = "alternate"
-    trtd_ratio: float = 0.5
-    steps: int = 100
-    batch_size: int = 8           # global: all ranks together
-    trtd_max_tokens: int = 2048   # global
-    grad_accum: int = 1
-    lr: float = 8e-4
-    warmup_steps: int = 10
-    betas: tuple[float, float] = (0.9, 0.98)
-    eps: float = 1e-6
-    weight_decay: float = 0.01
-    clip: float = 2.0
-    disc_weight: float = 50.0
-    mask_prob: float = 0.15
-    zero_stage: int = 2
-    precision: str = "auto"
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 2
-    seed: int = 0
-    log_every: int = 10
-    mlflow_tracking_uri: str | None = None
-    mlflow_run_id: str | None = None
-    system_metrics: bool = True
-    system_metrics_interval: float = 10.0
-    peak_tflops: float | None = None
+    deepspeed_config: str       # the JSON actually used (xylent's zero<N>.json or the user's)
+    zero_stage: int             # read from that JSON: reported, never written back into it
+    model: dict                 # models.config.EncoderConfig fields, tokenizer's special ids included
+    # what to train: the spec's pretrain section, with lr / clip resolved for the model size
+    objective: str
+    tasks: list[str]
+    task_schedule: str
+    trtd_ratio: float
+    steps: int
+    batch_size: int             # global: all ranks together
+    trtd_max_tokens: int        # global
+    grad_accum: int
+    lr: float
+    warmup_steps: int
+    betas: tuple[float, float]
+    eps: float
+    weight_decay: float
+    clip: float
+    disc_weight: float
+    mask_prob: float
+    precision: str
+    checkpoint_every: int
+    keep_checkpoints: int
+    seed: int
+    # how it is observed
+    log_every: int
+    mlflow_tracking_uri: str | None
+    mlflow_run_id: str | None
+    system_metrics: bool
+    system_metrics_interval: float
+    peak_tflops: float | None
 
     @classmethod
     def load(cls, path: str | Path) -> "TrainConfig":
         data = json.loads(Path(path).read_text())
         known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"{path}: unknown train.json keys {sorted(unknown)}")
+        unknown, missing = set(data) - known, known - set(data)
+        if unknown or missing:
+            raise ValueError(f"{path}: unknown train.json keys {sorted(unknown)}, missing {sorted(missing)}; "
+                             "it was written by another xylent version: rerun the pretrain stage to rewrite it")
+        data["betas"] = tuple(data["betas"])
         return cls(**data)
 
     def save(self, path: str | Path) -> None:

@@ -1,6 +1,6 @@
 """One training rank, started by the ``deepspeed`` launcher:
 
-    deepspeed --num_gpus N models/trainer.py --config train.json
+    deepspeed --num_gpus N --module models.trainer --config train.json
 
 Each optimizer step runs ``grad_accum`` micro-batches per task it trains
 (``alternate``: one task per step; ``mix``: every task every step).  Losses are
@@ -20,21 +20,18 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the launcher runs this file as a script
-
-from models.config import EncoderConfig  # noqa: E402
-from models.electra import build_model  # noqa: E402
-from models.masking import row_noise  # noqa: E402
-from models.optim import flops_per_token, make_optimizer, peak_tflops, warmup_linear_decay  # noqa: E402
-from models.run_config import TrainConfig  # noqa: E402
-from tasks.shards import TrainingLoader  # noqa: E402
+from models.config import EncoderConfig
+from models.electra import build_model
+from models.masking import row_noise
+from models.optim import flops_per_token, make_optimizer, peak_tflops, warmup_linear_decay
+from models.run_config import TrainConfig
+from tasks.shards.loader import TrainingLoader  # the shard/loader contract: the one thing models take from tasks
 
 COMPLETE = "COMPLETE"
 
@@ -60,8 +57,7 @@ def complete_checkpoints(root: Path) -> list[Path]:
 
 def ds_config(cfg: TrainConfig, bf16: bool, world: int) -> dict:
     base = json.loads(Path(cfg.deepspeed_config).read_text())
-    base = {k: v for k, v in base.items() if not k.startswith("_")}
-    base["zero_optimization"] = {**base.get("zero_optimization", {}), "stage": cfg.zero_stage}
+    base = {k: v for k, v in base.items() if not k.startswith("_")}  # the ZeRO stage is the file's own
     base.update({
         "train_micro_batch_size_per_gpu": cfg.batch_size // world,
         "gradient_accumulation_steps": len(task_plan(cfg, 0)),

@@ -298,7 +298,8 @@ class PretrainConfig(Strict):
     clip: float | None = Field(default=None, gt=0, description="gradient clipping norm; default by size")
     disc_weight: float = Field(default=50.0, gt=0, description="λ in L_G + λ·L_D")
     mask_prob: float = Field(default=0.15, gt=0, lt=1)
-    zero_stage: Literal[0, 1, 2, 3] = 2
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        default=2, description="picks infra/deepspeed/zero<N>.json; with deepspeed_config the file's stage rules")
     precision: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="auto: bf16 on GPU, fp32 on CPU")
     checkpoint_every: int = Field(default=1000, gt=0)
     keep_checkpoints: int = Field(default=2, gt=0)
@@ -309,11 +310,12 @@ class PretrainConfig(Strict):
     deepspeed_config: str | None = Field(default=None, description="default: infra/deepspeed/zero<stage>.json")
     log_every: int = Field(default=10, gt=0, description="steps between MLflow flushes and log lines")
     system_metrics: bool = True
+    system_metrics_interval: float = Field(default=10.0, gt=0, description="seconds between system metric samples")
     peak_tflops: float | None = Field(default=None, gt=0, description="for MFU; default from the GPU's name")
     register_name: str | None = Field(default=None, description="MLflow registered model; default xylent-<spec name>")
 
-    OPERATIONAL: ClassVar[tuple[str, ...]] = ("ranks", "hostfile", "master_port", "log_every", "system_metrics", "peak_tflops",
-                   "register_name")
+    OPERATIONAL: ClassVar[tuple[str, ...]] = ("ranks", "hostfile", "master_port", "log_every", "system_metrics",
+                                              "system_metrics_interval", "peak_tflops", "register_name")
 
     @model_validator(mode="after")
     def _check(self):

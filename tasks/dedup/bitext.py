@@ -23,7 +23,7 @@ from rapidfuzz import fuzz, process
 from xylent.errors import XylentError
 from xylent.spec import DedupConfig
 
-from tasks.dedup.keys import bucket_of, normalize_expr, rids, stable_hash
+from tasks.dedup.keys import bucket_of, normalize_expr, part_range, rids, stable_hash
 
 REASONS = ["exact", "copy", "ratio", "hub", "langid"]
 HUB_TEXT_CHARS = 200
@@ -164,7 +164,7 @@ def apply_part(part: Path, part_idx: int, out: Path, work: Path) -> tuple[dict, 
     df = pl.from_arrow(table)
     n = len(df)
     rid = rids(part_idx, n)
-    lo, hi = int(part_idx) << 32, (int(part_idx) + 1) << 32
+    lo, hi = part_range(part_idx)
     files = sorted((work / "drops").glob("b*.parquet"))
     grouped = (pl.scan_parquet(files).filter((pl.col("rid") >= lo) & (pl.col("rid") < hi)).collect()
                if files else pl.DataFrame(schema={"rid": pl.Int64, "reason": pl.String, "kept": pl.Int64}))

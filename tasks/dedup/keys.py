@@ -30,9 +30,23 @@ def stable_hash(values: pl.Series | list[str]) -> np.ndarray:
     return out
 
 
+ROW_BITS = 32  # a row id is part << ROW_BITS | row: unique across a language's (or pair's) parts
+ROW_MASK = (1 << ROW_BITS) - 1
+
+
 def rids(part_idx: int, n: int) -> np.ndarray:
     """Row ids unique across a language's parts: part index in the high 32 bits."""
-    return (np.int64(part_idx) << np.int64(32)) + np.arange(n, dtype=np.int64)
+    return (np.int64(part_idx) << np.int64(ROW_BITS)) + np.arange(n, dtype=np.int64)
+
+
+def part_range(part_idx: int) -> tuple[int, int]:
+    """[lo, hi) of the row ids of one part."""
+    return int(part_idx) << ROW_BITS, (int(part_idx) + 1) << ROW_BITS
+
+
+def split_rid(rid):
+    """(part index, row within the part) of a row id (ints or numpy arrays)."""
+    return rid >> ROW_BITS, rid & ROW_MASK
 
 
 def bucket_of(keys: np.ndarray, buckets: int) -> np.ndarray:

@@ -7,7 +7,7 @@ resolve (per lang) connected components of the edges -> near-duplicate drops
 apply (per part)   the part without its dropped rows, same file name
 
 Memory is set by one part or one bucket, never by the language.  Row ids are
-``part << 32 | row``; a unit (line or document) is named by its first row.
+``part << 32 | row`` (:mod:`tasks.dedup.keys`); a unit (line or document) is named by its first row.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from xylent.spec import DedupConfig
 
 from tasks.dedup.clusters import candidate_pairs, cluster_representatives
-from tasks.dedup.keys import bucket_of, normalize_expr, rids, stable_hash
+from tasks.dedup.keys import bucket_of, normalize_expr, part_range, rids, split_rid, stable_hash
 from tasks.dedup.minhash import EMPTY, band_keys, signatures_from_shingles, shingle_hashes, token_hashes
 
 DROP_SCHEMA = {"rid": pl.Int64, "reason": pl.String, "kept": pl.Int64}
@@ -57,7 +57,7 @@ def _write_buckets(df: pl.DataFrame, bucket: np.ndarray, root: Path, part_idx: i
 
 def map_part(part: Path, part_idx: int, lang: str, work: Path, cfg: DedupConfig) -> dict:
     df = pl.read_parquet(part, columns=["doc_id", "text"])
-    base = int(part_idx) << 32
+    base = part_range(part_idx)[0]
     out = {"rows": len(df)}
     if cfg.exact:
         u = _units(df, cfg.exact_level)
@@ -119,8 +119,7 @@ class _Signatures:
         self.rows: dict[int, np.ndarray] = {}
 
     def get(self, rid: np.ndarray) -> np.ndarray:
-        part = rid >> 32
-        row = rid & 0xFFFFFFFF
+        part, row = split_rid(rid)
         out = None
         for p in np.unique(part):
             if p not in self.rows:
@@ -165,7 +164,7 @@ def _drops_for_part(work: Path, part_idx: int, reason: str) -> pl.DataFrame:
     files = sorted((work / "drops").glob(f"{reason}*.parquet"))
     if not files:
         return pl.DataFrame(schema=DROP_SCHEMA)
-    lo, hi = int(part_idx) << 32, (int(part_idx) + 1) << 32
+    lo, hi = part_range(part_idx)
     return pl.scan_parquet(files).filter((pl.col("rid") >= lo) & (pl.col("rid") < hi)).collect()
 
 
@@ -174,7 +173,7 @@ def apply_part(part: Path, part_idx: int, out: Path, work: Path, cfg: DedupConfi
     table = pq.read_table(part)
     df = pl.from_arrow(table)
     rid = rids(part_idx, len(df))
-    base = int(part_idx) << 32
+    base = part_range(part_idx)[0]
     exact_rid = unit_rows(df, cfg.exact_level) + base
     near_rid = unit_rows(df, cfg.near_level) + base
     reason = np.full(len(df), None, dtype=object)

@@ -13,13 +13,17 @@ import time
 from pathlib import Path
 
 from xylent.spec import DownloadConfig
-from xylent.stages import get_stage
 from xylent.workspace import Workspace, fingerprint, read_manifest, sha256_file
 
 from tasks.download.http import fetch
+from tasks.download.identity import source_identity, spec_slice
 from tasks.download.plan import FetchItem, opus_list_pairs, plan_source
 
-__all__ = ["FetchItem", "fetch", "materialise", "opus_list_pairs", "plan_source", "unit_fingerprint"]
+__all__ = ["VERSION", "FetchItem", "fetch", "materialise", "opus_list_pairs", "plan_source", "source_identity",
+           "spec_slice", "unit_fingerprint"]
+
+# the stage's code version (its fingerprint and every fetched file's): bump it when a change alters the output
+VERSION = "1"
 
 
 def unit_fingerprint(item: FetchItem) -> str:
@@ -27,7 +31,7 @@ def unit_fingerprint(item: FetchItem) -> str:
     if item.path is not None:  # a file read in place is identified by its stat, like make does
         st = os.stat(item.path)
         ident["stat"] = [st.st_size, st.st_mtime_ns]
-    return fingerprint({"stage": "download", "version": get_stage("download").version, "item": ident})
+    return fingerprint({"stage": "download", "version": VERSION, "item": ident})
 
 
 def materialise(item: FetchItem, ws: Workspace, cfg: DownloadConfig, on_bytes=lambda n: None) -> tuple[dict, bool]:

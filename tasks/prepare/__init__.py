@@ -23,15 +23,18 @@ import pyarrow.parquet as pq
 
 from xylent.errors import XylentError
 from xylent.spec import PrepareConfig
-from xylent.stages import get_stage
 from xylent.workspace import Workspace, fingerprint, read_manifest
 
 from tasks.prepare.clean import clean_array, decode_lines, length_mask
 from tasks.prepare.gettext import read_catalog
+from tasks.prepare.layout import BITEXT, MONO, partition
 from tasks.prepare.readers import iter_line_blocks, iter_moses_pairs, lines_to_array
 from tasks.prepare.writer import BITEXT_SCHEMA, MONO_SCHEMA, PartWriter
 
-__all__ = ["group_units", "prepare_unit", "unit_fingerprint"]
+__all__ = ["VERSION", "group_units", "prepare_unit", "unit_fingerprint"]
+
+# the stage's code version (its fingerprint and every unit's): bump it when a change alters the output
+VERSION = "1"
 
 STAT_FIELDS = ["lines_in", "invalid_utf8", "blank", "malformed", "too_short", "too_long", "rows_out", "chars_out", "docs"]
 
@@ -59,7 +62,7 @@ def unit_fingerprint(records: list[dict], cfg: PrepareConfig, source_cfg: dict) 
     return fingerprint(
         {
             "stage": "prepare",
-            "version": get_stage("prepare").version,
+            "version": VERSION,
             "inputs": inputs,
             "prepare": cfg.model_dump(mode="json"),
             "source": source_cfg,
@@ -99,7 +102,7 @@ def _prepare_text(path: Path, rec: dict, out: Path, cfg: PrepareConfig, max_line
                   key: str, on_bytes: Callable[[int], None]) -> list[dict]:
     lang = rec["lang"]
     st = _Stats(rec["source"], "mono", lang)
-    writer = PartWriter(out, f"mono/lang={lang}", key, MONO_SCHEMA, cfg.part_rows)
+    writer = PartWriter(out, partition(MONO, lang), key, MONO_SCHEMA, cfg.part_rows)
     doc_base, last_doc, seen = 0, -1, 0
     for block in iter_line_blocks(path, rec["format"], where=str(path), prefix_only=rec["truncated"]):
         on_bytes(len(block) + 1)
@@ -146,7 +149,7 @@ class _PairWriter:
         self.swap = a > b
         self.a, self.b = (b, a) if self.swap else (a, b)
         self.st = _Stats(source, "bitext", f"{self.a}-{self.b}")
-        self.writer = PartWriter(out, f"bitext/pair={self.a}-{self.b}", key, BITEXT_SCHEMA, cfg.part_rows)
+        self.writer = PartWriter(out, partition(BITEXT, f"{self.a}-{self.b}"), key, BITEXT_SCHEMA, cfg.part_rows)
 
     def write(self, src: pa.Array, tgt: pa.Array) -> None:
         if self.swap:
@@ -239,7 +242,7 @@ def _prepare_parquet(path: Path, rec: dict, out: Path, cfg: PrepareConfig, max_l
     if rec.get("lang"):
         lang = rec["lang"]
         st = _Stats(rec["source"], "mono", lang)
-        writer = PartWriter(out, f"mono/lang={lang}", key, MONO_SCHEMA, cfg.part_rows)
+        writer = PartWriter(out, partition(MONO, lang), key, MONO_SCHEMA, cfg.part_rows)
         for batch in pf.iter_batches(columns=need, batch_size=65536):
             arr = batch.column(0).cast(pa.large_string())
             if max_lines is not None:
@@ -298,7 +301,7 @@ def _prepare_gettext(ws: Workspace, records: list[dict], out: Path, cfg: Prepare
         text = arr.filter(pa.array(keep))
         st.add(lines_in=len(keys), too_short=too_short.sum(), too_long=too_long.sum(), rows_out=len(text),
                docs=len(text), chars_out=pc.sum(pc.utf8_length(text)).as_py() or 0)
-        writer = PartWriter(out, f"mono/lang={lang}", key, MONO_SCHEMA, cfg.part_rows)
+        writer = PartWriter(out, partition(MONO, lang), key, MONO_SCHEMA, cfg.part_rows)
         if len(text):
             ids = [fingerprint(list(k)) for k, kp in zip(keys, keep) if kp]
             writer.write(pa.table({"doc_id": pa.array([f"{key}:{i}" for i in ids]), "text": text,

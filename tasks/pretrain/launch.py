@@ -25,8 +25,8 @@ from typing import Callable
 
 from xylent.errors import XylentError
 
-TRAINER = Path(__file__).resolve().parents[2] / "models" / "trainer.py"
-REPO = TRAINER.parents[1]
+TRAINER_MODULE = "models.trainer"
+REPO = Path(__file__).resolve().parents[2]  # on every rank's PYTHONPATH, so the module resolves to this checkout
 _DIED = re.compile(r"exits with return code = (-?\d+)")
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]:")
 _SPAWNED = re.compile(r"--local_rank=(\d+)")
@@ -58,7 +58,7 @@ def deepspeed_command(config: Path, *, ranks: int, hostfile: str | None = None, 
         cmd += ["--hostfile", str(hostfile)]
     else:
         cmd += ["--num_gpus", str(ranks)]
-    cmd += ["--master_port", str(master_port or free_port()), str(TRAINER), "--config", str(config)]
+    cmd += ["--master_port", str(master_port or free_port()), "--module", TRAINER_MODULE, "--config", str(config)]
     return cmd
 
 

@@ -16,22 +16,20 @@ against the sha256 in index.json when first opened.
 from __future__ import annotations
 
 import copy
-import json
 import queue
 import threading
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from xylent.errors import XylentError
 from xylent.workspace import sha256_file
 
-# the vocab stage's layout (<unk> 0, <s> 1, </s> 2, <pad> 3, <mask> 4); the loader reads index.json's "specials"
-PAD, BOS, EOS = 3, 1, 2
+from tasks.sampling.output import language_table, pair_table
+from tasks.shards.index import read_index
 
 
 class _Rows:
@@ -75,16 +73,12 @@ class TrainingLoader:
         if not 0 <= rank < world_size:
             raise XylentError(f"rank {rank} is outside world_size {world_size}")
         self.root = Path(shards_dir)
-        try:
-            self.index = json.loads((self.root / "index.json").read_text())
-        except FileNotFoundError:
-            raise XylentError("no index.json: this is not a shards output", where=str(self.root),
-                              fix="point the loader at workspace/shards/<fingerprint>") from None
+        self.index = read_index(self.root)
         self.task, self.seed, self.rank, self.world = task, seed, rank, world_size
         self.batch_size, self.max_tokens, self.prefetch = batch_size, max_tokens, prefetch
         self.seq_len = self.index["seq_len"]
-        specials = self.index.get("specials", {})
-        self.pad, self.bos, self.eos = specials.get("pad", PAD), specials.get("bos", BOS), specials.get("eos", EOS)
+        specials = self.index["specials"]  # the tokenizer's, recorded by the shards stage
+        self.pad, self.bos, self.eos = specials["pad"], specials["bos"], specials["eos"]
         groups = self.index["mrtd" if task == "mrtd" else "trtd"]
         table = self._table(Path(sampling_dir))
         self.names = [n for n in table if n in groups and groups[n]["rows"] > 0]
@@ -99,11 +93,7 @@ class TrainingLoader:
         self.set_epoch(0)
 
     def _table(self, sampling_dir: Path) -> dict[str, float]:
-        if self.task == "mrtd":
-            df = pl.read_parquet(sampling_dir / "mono_sampling.parquet")
-            return {r["lang"]: r["p"] for r in df.iter_rows(named=True) if r["p"] > 0}
-        df = pl.read_parquet(sampling_dir / "bitext_sampling.parquet")
-        return {f"{r['lang_a']}-{r['lang_b']}": r["p"] for r in df.iter_rows(named=True) if r["p"] and r["p"] > 0}
+        return language_table(sampling_dir) if self.task == "mrtd" else pair_table(sampling_dir)
 
     # -- state ---------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:

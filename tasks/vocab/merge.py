@@ -4,8 +4,8 @@ per-language vocabularies.
 Stock SentencePiece cannot be told to keep given pieces (the reference patches
 it), so the model is assembled directly: pieces = the union, score of a piece
 = log Σ_i q_i·p_i(piece), the q-weighted mixture of the per-language unigram
-probabilities (p_i = 0 where language i's model lacks it); ids 0–4 are
-<unk>, <s>, </s>, <pad>, <mask>; then the 256 byte pieces when byte fallback is on.
+probabilities (p_i = 0 where language i's model lacks it); the special pieces
+first (:mod:`tasks.vocab.specials`), then the 256 byte pieces when byte fallback is on.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from xylent.errors import XylentError
+
+from tasks.vocab.specials import BOS, CONTROL_SYMBOLS, EOS, PAD, SPECIAL_PIECES, UNK
 
 SP = model_pb2.ModelProto.SentencePiece
 
@@ -33,9 +35,8 @@ def build_model(template: Path, chosen: dict[str, dict[str, float]], q: dict[str
         for piece, logp in pieces.items():
             mix[piece] = mix.get(piece, 0.0) + w * math.exp(logp)
     del proto.pieces[:]
-    for piece, kind in (("<unk>", SP.UNKNOWN), ("<s>", SP.CONTROL), ("</s>", SP.CONTROL),
-                        ("<pad>", SP.CONTROL), ("<mask>", SP.CONTROL)):
-        proto.pieces.add(piece=piece, score=0.0, type=kind)
+    for i, piece in enumerate(SPECIAL_PIECES):
+        proto.pieces.add(piece=piece, score=0.0, type=SP.UNKNOWN if i == UNK else SP.CONTROL)
     if byte_fallback:
         for b in range(256):
             proto.pieces.add(piece=f"<0x{b:02X}>", score=0.0, type=SP.BYTE)
@@ -44,10 +45,10 @@ def build_model(template: Path, chosen: dict[str, dict[str, float]], q: dict[str
     ts = proto.trainer_spec
     ts.vocab_size = len(proto.pieces)
     ts.byte_fallback = byte_fallback
-    ts.unk_id, ts.bos_id, ts.eos_id, ts.pad_id = 0, 1, 2, 3
+    ts.unk_id, ts.bos_id, ts.eos_id, ts.pad_id = UNK, BOS, EOS, PAD
     ts.model_prefix = "spm"
     del ts.control_symbols[:]
-    ts.control_symbols.extend(["<pad>", "<mask>"])
+    ts.control_symbols.extend(CONTROL_SYMBOLS)
     data = proto.SerializeToString()
     try:
         spm.SentencePieceProcessor(model_proto=data)

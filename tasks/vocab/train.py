@@ -14,8 +14,8 @@ from sentencepiece import sentencepiece_model_pb2 as model_pb2
 from xylent.spec import VocabConfig
 
 from tasks.vocab.alp import alp_from_ids
+from tasks.vocab.specials import CONTROL_SYMBOLS, TRAINER_IDS
 
-SPECIALS = ["<pad>", "<mask>"]  # beyond <unk>, <s>, </s>, which SentencePiece reserves itself
 
 
 def sample_language(parts: list[Path], cfg: VocabConfig, seed: int) -> tuple[list[str], list[str]]:
@@ -46,7 +46,7 @@ def train_model(sentences_file: Path, prefix: Path, vocab_size: int, cfg: VocabC
         input=str(sentences_file), model_prefix=str(prefix), vocab_size=vocab_size, model_type="unigram",
         character_coverage=cfg.character_coverage, input_sentence_size=cfg.input_sentence_size,
         shuffle_input_sentence=True, byte_fallback=False, num_threads=cfg.threads_per_model,
-        control_symbols=SPECIALS, minloglevel=2,
+        control_symbols=CONTROL_SYMBOLS, minloglevel=2,
     )
 
 
@@ -113,8 +113,8 @@ def train_joint(samples: dict[str, list[str]], q: dict[str, float], size: int, o
         input=str(text_file), model_prefix=str(prefix), vocab_size=size, model_type="unigram",
         character_coverage=cfg.character_coverage, input_sentence_size=cfg.input_sentence_size,
         shuffle_input_sentence=True, byte_fallback=cfg.byte_fallback, num_threads=cfg.threads_per_model,
-        control_symbols=SPECIALS, minloglevel=2, hard_vocab_limit=False,
-        unk_id=0, bos_id=1, eos_id=2,
+        control_symbols=CONTROL_SYMBOLS, minloglevel=2, hard_vocab_limit=False,
+        **TRAINER_IDS,
     )
     text_file.unlink()
     return prefix.with_suffix(".model")

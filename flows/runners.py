@@ -1,7 +1,11 @@
-"""Prefect task-runner selection from the spec's ``runner`` section."""
+"""Prefect task runners from the spec's ``runner`` section, and the one way stages
+fan work out over them: :func:`run_tasks`."""
 
 from __future__ import annotations
 
+from typing import Iterator
+
+from flows.progress import Progress
 from xylent.errors import XylentError
 from xylent.spec import RunnerConfig
 
@@ -50,3 +54,45 @@ def submit_all(runner, task, calls: list[dict]) -> list:
     runner is fixed at import), which is why they submit through this.
     """
     return [runner.submit(task, parameters=kw) for kw in calls]
+
+
+def run_tasks(task, calls: list[dict], *, runner, title: str = "", unit: str = "tasks",
+              key: str | None = None, progress: Progress | None = None, count: bool = True) -> Iterator:
+    """Run ``task`` once per parameter dict on ``runner`` (a RunnerConfig, or an
+    already entered task runner), yielding results in submission order.
+
+    Without ``progress`` a bar (terminal + Prefect UI) counts finished tasks;
+    pass your own to share one bar between several fan-outs (``count=False``:
+    the caller or the tasks themselves advance it, e.g. by bytes or by phase)."""
+    own = progress is None
+    if own:
+        progress = Progress(title, len(calls), unit=unit, key=key)
+    try:
+        if isinstance(runner, RunnerConfig):
+            with make_task_runner(runner) as entered:
+                yield from _results(entered, task, calls, progress if count else None)
+        else:
+            yield from _results(runner, task, calls, progress if count else None)
+    finally:
+        if own:
+            progress.close()
+
+
+def _results(runner, task, calls, progress):
+    for fut in submit_all(runner, task, calls):
+        yield fut.result()
+        if progress is not None:
+            progress.advance(1)
+
+
+def batches(items: list, n: int) -> list[list]:
+    """``items`` dealt round-robin into at most ``n`` non-empty batches (tasks stay
+    few when the work items are many and small)."""
+    n = max(1, min(len(items), n))
+    return [items[i::n] for i in range(n)] if items else []
+
+
+def task_slots(cfg: RunnerConfig) -> int:
+    """How many tasks to cut fan-out work into: a few per worker, so a slow one
+    does not hold the others up."""
+    return 4 * (cfg.max_workers or 2)

@@ -1,4 +1,4 @@
-"""The ``xylent`` command line.
+"""The ``xylent`` command line: the top of the stack (it runs flows; nothing imports it).
 
 Exit codes: 0 success, 2 a user error (bad spec, bad input, unreachable URL:
 the message says what, where and what to do), 1 a bug (with its traceback).
@@ -13,9 +13,10 @@ import os
 import sys
 import traceback
 
+from flows.registry import STAGE_NAMES, STAGES
 from xylent.errors import XylentError
-from xylent.stages import STAGE_NAMES, STAGES, get_stage, stage_fingerprints
-from xylent.workspace import Workspace, read_manifest
+from xylent.stage import find_stage, stage_fingerprints, workspace_for
+from xylent.workspace import read_manifest
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,9 +46,9 @@ def _status(args) -> dict:
     from xylent.spec import load_spec
 
     spec = load_spec(args.spec, args.overrides)
-    ws = Workspace(args.workspace or spec.workspace or "workspace")
+    ws = workspace_for(spec, args.workspace)
     stages = {}
-    for name, fp in stage_fingerprints(spec).items():
+    for name, fp in stage_fingerprints(STAGES, spec).items():
         out = ws.output_dir(name, fp)
         manifest = read_manifest(out)
         stages[name] = {"output_dir": str(out), "fingerprint": fp, "cached": manifest is not None,
@@ -58,17 +59,18 @@ def _status(args) -> dict:
 def _run(args) -> dict:
     target = args.target
     if target != "pipeline":
-        get_stage(target)
+        find_stage(STAGES, target)
         if args.until:
             raise XylentError("--until only goes with 'pipeline'", fix=f"xylent run pipeline --until {target}")
     elif args.until:
-        get_stage(args.until)
-    from flows.pipeline import pipeline, stage_flow
+        find_stage(STAGES, args.until)
+    from flows.kit import flow_for
+    from flows.pipeline import pipeline
 
     kwargs = {"spec_file": args.spec, "workspace": args.workspace, "overrides": args.overrides}
     if target == "pipeline":
         return pipeline(**kwargs, force=args.force, until=args.until)
-    return stage_flow(target)(**kwargs, force=args.force)
+    return flow_for(target)(**kwargs, force=args.force)
 
 
 def _print_summary(result: dict, *, ran: bool) -> None:
@@ -91,7 +93,7 @@ def _where(result: dict, args) -> list[str]:
     from xylent.tracking import tracking_uri_for
 
     spec = load_spec(args.spec, args.overrides)
-    ws = Workspace(args.workspace or spec.workspace or "workspace")
+    ws = workspace_for(spec, args.workspace)
     uri = tracking_uri_for(ws.root, spec.tracking.tracking_uri)
     lines = [f"outputs:  {ws.root}"]
     lines.append(f"MLflow:   parent run {result['mlflow_parent_run_id']} in experiment '{spec.tracking.experiment}' "

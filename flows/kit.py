@@ -1,14 +1,15 @@
-"""What every stage flow does around its own work.
+"""The stage kit: what every stage flow does around its own work.
 
-``StageRun.execute`` checks the cache, runs the body into a temporary output
-directory, publishes it with its manifest, and records everything in MLflow (a
-nested run under the invocation's parent run) and in Prefect (markdown summary,
-stats table, link to the MLflow run).
+:func:`stage_flow` turns a :class:`~xylent.stage.StageDef` into a Prefect flow
+that checks the cache, runs the stage's body into a temporary output folder,
+publishes it with its manifest, and records everything in MLflow (a nested run
+under the invocation's parent run) and in Prefect (markdown summary, stats
+table, link to the MLflow run).  A stage file only declares its stage and
+orchestrates its tasks; see docs/architecture.md.
 """
 
 from __future__ import annotations
 
-import importlib
 import platform
 import time
 from dataclasses import dataclass, field
@@ -16,15 +17,19 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable
 
+from prefect import flow
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 from prefect.states import Completed, State
 
 import xylent
 from xylent.spec import Spec, load_spec
-from xylent.stages import get_stage, stage_config, stage_fingerprints
+from xylent.stage import StageContext, StageDef, StageOutcome, find_stage, stage_fingerprints, workspace_for
+from xylent.markdown import markdown_table
 from xylent.tracking import Tracker, tracking_uri_for
 from xylent.workspace import Workspace, read_manifest
+
+__all__ = ["Invocation", "StageContext", "StageOutcome", "markdown_table", "stage_flow"]
 
 
 def _versions() -> dict[str, str]:
@@ -37,16 +42,19 @@ def _versions() -> dict[str, str]:
     return out
 
 
-@dataclass
-class StageOutcome:
-    """What a stage body hands back: numbers for MLflow, rows for the stats
-    table, extra files to log, and manifest fields."""
+def _registry() -> list:
+    from flows.registry import STAGE_FLOWS  # the registry imports every stage file, which imports this kit
 
-    metrics: dict[str, float] = field(default_factory=dict)
-    table: list[dict] = field(default_factory=list)
-    summary: str = ""
-    manifest: dict[str, Any] = field(default_factory=dict)
-    known_files: dict[str, dict] = field(default_factory=dict)
+    return STAGE_FLOWS
+
+
+def stage_def(name: str) -> StageDef:
+    return find_stage((f.stage for f in _registry()), name)
+
+
+def flow_for(name: str):
+    stage_def(name)  # a clear error for an unknown name
+    return next(f for f in _registry() if f.stage.name == name)
 
 
 @dataclass
@@ -68,7 +76,7 @@ class Invocation:
     def open(cls, spec_file: str, workspace: str | None, overrides: list[str] | None,
              parent_run_id: str | None, name: str) -> "Invocation":
         spec = load_spec(spec_file, overrides or [])
-        ws = Workspace(workspace or spec.workspace or "workspace")
+        ws = workspace_for(spec, workspace)
         uri = tracking_uri_for(ws.root, spec.tracking.tracking_uri)
         tracker = Tracker(uri, spec.tracking.experiment, artifact_root=ws.root / "mlartifacts")
         owns = parent_run_id is None
@@ -80,7 +88,7 @@ class Invocation:
                 params={"spec": spec.dump(), "overrides": " ".join(overrides or [])},
             )
         return cls(spec, spec_file, list(overrides or []), ws, tracker, parent_run_id, owns,
-                   stage_fingerprints(spec))
+                   stage_fingerprints((f.stage for f in _registry()), spec))
 
     def flow_kwargs(self) -> dict:
         return {"spec_file": self.spec_file, "workspace": str(self.ws.root), "overrides": self.overrides,
@@ -90,19 +98,26 @@ class Invocation:
         if self.owns_parent:
             self.tracker.end_run(self.parent_run_id, "FINISHED" if ok else "FAILED")
 
-    def upstream_dirs(self, stage: str) -> dict[str, Path]:
+    def record(self, result: dict) -> None:
+        """Take the stages a (sub)flow reports; the first report of a stage is what this run did."""
+        for name, r in result["stages"].items():
+            self.results.setdefault(name, r)
+
+    def result(self) -> dict:
+        return {"stages": self.results, "mlflow_parent_run_id": self.parent_run_id,
+                "prefect_flow_run_id": flow_run.id, "prefect_flow_run_url": flow_run_url()}
+
+    def upstream_dirs(self, stage: StageDef) -> dict[str, Path]:
         """Output folders of a stage's upstream stages, running any that are missing
         (as subflows, so the Prefect UI shows them)."""
         dirs = {}
-        for up in get_stage(stage).upstream:
+        for up in stage.upstream:
             out = self.ws.output_dir(up, self.fingerprints[up])
-            if read_manifest(out) is None:
-                mod, fn = get_stage(up).flow.split(":")
-                result = getattr(importlib.import_module(mod), fn)(**self.flow_kwargs())
-                for name, r in result["stages"].items():
-                    self.results.setdefault(name, r)
+            manifest = read_manifest(out)
+            if manifest is None:
+                self.record(flow_for(up)(**self.flow_kwargs()))
             else:
-                self.results.setdefault(up, _result(up, out, read_manifest(out), cached=True))
+                self.results.setdefault(up, _result(out, manifest, cached=True))
             dirs[up] = out
         return dirs
 
@@ -125,62 +140,40 @@ def _prefect_tags() -> dict[str, str]:
     return tags
 
 
-def _result(stage: str, out: Path, manifest: dict, *, cached: bool) -> dict:
+def _result(out: Path, manifest: dict, *, cached: bool) -> dict:
     return {"output_dir": str(out), "fingerprint": manifest["fingerprint"], "cached": cached,
             "mlflow_run_id": manifest.get("mlflow_run_id")}
 
 
-def _cell(v) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))
-
-
-def markdown_table(rows: list[dict], limit: int = 200) -> str:
-    if not rows:
-        return "_no rows_"
-    cols = list(rows[0])
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows[:limit]:
-        lines.append("| " + " | ".join(_cell(r.get(c, "")) for c in cols) + " |")
-    if len(rows) > limit:
-        lines.append(f"\n… {len(rows) - limit} more rows in the MLflow artifact")
-    return "\n".join(lines)
-
-
-def execute(inv: Invocation, stage: str, force: bool,
-            body: Callable[[Path, dict[str, Path], str], StageOutcome]):
-    """Run ``body(tmp_dir, upstream_dirs, mlflow_run_id)`` unless its output is cached."""
-    info = get_stage(stage)
-    fp = inv.fingerprints[stage]
-    out = inv.ws.output_dir(stage, fp)
-    config = stage_config(inv.spec, info)
+def execute(inv: Invocation, stage: StageDef, force: bool):
+    """Run the stage's body into a temporary folder unless its output is cached."""
+    fp = inv.fingerprints[stage.name]
+    out = inv.ws.output_dir(stage.name, fp)
+    config = stage.spec_slice(inv.spec)
+    tags = {"xylent.stage": stage.name, "xylent.fingerprint": fp, "xylent.output_dir": str(out), **_prefect_tags()}
     with inv.ws.lock():
         upstream = inv.upstream_dirs(stage)
         manifest = read_manifest(out)
         if manifest is not None and not force:
             run_id = inv.tracker.start_run(
-                stage, parent_run_id=inv.parent_run_id, params=config,
-                tags={"xylent.stage": stage, "xylent.fingerprint": fp, "xylent.cached": "true",
-                      "xylent.output_dir": str(out), "xylent.output_run_id": manifest.get("mlflow_run_id") or "",
-                      **_prefect_tags()},
+                stage.name, parent_run_id=inv.parent_run_id, params=config,
+                tags={**tags, "xylent.cached": "true", "xylent.output_run_id": manifest.get("mlflow_run_id") or ""},
             )
             inv.tracker.log_metrics(run_id, manifest.get("metrics", {}))
             inv.tracker.end_run(run_id)
-            result = _result(stage, out, manifest, cached=True)
-            inv.results[stage] = result
-            return Completed(name="Cached", message=f"{stage} output {fp} is up to date", data=result)
+            result = _result(out, manifest, cached=True)
+            inv.results[stage.name] = result
+            return Completed(name="Cached", message=f"{stage.name} output {fp} is up to date", data=result)
 
-        run_id = inv.tracker.start_run(
-            stage, parent_run_id=inv.parent_run_id, params=config,
-            tags={"xylent.stage": stage, "xylent.fingerprint": fp, "xylent.cached": "false",
-                  "xylent.output_dir": str(out), **_prefect_tags()},
-        )
+        run_id = inv.tracker.start_run(stage.name, parent_run_id=inv.parent_run_id, params=config,
+                                       tags={**tags, "xylent.cached": "false"})
         started = time.time()
         try:
             with inv.ws.building(out) as tmp:
-                outcome = body(tmp, upstream, run_id)
+                outcome = stage.body(StageContext(inv.spec, inv.ws, tmp, upstream, fp, run_id, inv.tracker, force))
                 manifest = inv.ws.publish(tmp, out, {
-                    "stage": stage, "fingerprint": fp, "code_version": info.version,
-                    "inputs": {u: inv.fingerprints[u] for u in info.upstream}, "config": config,
+                    "stage": stage.name, "fingerprint": fp, "code_version": stage.version,
+                    "inputs": {u: inv.fingerprints[u] for u in stage.upstream}, "config": config,
                     "metrics": outcome.metrics, "versions": _versions(),
                     "started": started, "seconds": round(time.time() - started, 3),
                     "mlflow_run_id": run_id, "prefect_flow_run_id": flow_run.id, **outcome.manifest,
@@ -193,9 +186,9 @@ def execute(inv: Invocation, stage: str, force: bool,
         for extra in sorted(out.glob("*.parquet")) + sorted(out.glob("*.md")) + sorted(out.glob("*.png")):
             inv.tracker.log_artifact(run_id, extra)
         inv.tracker.end_run(run_id)
-        _prefect_artifacts(inv, stage, fp, out, run_id, outcome)
-        result = _result(stage, out, manifest, cached=False)
-        inv.results[stage] = result
+        _prefect_artifacts(inv, stage.name, fp, out, run_id, outcome)
+        result = _result(out, manifest, cached=False)
+        inv.results[stage.name] = result
         return result
 
 
@@ -216,17 +209,39 @@ def _prefect_artifacts(inv: Invocation, stage: str, fp: str, out: Path, run_id: 
                          description=f"{stage}: MLflow run ({view})")
 
 
-def run_stage_flow(inv: Invocation, stage: str, force: bool, body) -> Any:
-    """The whole of a stage flow: execute, close the parent run if we own it, and
-    return every stage touched (a cached stage ends its flow in a Cached state)."""
-    ok = False
-    try:
-        state = execute(inv, stage, force, body)
-        ok = True
-    finally:
-        inv.finish(ok)
-    result = {"stages": inv.results, "mlflow_parent_run_id": inv.parent_run_id,
-              "prefect_flow_run_id": flow_run.id, "prefect_flow_run_url": flow_run_url()}
-    if isinstance(state, State):
-        return Completed(name="Cached", message=state.message, data=result)
-    return result
+def stage_flow(name: str, *, description: str, version: str, reads: tuple[str, ...], upstream: tuple[str, ...] = (),
+               config: Callable[[Spec], dict] | None = None):
+    """Declare a stage and make its Prefect flow; decorate the stage's body:
+
+        @stage_flow("sampling", description="...", version="1", reads=("sampling",), upstream=("dedup",))
+        def sampling(ctx: StageContext) -> StageOutcome: ...
+
+    The decorated name is the Prefect flow (``sampling(spec_file=..., ...)``); its
+    :class:`StageDef` is ``sampling.stage``.  A cached stage ends its flow in a
+    ``Cached`` state; every flow returns every stage it touched.
+    """
+
+    def wrap(body: Callable[[StageContext], StageOutcome]):
+        stage = StageDef(name=name, description=description, version=version, reads=reads, body=body,
+                         upstream=upstream, config=config)
+
+        def run(spec_file: str, workspace: str | None = None, overrides: list[str] | None = None,
+                force: bool = False, mlflow_parent_run_id: str | None = None) -> Any:
+            inv = Invocation.open(spec_file, workspace, overrides, mlflow_parent_run_id, name)
+            ok = False
+            try:
+                state = execute(inv, stage, force)
+                ok = True
+            finally:
+                inv.finish(ok)
+            if isinstance(state, State):
+                return Completed(name="Cached", message=state.message, data=inv.result())
+            return inv.result()
+
+        run.__doc__ = f"{description[:1].upper()}{description[1:]}."
+        run.__name__ = run.__qualname__ = name
+        stage_run = flow(name=name, log_prints=True)(run)
+        stage_run.stage = stage
+        return stage_run
+
+    return wrap

@@ -1,0 +1,37 @@
+"""The download stage's output: every fetched file linked in as ``<source>/<filename>``,
+``records.json`` (one record per file: url, bytes, sha256, etag, unit) and per-source totals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from xylent.stage import StageOutcome
+from xylent.workspace import Workspace, link_or_copy
+
+RECORDS_FILE = "records.json"
+
+
+def read_records(download_dir: Path) -> list[dict]:
+    return json.loads((Path(download_dir) / RECORDS_FILE).read_text())
+
+
+def assemble(records: list[dict], ws: Workspace, out: Path) -> StageOutcome:
+    known = {}
+    for rec in records:
+        if rec.get("file"):  # fetched or copied: visible in the stage output as <source>/<filename>
+            rel = f"{rec['source']}/{rec['filename']}"
+            link_or_copy(ws.unit_dir("download", rec["unit"]) / rec["file"], out / rel)
+            known[rel] = {"bytes": rec["bytes"], "sha256": rec["sha256"]}
+    (out / RECORDS_FILE).write_text(json.dumps(records, indent=1, sort_keys=True))
+    by_source: dict[str, dict] = {}
+    for rec in records:
+        s = by_source.setdefault(rec["source"], {"source": rec["source"], "files": 0, "bytes": 0, "truncated": 0})
+        s["files"] += 1
+        s["bytes"] += rec["bytes"]
+        s["truncated"] += int(bool(rec.get("truncated")))
+    table = list(by_source.values())
+    metrics = {"files": len(records), "bytes": sum(r["bytes"] for r in records)}
+    metrics.update({f"bytes.{s['source']}": s["bytes"] for s in table})
+    summary = f"{len(records)} files, {metrics['bytes'] / 1e6:.1f} MB from {len(table)} sources."
+    return StageOutcome(metrics=metrics, table=table, summary=summary, known_files=known, manifest={"sources": table})

@@ -1,0 +1,77 @@
+"""From the spec to train.json: the encoder's shape, the DeepSpeed config and
+every training knob, resolved in one place (defaults live in the spec only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from models.config import EncoderConfig, preset
+from models.run_config import TrainConfig
+from xylent.errors import XylentError
+from xylent.spec import DEFAULT_CLIP, DEFAULT_LR, Spec
+
+from tasks.shards.index import has_rows, read_index
+from tasks.vocab.output import load_tokenizer
+from tasks.vocab.specials import special_ids
+
+REPO = Path(__file__).resolve().parents[2]
+ZERO_CONFIGS = REPO / "infra" / "deepspeed"
+# PretrainConfig fields the trainer takes as they are
+_AS_IS = ("objective", "tasks", "task_schedule", "trtd_ratio", "steps", "batch_size", "trtd_max_tokens",
+          "grad_accum", "warmup_steps", "betas", "eps", "weight_decay", "disc_weight", "mask_prob", "precision",
+          "checkpoint_every", "keep_checkpoints", "log_every", "system_metrics", "system_metrics_interval",
+          "peak_tflops")
+
+
+def encoder_config(spec: Spec, vocab_size: int, seq_len: int, specials: dict[str, int]) -> EncoderConfig:
+    base = preset(spec.model.size)
+    over = spec.model.overrides()
+    over.setdefault("max_position", max(base.max_position, seq_len))
+    if over["max_position"] < seq_len:
+        raise XylentError(f"model.max_position ({over['max_position']}) is shorter than shards.seq_len ({seq_len})",
+                          where="spec field model.max_position", fix="raise it to at least shards.seq_len")
+    return preset(spec.model.size, vocab_size=vocab_size, specials=dict(specials), **over)
+
+
+def deepspeed_config(spec: Spec) -> tuple[Path, int]:
+    """(the DeepSpeed JSON to use, its ZeRO stage).  Without ``pretrain.deepspeed_config``
+    ``zero_stage`` picks infra/deepspeed/zero<N>.json; with it, the stage is the file's
+    own, and a ``zero_stage`` set in the spec that disagrees is an error (never
+    silently overridden either way)."""
+    p = spec.pretrain
+    if not p.deepspeed_config:
+        return ZERO_CONFIGS / f"zero{p.zero_stage}.json", p.zero_stage
+    path = spec.resolve_path(p.deepspeed_config)
+    try:
+        stage = int(json.loads(path.read_text()).get("zero_optimization", {}).get("stage", 0))
+    except FileNotFoundError:
+        raise XylentError("DeepSpeed config not found", where=str(path),
+                          fix="point pretrain.deepspeed_config at a JSON file, or leave it unset") from None
+    except (json.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
+        raise XylentError(f"the DeepSpeed config is not a JSON object with zero_optimization.stage ({exc})",
+                          where=str(path), fix="fix the file (see infra/deepspeed/zero2.json for the shape)") from None
+    if "zero_stage" in p.model_fields_set and p.zero_stage != stage:
+        raise XylentError(f"pretrain.zero_stage is {p.zero_stage} but {path.name} says zero_optimization.stage "
+                          f"{stage}", where="spec fields pretrain.zero_stage and pretrain.deepspeed_config",
+                          fix="drop pretrain.zero_stage (your file decides), or change the stage in the file")
+    return path, stage
+
+
+def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str | None,
+                 tracking_uri: str | None) -> TrainConfig:
+    p = spec.pretrain
+    index = read_index(upstream["shards"])
+    for t in p.tasks:
+        if not has_rows(index, t):
+            raise XylentError(f"pretrain.tasks has {t!r} but the shards hold no {t.upper()} data",
+                              where=str(upstream["shards"]), fix=f"drop {t!r} from pretrain.tasks or add sources")
+    tokenizer = load_tokenizer(upstream["vocab"])
+    enc = encoder_config(spec, tokenizer.get_piece_size(), index["seq_len"], special_ids(tokenizer))
+    ds_path, stage = deepspeed_config(spec)
+    return TrainConfig(
+        shards_dir=str(upstream["shards"]), sampling_dir=str(upstream["sampling"]),
+        checkpoint_dir=str(ckdir / "deepspeed"), metrics_file=str(ckdir / "metrics.jsonl"),
+        deepspeed_config=str(ds_path), zero_stage=stage, model=enc.to_dict(),
+        lr=p.lr or DEFAULT_LR[spec.model.size], clip=p.clip or DEFAULT_CLIP[spec.model.size], seed=spec.seed,
+        mlflow_tracking_uri=tracking_uri, mlflow_run_id=run_id, **{k: getattr(p, k) for k in _AS_IS})

@@ -1,0 +1,134 @@
+"""After training: the pretrain stage's output.
+
+    model/                 model.safetensors (embeddings + discriminator: the encoder downstream tasks use),
+                           pretraining.safetensors (every weight), config.json, spm.model, spm.vocab
+    train.json, metrics.jsonl (one line per step), train.log, loss_curves.png, report.md
+
+plus the MLflow model (a pyfunc: texts -> embeddings) registered under the
+spec's name.  Checkpoints stay in ``<ws>/pretrain/_checkpoints/<fingerprint>/``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+
+from models.run_config import TrainConfig
+from xylent.markdown import markdown_table
+
+from tasks.pretrain.launch import REPO
+from tasks.pretrain.plots import loss_curves
+from tasks.shards.index import read_index
+
+MODEL_DIR = "model"
+RUN_FILES = ("train.json", "metrics.jsonl", "train.log")
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]
+
+
+def summary_metrics(rows: list[dict], n_params: int, enc_params: int) -> dict[str, float]:
+    out = {"steps": float(rows[-1]["step"]), "parameters": float(n_params), "encoder_parameters": float(enc_params),
+           "tokens_total": float(sum(r["tokens"] for r in rows)),
+           "tokens_per_second_median": float(np.median([r["tokens_per_second"] for r in rows]))}
+    for k in sorted({k for r in rows for k in r if "/" in k}):
+        vals = [r[k] for r in rows if k in r]
+        w = max(1, min(20, len(vals) // 5))
+        out[f"first.{k}"] = float(np.mean(vals[:w]))
+        out[f"final.{k}"] = float(np.mean(vals[-w:]))
+    if any("mfu" in r for r in rows):
+        out["mfu_median"] = float(np.median([r["mfu"] for r in rows if "mfu" in r]))
+    return out
+
+
+def backfill(client, run_id: str, rows: list[dict], until_step: int) -> None:
+    """Log the steps a killed run did into this run too, so its charts are whole."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    earlier = [Metric(k, float(v), now, int(r["step"])) for r in rows if r["step"] <= until_step
+               for k, v in r.items() if k != "step"]
+    for i in range(0, len(earlier), 1000):  # MLflow's batch limit
+        client.log_batch(run_id, metrics=earlier[i: i + 1000])
+
+
+def consolidate(cfg: TrainConfig):
+    """(every fp32 weight, the encoder's weights, its config, parameter count) of the last checkpoint."""
+    from models.config import EncoderConfig
+    from models.electra import build_model
+    from models.pretrained import consolidate as fp32_weights
+    from models.trainer import complete_checkpoints
+
+    last = complete_checkpoints(Path(cfg.checkpoint_dir))[-1]
+    full = fp32_weights(Path(cfg.checkpoint_dir), last.name)
+    enc_cfg = EncoderConfig(**cfg.model)
+    model = build_model(cfg.objective, enc_cfg, cfg.disc_weight, cfg.mask_prob)
+    model.load_state_dict(full, strict=True)  # proves the checkpoint is the whole model
+    return full, model.encoder_state_dict(), enc_cfg, sum(v.numel() for v in full.values())
+
+
+def export_run(cfg: TrainConfig, ckdir: Path, upstream: dict[str, Path], out: Path, meta: dict) -> tuple:
+    """Export ``model/`` and copy the run's files; returns (metrics rows, encoder state, config, parameters)."""
+    from models.pretrained import export
+
+    full, enc_state, enc_cfg, n_params = consolidate(cfg)
+    export(out / MODEL_DIR, full, enc_state, enc_cfg, upstream["vocab"],
+           {**meta, "seq_len": read_index(upstream["shards"])["seq_len"]})
+    for f in RUN_FILES:
+        shutil.copy2(ckdir / f, out / f)
+    rows = read_metrics(Path(cfg.metrics_file))
+    loss_curves(rows, out / "loss_curves.png")
+    return rows, enc_state, enc_cfg, n_params
+
+
+def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Path) -> tuple[str, int]:
+    """Log the exported model to the stage's MLflow run (a pyfunc: texts -> embeddings) and
+    register it; returns (model URI, registered version).
+
+    Everything goes through the tracker's client with the run id: MLflow's fluent API
+    (set_tracking_uri, start_run, log_model) is process-global and would redirect every
+    later run of this process to this store."""
+    import mlflow.pyfunc
+    from mlflow.exceptions import MlflowException
+
+    from models.serving import EncoderPyfunc
+
+    local = scratch / "mlflow-model"
+    mlflow.pyfunc.save_model(path=str(local), python_model=EncoderPyfunc(), artifacts={"model": str(model_dir)},
+                             code_paths=[str(REPO / "models")],
+                             pip_requirements=["torch", "sentencepiece", "safetensors"])
+    client = tracker.client
+    client.log_artifacts(run_id, str(local), "model")
+    shutil.rmtree(local, ignore_errors=True)
+    try:
+        client.create_registered_model(name, description="xylent encoders (embeddings + discriminator)")
+    except MlflowException as exc:
+        if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
+            raise
+    source = f"{client.get_run(run_id).info.artifact_uri}/model"
+    version = client.create_model_version(name, source, run_id=run_id)
+    return f"models:/{name}/{version.version}", int(version.version)
+
+
+def summary(m: dict, p, cfg: TrainConfig, enc, name: str, uri: str, resumed: int) -> str:
+    rows = []
+    for t in ("mrtd", "trtd"):
+        for k in ("generator_loss", "discriminator_loss", "generator_accuracy", "discriminator_precision",
+                  "discriminator_recall"):
+            if f"first.{t}/{k}" in m:
+                rows.append({"task": t, "metric": k, "first steps": m[f"first.{t}/{k}"],
+                             "last steps": m[f"final.{t}/{k}"]})
+    lines = [f"**{p.objective}** on {', '.join(t.upper() for t in p.tasks)} ({p.task_schedule}), "
+             f"{int(m['steps'])} steps, ZeRO-{cfg.zero_stage}, {p.ranks} local rank(s).",
+             f"Model: {enc.layers}×{enc.hidden} (generator {enc.generator_layers} layers), vocab {enc.vocab_size:,}, "
+             f"{int(m['parameters']):,} parameters ({int(m['encoder_parameters']):,} in the exported encoder).",
+             f"Throughput: median {m['tokens_per_second_median']:,.0f} tokens/s" +
+             (f", MFU {m['mfu_median']:.1%}" if "mfu_median" in m else "") + ".",
+             f"Registered in MLflow as **{name}** ({uri})." + (f" Resumed at step {resumed}." if resumed else ""),
+             "", markdown_table(rows)]
+    return "\n".join(lines)

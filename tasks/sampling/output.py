@@ -1,0 +1,66 @@
+"""The sampling stage's output contract and how it is written.
+
+    mono_sampling.parquet    lang, ..., p_raw, p           (the loader's MRTD language table: column ``p``)
+    bitext_sampling.parquet  lang_a, lang_b, count, q, p_star, p_m2m, p, ...
+                             (``p`` is the table the loader samples TRTD pairs from:
+                              sampling.pair_method's choice)
+    pair_heatmaps.png, pair_probabilities.png, report.md
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from xylent.markdown import markdown_table
+from xylent.spec import SamplingConfig
+from xylent.stage import StageOutcome
+
+from tasks.sampling import SamplingTables
+
+MONO_TABLE = "mono_sampling.parquet"
+PAIR_TABLE = "bitext_sampling.parquet"
+
+
+def language_table(sampling_dir: Path) -> dict[str, float]:
+    """Language -> sampling probability (languages with p > 0)."""
+    df = pl.read_parquet(Path(sampling_dir) / MONO_TABLE)
+    return {r["lang"]: r["p"] for r in df.iter_rows(named=True) if r["p"] > 0}
+
+
+def pair_table(sampling_dir: Path, column: str = "p") -> dict[str, float]:
+    """``xx-yy`` -> sampling probability (pairs with p > 0)."""
+    df = pl.read_parquet(Path(sampling_dir) / PAIR_TABLE)
+    return {f"{r['lang_a']}-{r['lang_b']}": r[column] for r in df.iter_rows(named=True) if r[column] and r[column] > 0}
+
+
+def summary(t: SamplingTables, cfg: SamplingConfig) -> str:
+    m = t.metrics
+    lines = [f"Pair table used by the loader: **{cfg.pair_method}** (T = {cfg.temperature}, "
+             f"budget {cfg.bitext_budget:,} sentence pairs).", "",
+             "| | pairs > 0 | support kept | entropy | max marginal error | data never seen |",
+             "|---|---|---|---|---|---|",
+             f"| data Q | {m['pairs.nonzero_q']:.0f} | 1 | {m['entropy.q']:.3f} | | |"]
+    for key, label in (("star", "XY-LENT P*"), ("m2m", "M2M-100 LP")):
+        if f"entropy.{key}" in m:
+            lines.append(f"| {label} | {m[f'pairs.nonzero_{key}']:.0f} | {m[f'support_kept.{key}']:.3f} | "
+                         f"{m[f'entropy.{key}']:.3f} | {m[f'max_marginal_error.{key}']:.1e} | "
+                         f"{m[f'wastage.{key}']:.1%} |")
+    if t.notes:
+        lines += ["", *[f"- {n}" for n in t.notes]]
+    lines += ["", "Languages:", "", markdown_table(t.mono.to_dicts())]
+    return "\n".join(lines)
+
+
+def write_output(t: SamplingTables, cfg: SamplingConfig, out: Path) -> StageOutcome:
+    from tasks.sampling.plots import heatmaps, sorted_pair_probabilities  # matplotlib: not for the loader's ranks
+
+    t.mono.write_parquet(out / MONO_TABLE)
+    t.bitext.write_parquet(out / PAIR_TABLE)
+    heatmaps(t.matrices, t.languages, out / "pair_heatmaps.png")
+    sorted_pair_probabilities(t.bitext, out / "pair_probabilities.png")
+    text = summary(t, cfg)
+    (out / "report.md").write_text(text)
+    table = t.bitext.head(200).with_columns(pl.col(pl.Float64).round(8)).to_dicts()
+    return StageOutcome(metrics=t.metrics, table=table, summary=text, manifest={"notes": t.notes})

@@ -1,0 +1,125 @@
+"""The stage contract, as the core sees it: what a stage is, what its body
+returns, and what its fingerprint covers.  Nothing here knows Prefect; the
+flows layer (``flows/kit.py``) turns a :class:`StageDef` into a Prefect flow.
+
+A stage's fingerprint hashes its name, its code version, the slice of the spec
+it reads and its upstream stages' fingerprints.  Bump ``version`` whenever a
+code change alters a stage's output, so old outputs stop being cache hits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from xylent.errors import XylentError
+from xylent.spec import Spec
+from xylent.tracking import Tracker
+from xylent.workspace import Workspace, fingerprint
+
+
+@dataclass
+class StageOutcome:
+    """What a stage body hands back: numbers for MLflow, rows for the stats
+    table, a markdown summary, extra manifest fields and files it already
+    described (so publishing does not hash them again)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    table: list[dict] = field(default_factory=list)
+    summary: str = ""
+    manifest: dict[str, Any] = field(default_factory=dict)
+    known_files: dict[str, dict] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """Everything a stage body may use: its spec, workspace, the temporary folder
+    it writes its output into, its upstream stages' published outputs, its
+    MLflow run (and the tracker to reach it) and whether the user asked to
+    recompute (``--force``)."""
+
+    spec: Spec
+    ws: Workspace
+    out: Path
+    upstream: dict[str, Path]
+    fingerprint: str
+    run_id: str
+    tracker: Tracker
+    force: bool = False
+
+
+def section_identity(value: Any) -> Any:
+    """The JSON form of a spec section for fingerprints and MLflow params; a
+    section's ``OPERATIONAL`` fields (how to run, not what) are left out."""
+    if isinstance(value, list):
+        return [section_identity(v) for v in value]
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json", exclude=set(getattr(value, "OPERATIONAL", ())))
+    return value
+
+
+@dataclass(frozen=True)
+class StageDef:
+    """One stage, declared once.
+
+    ``reads`` names the spec fields (top-level sections or values) the stage's
+    output depends on; ``config`` replaces that default slice where a stage
+    depends on more than the spec (download: the identity of local files and
+    installed packages).  ``body`` is the flow-side callable that builds the
+    output: ``body(ctx: StageContext) -> StageOutcome``.
+    """
+
+    name: str
+    description: str
+    version: str
+    reads: tuple[str, ...]
+    body: Callable[[StageContext], StageOutcome]
+    upstream: tuple[str, ...] = ()
+    config: Callable[[Spec], dict] | None = None
+
+    def spec_slice(self, spec: Spec) -> dict:
+        if self.config is not None:
+            return self.config(spec)
+        return {name: section_identity(getattr(spec, name)) for name in self.reads}
+
+
+def order_stages(stages: Iterable[StageDef]) -> list[StageDef]:
+    """Check a stage list is a valid pipeline: unique names, every upstream
+    declared earlier in the list."""
+    seen: dict[str, StageDef] = {}
+    for s in stages:
+        if s.name in seen:
+            raise ValueError(f"stage {s.name!r} is declared twice")
+        missing = [u for u in s.upstream if u not in seen]
+        if missing:
+            raise ValueError(f"stage {s.name!r} needs {missing} declared before it")
+        seen[s.name] = s
+    return list(seen.values())
+
+
+def find_stage(stages: Iterable[StageDef], name: str) -> StageDef:
+    stages = list(stages)
+    for s in stages:
+        if s.name == name:
+            return s
+    raise XylentError(
+        f"unknown stage {name!r}",
+        fix=f"choose one of: {', '.join(s.name for s in stages)} (or 'pipeline'); `xylent stages` lists them",
+    )
+
+
+def stage_fingerprints(stages: Iterable[StageDef], spec: Spec) -> dict[str, str]:
+    """Fingerprint of every stage, in order."""
+    fps: dict[str, str] = {}
+    for s in stages:
+        fps[s.name] = fingerprint({
+            "stage": s.name, "version": s.version, "config": s.spec_slice(spec),
+            "upstream": {u: fps[u] for u in s.upstream},
+        })
+    return fps
+
+
+def workspace_for(spec: Spec, override: str | None = None) -> Workspace:
+    """The workspace of a run: ``--workspace``, else the spec's, else ./workspace."""
+    return Workspace(override or spec.workspace or "workspace")
