@@ -47,6 +47,7 @@ def build_model(template: Path, chosen: dict[str, dict[str, float]], q: dict[str
     ts.byte_fallback = byte_fallback
     ts.unk_id, ts.bos_id, ts.eos_id, ts.pad_id = UNK, BOS, EOS, PAD
     ts.model_prefix = "spm"
+    del ts.input[:]  # the template's training file lived in a temporary folder: not part of the model
     del ts.control_symbols[:]
     ts.control_symbols.extend(CONTROL_SYMBOLS)
     data = proto.SerializeToString()

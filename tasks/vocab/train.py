@@ -117,4 +117,18 @@ def train_joint(samples: dict[str, list[str]], q: dict[str, float], size: int, o
         **TRAINER_IDS,
     )
     text_file.unlink()
-    return prefix.with_suffix(".model")
+    return strip_paths(prefix.with_suffix(".model"))
+
+
+def strip_paths(model_file: Path) -> Path:
+    """Drop the trainer's file paths from a model (SentencePiece records its input and
+    output paths, which live in a temporary folder): same text, same bytes."""
+    proto = model_pb2.ModelProto()
+    proto.ParseFromString(Path(model_file).read_bytes())
+    ts = proto.trainer_spec
+    names = [Path(i).name for i in ts.input]
+    del ts.input[:]
+    ts.input.extend(names)
+    ts.model_prefix = Path(ts.model_prefix).name
+    Path(model_file).write_bytes(proto.SerializeToString())
+    return Path(model_file)
