@@ -36,7 +36,8 @@ import torch.nn.functional as F
 from models.config import preset
 from models.electra import ElectraModel, RTDHead
 from models.encoder import Embeddings, Encoder
-from models.masking import MASK_ID, choose_masked, row_noise, sample_tokens
+from models.init import init_weights
+from models.masking import choose_masked, row_noise, sample_tokens
 from models.optim import flops_per_token, make_optimizer, peak_tflops
 
 
@@ -55,9 +56,11 @@ class OurDiscriminator(torch.nn.Module):
         super().__init__()
         self.embeddings, self.encoder, self.head = Embeddings(cfg), Encoder(cfg, cfg.layers, cfg.dropout), RTDHead(
             cfg.hidden)
+        self.pad_id = cfg.special("pad")
+        self.apply(init_weights)
 
     def forward(self, ids, labels):
-        logits = self.head(self.encoder(self.embeddings(ids), ids == 3))
+        logits = self.head(self.encoder(self.embeddings(ids), ids == self.pad_id))
         return F.binary_cross_entropy_with_logits(logits, labels.float())
 
 
@@ -78,7 +81,7 @@ def ours_electra_step(cfg):
     opt = make_optimizer(model, lr=1e-4)
 
     def step(ids, k):
-        pad = ids == 3
+        pad = ids == cfg.special("pad")
         noise = row_noise(0, k, 0, list(range(len(ids))), [ids.shape[1]] * len(ids), ids.shape[1]).to(ids.device)
         st = model(ids, pad, None, noise)
         opt.zero_grad(set_to_none=True)
@@ -109,7 +112,7 @@ def hf_discriminator_step(cfg):
     def step(ids, k):
         labels = (torch.rand(ids.shape, generator=torch.Generator().manual_seed(k)) < 0.15).long()
         opt.zero_grad(set_to_none=True)
-        model(input_ids=ids, attention_mask=(ids != 3).long(), labels=labels).loss.backward()
+        model(input_ids=ids, attention_mask=(ids != cfg.special("pad")).long(), labels=labels).loss.backward()
         opt.step()
     return step
 
@@ -126,11 +129,11 @@ def hf_electra_step(cfg):
     opt = torch.optim.AdamW(params, lr=1e-4, fused=True)
 
     def step(ids, k):
-        mask = (ids != 3).long()
+        mask = (ids != cfg.special("pad")).long()
         noise = row_noise(0, k, 0, list(range(len(ids))), [ids.shape[1]] * len(ids), ids.shape[1]).to(ids.device)
-        masked = choose_masked(ids, None, 0.15, noise[0])
+        masked = choose_masked(ids, None, 0.15, noise[0], cfg.special_ids)
         labels = ids.masked_fill(~masked, -100)
-        g = gen(input_ids=ids.masked_fill(masked, MASK_ID), attention_mask=mask, labels=labels)
+        g = gen(input_ids=ids.masked_fill(masked, cfg.special("mask")), attention_mask=mask, labels=labels)
         with torch.no_grad():
             sampled = sample_tokens(g.logits[masked], noise[1][masked])
         corrupted = ids.clone()
@@ -193,15 +196,19 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     bf16 = device.type == "cuda"
-    cfg = preset(args.size, vocab_size=args.vocab, max_position=max(512, args.seq_len))
+    # the layout of xylent's tokenizers (tasks.vocab.specials), as a real run would copy it from spm.model
+    specials = dict(zip(("unk", "bos", "eos", "pad", "mask"), range(5)))
+    cfg = preset(args.size, vocab_size=args.vocab, max_position=max(512, args.seq_len), specials=specials)
     data = batches(args.steps, args.batch, args.seq_len, args.vocab)
     rows = {}
     plan = [("discriminator", "xylent", ours_discriminator_step, cfg),
             ("discriminator", "xylent, no relative bias", ours_discriminator_step,
-             preset(args.size, vocab_size=args.vocab, max_position=cfg.max_position, relative_bias=False)),
+             preset(args.size, vocab_size=args.vocab, max_position=cfg.max_position, relative_bias=False,
+                    specials=specials)),
             ("electra", "xylent", ours_electra_step, cfg),
             ("electra", "xylent, no relative bias", ours_electra_step,
-             preset(args.size, vocab_size=args.vocab, max_position=cfg.max_position, relative_bias=False))]
+             preset(args.size, vocab_size=args.vocab, max_position=cfg.max_position, relative_bias=False,
+                    specials=specials))]
     if not args.skip_hf:
         plan += [("discriminator", "transformers ElectraForPreTraining", hf_discriminator_step, cfg),
                  ("electra", "transformers ElectraForMaskedLM + ElectraForPreTraining", hf_electra_step, cfg)]

@@ -61,6 +61,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "shards.json"))
     args = ap.parse_args()
     from tasks.shards.build import pack_language, tokenize_part
+    from tasks.vocab.specials import special_ids
 
     ws = Path(args.workspace)
     model = stage_dir(ws, "vocab") / "spm.model"
@@ -96,8 +97,8 @@ def main() -> None:
                "tokenize_and_pack_tokens_per_s": round(n_tokens / ours_s),
                "ratio_with_packing": round(plain_s / ours_s, 3)}
         print(json.dumps(tok), flush=True)
-        index = {"seq_len": 512, "mrtd": {"xx": {"rows": sum(s["rows"] for s in shard_list), "shards": shard_list}},
-                 "trtd": {}}
+        index = {"seq_len": 512, "specials": special_ids(sp),
+                 "mrtd": {"xx": {"rows": sum(s["rows"] for s in shard_list), "shards": shard_list}}, "trtd": {}}
         (tmp / "index.json").write_text(json.dumps(index))
         samp = tmp / "sampling"
         samp.mkdir()
