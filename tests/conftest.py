@@ -209,7 +209,7 @@ def write_spec(path: Path, spec: dict) -> Path:
 @pytest.fixture()
 def run_cli(capsys):
     """Run the real CLI in-process; returns (exit code, stdout, stderr)."""
-    from xylent.cli import main
+    from flows.cli import main
 
     def run(*args: str):
         capsys.readouterr()
@@ -227,7 +227,7 @@ def demo_run(tmp_path_factory, prefect_server):
     import io
     from pathlib import Path
 
-    from xylent.cli import main
+    from flows.cli import main
 
     ws = tmp_path_factory.mktemp("demo") / "ws"
     out = io.StringIO()
@@ -246,7 +246,7 @@ def kill_9_when(stage: str, spec, ws, ready, timeout: float = 120.0) -> None:
     import time
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "xylent.cli", "run", stage, "--spec", str(spec), "--workspace", str(ws)],
+        [sys.executable, "-m", "flows.cli", "run", stage, "--spec", str(spec), "--workspace", str(ws)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
     deadline = time.time() + timeout
     try:

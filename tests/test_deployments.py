@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 from prefect.client.orchestration import get_client
 
-from xylent.stages import STAGE_NAMES
+from flows.registry import STAGE_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,7 @@ import sentencepiece as spm
 from scipy.stats import chisquare
 
 from tasks.shards import TrainingLoader, truncate_pair
-from tasks.shards.loader import BOS, EOS
+from tasks.vocab.specials import BOS, EOS  # the layout the vocab stage writes
 from xylent.errors import XylentError
 
 

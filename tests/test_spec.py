@@ -9,7 +9,14 @@ import pytest
 from conftest import write_spec
 from xylent.errors import XylentError
 from xylent.spec import load_spec
-from xylent.stages import stage_fingerprints
+
+from flows.registry import STAGES
+from xylent.stage import stage_fingerprints as _fingerprints
+
+
+def stage_fingerprints(spec):
+    return _fingerprints(STAGES, spec)
+
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = {"languages": ["de", "en"],
