@@ -314,7 +314,6 @@ def test_vocap_on_a_doubling_grid_uses_the_budget():
 @pytest.mark.xfail(strict=True, reason="bug: the binary search assumes the union grows as the threshold "
                    "falls, which needs nested piece sets; separately trained SentencePiece models are not nested")
 def test_vocap_finds_the_last_fitting_threshold_when_pieces_are_not_nested():
-    grid = [100, 200]
     curves = {"a": [(100, 0.0), (200, 5.0)], "b": [(100, 0.0), (200, 4.0)], "c": [(100, 0.0), (200, 3.0)]}
     own = {lang: [f"{lang}{k}" for k in range(200)] for lang in "abc"}
 
