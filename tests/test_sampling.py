@@ -86,10 +86,16 @@ def test_triangle_at_t5_marginals_and_support():
 def test_structural_zeros_stay_exactly_zero_and_eps_leaks():
     counts = np.zeros((4, 4))
     counts[0, 1], counts[0, 2], counts[1, 2], counts[2, 3], counts[0, 3] = 100, 50, 20, 5, 7
+    a = target(counts, 3.0)
     p = sinkhorn_pair_distribution(counts, 3.0)
     assert p[1, 3] == 0.0 and p[3, 1] == 0.0
+    assert np.array_equal(p > 0, (counts + counts.T) > 0), "every pair with data keeps some mass"
+    assert marginal_error(p, a) < 1e-9, "the zeros are structural: the marginals are still met"
     smoothed = sinkhorn_pair_distribution(counts, 3.0, eps=1e-3)
-    assert smoothed[1, 3] > 0, "the paper's -log(Q + eps) puts mass on pairs without data"
+    assert marginal_error(smoothed, a) < 1e-9
+    # the paper's -log(Q + eps) puts mass on pairs without data: the kernel there is
+    # eps = 1e-3 against Q's smallest non-zero entry 5/364 = 0.014, so the leak is visible
+    assert smoothed[1, 3] > 1e-4 and smoothed[1, 3] == smoothed[3, 1]
     assert np.all(np.diag(smoothed) == 0)
 
 
