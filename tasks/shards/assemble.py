@@ -44,7 +44,9 @@ def assemble(packed: list[dict], tokenized: list[dict], model: Path, specials: d
     for g in groups:
         g["rows"] = sum(s["rows"] for s in g["shards"])
         g["tokens"] = sum(s["tokens"] for s in g["shards"])
-    write_index(out, seq_len=cfg.seq_len, tokenizer={"path": str(model), "sha256": sha256_file(model)},
+    # the tokenizer by its place in the workspace (vocab/<fp>/spm.model), so the index does not name the machine
+    write_index(out, seq_len=cfg.seq_len, tokenizer={"path": Path(*model.parts[-3:]).as_posix(),
+                                                     "sha256": sha256_file(model)},
                 specials=specials, groups=groups)
     stats = pl.DataFrame([{"kind": g["kind"], "name": g["name"], "rows": g["rows"], "tokens": g["tokens"],
                            "shards": len(g["shards"]), "truncated": g.get("truncated", 0),

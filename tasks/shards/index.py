@@ -2,7 +2,7 @@
 and read by the training loader and the pretrain stage.
 
     {"seq_len": int,
-     "tokenizer": {"path": str, "sha256": str},
+     "tokenizer": {"path": "vocab/<fp>/spm.model" (relative to the workspace), "sha256": str},
      "specials": {"unk", "bos", "eos", "pad", "mask": int},   # read from the tokenizer
      "mrtd": {lang: {"shards": [{"path", "rows", "tokens", "bytes", "sha256"}], "rows", "tokens", "documents", ...}},
      "trtd": {"xx-yy": {"shards": [...], "rows", "tokens", "pairs", "truncated", "text_tokens"}}}
