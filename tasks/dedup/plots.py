@@ -25,10 +25,15 @@ def removal_bars(stats: pl.DataFrame, path: Path, top: int = 40) -> Path:
         if any(vals):
             ax.barh(labels, vals, left=left, label=reason)
             left = [a + b for a, b in zip(left, vals)]
+    if any(left):
+        ax.legend(loc="lower right")
+    else:  # every rule kept every row: say so rather than draw an empty frame
+        ax.set_yticks(range(len(labels)), labels)
+        ax.set_xlim(0, 1)
+        ax.text(0.5, 0.5, "nothing removed", transform=ax.transAxes, ha="center", va="center")
     ax.invert_yaxis()
     ax.set_xlabel("fraction of rows removed")
     ax.set_title(f"dedup: removal reasons (top {len(df)} by rows removed)")
-    ax.legend(loc="lower right")
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return path
