@@ -64,13 +64,13 @@ def _run(args) -> dict:
             raise XylentError("--until only goes with 'pipeline'", fix=f"xylent run pipeline --until {target}")
     elif args.until:
         find_stage(STAGES, args.until)
-    from flows.kit import flow_for
     from flows.pipeline import pipeline
+    from flows.registry import STAGE_FLOWS
 
     kwargs = {"spec_file": args.spec, "workspace": args.workspace, "overrides": args.overrides}
     if target == "pipeline":
         return pipeline(**kwargs, force=args.force, until=args.until)
-    return flow_for(target)(**kwargs, force=args.force)
+    return STAGE_FLOWS[STAGE_NAMES.index(target)](**kwargs, force=args.force)
 
 
 def _print_summary(result: dict, *, ran: bool) -> None:

@@ -6,6 +6,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from flows.kit import StageContext, StageOutcome, stage_flow
+from flows.prepare import prepare
 from flows.progress import Progress
 from flows.runners import batches, make_task_runner, run_tasks, task_slots
 from tasks.dedup import phases
@@ -34,7 +35,7 @@ def apply_task(items, work, out, cfg):
 
 
 @stage_flow("dedup", description="exact and near-duplicate removal (MinHash LSH), bitext cleaning "
-            "(copies, ratio, hubs, lang-id)", version="1", reads=("dedup", "languages"), upstream=("prepare",))
+            "(copies, ratio, hubs, lang-id)", version="1", reads=("dedup", "languages"), upstream=(prepare,))
 def dedup(ctx: StageContext) -> StageOutcome:
     cfg = ctx.spec.dedup
     items = [p.as_dict() for p in layout.parts(ctx.upstream["prepare"])]

@@ -23,9 +23,9 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, State
 
 import xylent
-from xylent.spec import Spec, load_spec
-from xylent.stage import StageContext, StageDef, StageOutcome, find_stage, stage_fingerprints, workspace_for
 from xylent.markdown import markdown_table
+from xylent.spec import Spec, load_spec
+from xylent.stage import StageContext, StageDef, StageOutcome, stage_fingerprints, workspace_for
 from xylent.tracking import Tracker, tracking_uri_for
 from xylent.workspace import Workspace, read_manifest
 
@@ -42,19 +42,19 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _registry() -> list:
-    from flows.registry import STAGE_FLOWS  # the registry imports every stage file, which imports this kit
+def lineage(flows) -> list:
+    """The given stage flows and every stage they read, upstream first (each once)."""
+    out: list = []
 
-    return STAGE_FLOWS
+    def visit(f) -> None:
+        for up in f.upstream_flows:
+            visit(up)
+        if all(g.stage.name != f.stage.name for g in out):
+            out.append(f)
 
-
-def stage_def(name: str) -> StageDef:
-    return find_stage((f.stage for f in _registry()), name)
-
-
-def flow_for(name: str):
-    stage_def(name)  # a clear error for an unknown name
-    return next(f for f in _registry() if f.stage.name == name)
+    for f in flows:
+        visit(f)
+    return out
 
 
 @dataclass
@@ -70,11 +70,13 @@ class Invocation:
     parent_run_id: str
     owns_parent: bool
     fingerprints: dict[str, str]
+    flows: dict[str, Any]  # stage name -> its flow, for every stage this invocation may run
     results: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
     def open(cls, spec_file: str, workspace: str | None, overrides: list[str] | None,
-             parent_run_id: str | None, name: str) -> "Invocation":
+             parent_run_id: str | None, name: str, flows: list) -> "Invocation":
+        """``flows``: the stage flows this invocation runs (their upstream stages are added)."""
         spec = load_spec(spec_file, overrides or [])
         ws = workspace_for(spec, workspace)
         uri = tracking_uri_for(ws.root, spec.tracking.tracking_uri)
@@ -87,8 +89,9 @@ class Invocation:
                       "xylent.workspace": str(ws.root), **_prefect_tags()},
                 params={"spec": spec.dump(), "overrides": " ".join(overrides or [])},
             )
+        chain = lineage(flows)
         return cls(spec, spec_file, list(overrides or []), ws, tracker, parent_run_id, owns,
-                   stage_fingerprints((f.stage for f in _registry()), spec))
+                   stage_fingerprints((f.stage for f in chain), spec), {f.stage.name: f for f in chain})
 
     def flow_kwargs(self) -> dict:
         return {"spec_file": self.spec_file, "workspace": str(self.ws.root), "overrides": self.overrides,
@@ -115,7 +118,7 @@ class Invocation:
             out = self.ws.output_dir(up, self.fingerprints[up])
             manifest = read_manifest(out)
             if manifest is None:
-                self.record(flow_for(up)(**self.flow_kwargs()))
+                self.record(self.flows[up](**self.flow_kwargs()))
             else:
                 self.results.setdefault(up, _result(out, manifest, cached=True))
             dirs[up] = out
@@ -209,25 +212,28 @@ def _prefect_artifacts(inv: Invocation, stage: str, fp: str, out: Path, run_id: 
                          description=f"{stage}: MLflow run ({view})")
 
 
-def stage_flow(name: str, *, description: str, version: str, reads: tuple[str, ...], upstream: tuple[str, ...] = (),
+def stage_flow(name: str, *, description: str, version: str, reads: tuple[str, ...], upstream: tuple = (),
                config: Callable[[Spec], dict] | None = None):
     """Declare a stage and make its Prefect flow; decorate the stage's body:
 
-        @stage_flow("sampling", description="...", version="1", reads=("sampling",), upstream=("dedup",))
+        from flows.dedup import dedup
+
+        @stage_flow("sampling", description="...", version="1", reads=("sampling",), upstream=(dedup,))
         def sampling(ctx: StageContext) -> StageOutcome: ...
 
-    The decorated name is the Prefect flow (``sampling(spec_file=..., ...)``); its
-    :class:`StageDef` is ``sampling.stage``.  A cached stage ends its flow in a
-    ``Cached`` state; every flow returns every stage it touched.
+    ``upstream`` are the flows of the stages it reads (run first when their output
+    is missing).  The decorated name is the Prefect flow (``sampling(spec_file=...,
+    ...)``); its :class:`StageDef` is ``sampling.stage``.  A cached stage ends its
+    flow in a ``Cached`` state; every flow returns every stage it touched.
     """
 
     def wrap(body: Callable[[StageContext], StageOutcome]):
         stage = StageDef(name=name, description=description, version=version, reads=reads, body=body,
-                         upstream=upstream, config=config)
+                         upstream=tuple(f.stage.name for f in upstream), config=config)
 
         def run(spec_file: str, workspace: str | None = None, overrides: list[str] | None = None,
                 force: bool = False, mlflow_parent_run_id: str | None = None) -> Any:
-            inv = Invocation.open(spec_file, workspace, overrides, mlflow_parent_run_id, name)
+            inv = Invocation.open(spec_file, workspace, overrides, mlflow_parent_run_id, name, [stage_run])
             ok = False
             try:
                 state = execute(inv, stage, force)
@@ -242,6 +248,7 @@ def stage_flow(name: str, *, description: str, version: str, reads: tuple[str, .
         run.__name__ = run.__qualname__ = name
         stage_run = flow(name=name, log_prints=True)(run)
         stage_run.stage = stage
+        stage_run.upstream_flows = tuple(upstream)
         return stage_run
 
     return wrap

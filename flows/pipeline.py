@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.kit import Invocation
-from flows.registry import STAGE_FLOWS, STAGE_NAMES
+from flows.registry import STAGE_FLOWS, STAGE_NAMES, STAGES
 from xylent.stage import find_stage
 
 
@@ -14,8 +14,8 @@ def pipeline(spec_file: str, workspace: str | None = None, overrides: list[str] 
              force: bool = False, until: str | None = None, mlflow_parent_run_id: str | None = None):
     """Run every stage in pipeline order (or every stage up to and including ``until``); cached
     stages are skipped."""
-    last = STAGE_NAMES.index(find_stage((f.stage for f in STAGE_FLOWS), until).name) if until else len(STAGE_NAMES) - 1
-    inv = Invocation.open(spec_file, workspace, overrides, mlflow_parent_run_id, "pipeline")
+    last = STAGE_NAMES.index(find_stage(STAGES, until).name) if until else len(STAGE_NAMES) - 1
+    inv = Invocation.open(spec_file, workspace, overrides, mlflow_parent_run_id, "pipeline", STAGE_FLOWS)
     ok = False
     try:
         with inv.ws.lock():

@@ -7,6 +7,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed
 
 import tasks.prepare as prep
+from flows.download import download
 from flows.kit import StageContext, StageOutcome, stage_flow
 from flows.runners import run_tasks
 from tasks.download.assemble import read_records
@@ -25,7 +26,7 @@ def prepare_unit_task(key: str, records: list[dict], ws_root: str, cfg: PrepareC
 
 
 @stage_flow("prepare", description="decode, normalise and filter text into mono/ and bitext/ Parquet",
-            version=prep.VERSION, reads=("languages", "sources", "prepare"), upstream=("download",))
+            version=prep.VERSION, reads=("languages", "sources", "prepare"), upstream=(download,))
 def prepare(ctx: StageContext) -> StageOutcome:
     units = prep.group_units(read_records(ctx.upstream["download"]))
     calls = [{"key": f"{u[0]['source']}/{u[0].get('lang') or u[0].get('pair') or 'catalogs'}", "records": u,

@@ -19,6 +19,9 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.kit import StageContext, StageOutcome, stage_flow
 from flows.progress import Progress
+from flows.sampling import sampling
+from flows.shards import shards
+from flows.vocab import vocab
 from tasks.pretrain import publish
 from tasks.pretrain.config import train_config
 from tasks.pretrain.launch import deepspeed_command, launch
@@ -56,7 +59,7 @@ def train_ranks(cmd: list[str], log_file: str, steps: int, checkpoints: str, loc
 
 
 @stage_flow("pretrain", description="ELECTRA (MRTD + TRTD) pretraining under DeepSpeed ZeRO; exports and registers "
-            "the encoder", version="2", reads=("model", "pretrain", "seed"), upstream=("vocab", "sampling", "shards"))
+            "the encoder", version="2", reads=("model", "pretrain", "seed"), upstream=(vocab, sampling, shards))
 def pretrain(ctx: StageContext) -> StageOutcome:
     spec, p, tracker = ctx.spec, ctx.spec.pretrain, ctx.tracker
     ckdir = ctx.ws.stage_dir("pretrain") / "_checkpoints" / ctx.fingerprint

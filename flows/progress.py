@@ -21,7 +21,8 @@ class Progress:
         self._bar = None
         self._artifact_id = None
         if sys.stderr.isatty():
-            from rich.progress import BarColumn, DownloadColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, DownloadColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
 
             cols = [TextColumn("{task.description}"), BarColumn()]
             cols += [DownloadColumn()] if unit == "B" else [TextColumn("{task.completed:.0f}/{task.total:.0f}")]

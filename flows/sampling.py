@@ -7,6 +7,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from flows.dedup import dedup
 from flows.kit import StageContext, StageOutcome, stage_flow
 from tasks.dedup.stats import read_counts
 from tasks.sampling import SamplingTables, build_tables
@@ -21,7 +22,7 @@ def tables_task(dedup_dir: Path, cfg: SamplingConfig) -> SamplingTables:
 
 
 @stage_flow("sampling", description="language and language-pair sampling tables (alpha-smoothing, M2M-100 LP, "
-            "XY-LENT Sinkhorn)", version="1", reads=("sampling",), upstream=("dedup",))
+            "XY-LENT Sinkhorn)", version="1", reads=("sampling",), upstream=(dedup,))
 def sampling(ctx: StageContext) -> StageOutcome:
     tables = tables_task.submit(ctx.upstream["dedup"], ctx.spec.sampling).result()
     return write_output(tables, ctx.spec.sampling, ctx.out)

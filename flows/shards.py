@@ -8,9 +8,11 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from flows.dedup import dedup
 from flows.kit import StageContext, StageOutcome, stage_flow
 from flows.progress import Progress
 from flows.runners import batches, make_task_runner, run_tasks, task_slots
+from flows.vocab import vocab
 from tasks.shards.assemble import assemble, work_items
 from tasks.shards.build import pack_part, tokenize_items
 from tasks.vocab.output import load_tokenizer, tokenizer_path
@@ -29,7 +31,7 @@ def pack_task(name: str, tokenized: list[dict], out: Path, cfg: ShardsConfig, sp
 
 
 @stage_flow("shards", description="tokenised, packed Arrow shards for MRTD and TRTD (+ index.json for the loader)",
-            version="1", reads=("shards",), upstream=("dedup", "vocab"))
+            version="1", reads=("shards",), upstream=(dedup, vocab))
 def shards(ctx: StageContext) -> StageOutcome:
     cfg, model = ctx.spec.shards, tokenizer_path(ctx.upstream["vocab"])
     specials = special_ids(load_tokenizer(ctx.upstream["vocab"]))

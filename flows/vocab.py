@@ -7,6 +7,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from flows.dedup import dedup
 from flows.kit import StageContext, StageOutcome, stage_flow
 from flows.runners import run_tasks
 from tasks.dedup.stats import read_counts
@@ -23,7 +24,7 @@ def grid_task(lang: str, parts: list[Path], out: Path, cfg: VocabConfig, seed: i
 
 
 @stage_flow("vocab", description="VoCAP vocabulary: per-language SentencePiece grids, ALP allocation, one merged "
-            "unigram model", version="1", reads=("vocab", "seed"), upstream=("dedup",))
+            "unigram model", version="1", reads=("vocab", "seed"), upstream=(dedup,))
 def vocab(ctx: StageContext) -> StageOutcome:
     dedup_dir, cfg, grid = ctx.upstream["dedup"], ctx.spec.vocab, ctx.out / "_grid"
     langs = layout.group_names(dedup_dir, layout.MONO)
