@@ -10,6 +10,7 @@ import torch
 
 from models.attention import GatedRelativeBias, RelativePositionTable, SelfAttention, relative_buckets
 from models.config import PRESETS, preset
+from models.init import init_weights
 
 
 def t5_bucket(rel: int, num_buckets: int = 32, max_distance: int = 128) -> int:
@@ -35,7 +36,7 @@ def test_buckets_follow_the_t5_rule(buckets, distance):
 
 def test_gate_is_about_1_75_at_initialisation():
     torch.manual_seed(0)
-    gate = GatedRelativeBias(num_heads=12, head_dim=64)
+    gate = GatedRelativeBias(num_heads=12, head_dim=64).apply(init_weights)  # as every model initialises it
     x = torch.randn(4, 50, 12 * 64)
     d = torch.ones(12, 50, 50)
     scale = gate(x, d)

@@ -7,16 +7,21 @@ import torch
 
 from models.config import preset
 from models.electra import ElectraModel, MaskedLMModel
-from models.masking import MASK_ID, bert_corrupt, choose_masked, corrupt, maskable, row_noise, sample_tokens
+from models.masking import bert_corrupt, choose_masked, corrupt, maskable, row_noise, sample_tokens
+from tasks.vocab.specials import BOS, EOS, MASK, PAD, SPECIAL_PIECES
+
+# the layout every xylent tokenizer has; models get it from the tokenizer, tests write it out
+SPECIALS = dict(zip(("unk", "bos", "eos", "pad", "mask"), range(len(SPECIAL_PIECES))))
+SPECIAL_IDS = tuple(sorted(SPECIALS.values()))
 
 
 def _batch(seed=0):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, 500, (4, 40), generator=g)
-    ids[:, 0] = 1
-    ids[:, 19] = 2  # </s> between the two sides
-    ids[:, 30] = 2
-    ids[:, 31:] = 3  # padding
+    ids[:, 0] = BOS
+    ids[:, 19] = EOS  # </s> between the two sides
+    ids[:, 30] = EOS
+    ids[:, 31:] = PAD
     seg = torch.zeros_like(ids)
     seg[:, 20:31] = 1
     return ids, seg, g
@@ -25,17 +30,17 @@ def _batch(seed=0):
 def test_specials_and_padding_are_never_masked_and_each_side_gets_its_share():
     ids, seg, g = _batch()
     for trial in range(20):
-        m = choose_masked(ids, seg, 0.15, torch.rand(ids.shape, generator=g))
-        assert not (m & ~maskable(ids)).any(), "no <s>, </s>, <pad>, <mask> or <unk> is masked"
+        m = choose_masked(ids, seg, 0.15, torch.rand(ids.shape, generator=g), SPECIAL_IDS)
+        assert not (m & ~maskable(ids, SPECIAL_IDS)).any(), "no <s>, </s>, <pad>, <mask> or <unk> is masked"
         assert (m & (seg == 0)).sum(1).min() >= 1 and (m & (seg == 1)).sum(1).min() >= 1, "TRTD masks both sides"
         assert ((m & (seg == 0)).sum(1) == round(18 * 0.15)).all()
-    single = choose_masked(ids, None, 0.15, torch.rand(ids.shape, generator=g))
+    single = choose_masked(ids, None, 0.15, torch.rand(ids.shape, generator=g), SPECIAL_IDS)
     assert (single.sum(1) == round(28 * 0.15)).all()
 
 
 def test_a_sample_equal_to_the_original_counts_as_original():
     ids, seg, g = _batch()
-    m = choose_masked(ids, seg, 0.15, torch.rand(ids.shape, generator=g))
+    m = choose_masked(ids, seg, 0.15, torch.rand(ids.shape, generator=g), SPECIAL_IDS)
     corrupted, replaced = corrupt(ids, m, ids[m])  # the generator reproduced every original
     assert torch.equal(corrupted, ids) and not replaced.any()
     other = ids[m] + 1
@@ -53,8 +58,8 @@ def test_a_tiny_model_learns_on_the_demo_shards(demo_run):
 
     vocab = sum(1 for _ in open(Path(res["stages"]["vocab"]["output_dir"]) / "spm.vocab", encoding="utf-8"))
     torch.manual_seed(0)
-    model = ElectraModel(preset("tiny", vocab_size=vocab, max_position=json.loads(
-        (Path(shards) / "index.json").read_text())["seq_len"]))
+    index = json.loads((Path(shards) / "index.json").read_text())
+    model = ElectraModel(preset("tiny", vocab_size=vocab, max_position=index["seq_len"], specials=index["specials"]))
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01)
     gen_losses, disc_losses = [], []
     for step, batch in enumerate(TrainingLoader(shards, sampling, task="mrtd", batch_size=8, seed=0).batches(120)):
@@ -90,19 +95,19 @@ def test_bert_80_10_10_on_the_chosen_positions_only():
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, 1000, (64, 200), generator=g)
     noise = torch.rand((3, 64, 200), generator=g)
-    masked = choose_masked(ids, None, 0.15, noise[0])
-    out = bert_corrupt(ids, masked, noise, 1000)
+    masked = choose_masked(ids, None, 0.15, noise[0], SPECIAL_IDS)
+    out = bert_corrupt(ids, masked, noise, 1000, MASK, len(SPECIAL_IDS))
     assert torch.equal(out[~masked], ids[~masked])
     n = masked.sum().item()
-    to_mask = (out[masked] == MASK_ID).float().sum().item() / n
+    to_mask = (out[masked] == MASK).float().sum().item() / n
     kept = (out[masked] == ids[masked]).float().sum().item() / n
     assert abs(to_mask - 0.8) < 0.02 and abs(kept - 0.1) < 0.02
-    assert out[masked & (out != MASK_ID)].min() >= 5, "a random replacement is never a special token"
+    assert out[masked & (out != MASK)].min() >= 5, "a random replacement is never a special token"
 
 
 def test_the_mlm_ablation_learns_and_exposes_the_same_encoder_keys():
     torch.manual_seed(0)
-    cfg = preset("tiny", vocab_size=60, max_position=64, dropout=0.0)
+    cfg = preset("tiny", vocab_size=60, max_position=64, dropout=0.0, specials=SPECIALS)
     mlm, electra = MaskedLMModel(cfg), ElectraModel(cfg)
     assert set(mlm.encoder_state_dict()) == set(electra.encoder_state_dict())
     opt = torch.optim.AdamW(mlm.parameters(), lr=3e-3)
@@ -118,3 +123,16 @@ def test_the_mlm_ablation_learns_and_exposes_the_same_encoder_keys():
         opt.step()
         losses.append(st.g_loss.item() / st.g_count.item())
     assert np.mean(losses[-20:]) < np.mean(losses[:20]) - 1.0
+
+
+def test_models_take_special_ids_from_their_config_not_a_constant():
+    shifted = {"unk": 7, "bos": 8, "eos": 9, "pad": 10, "mask": 11}  # a tokenizer with another layout
+    cfg = preset("tiny", vocab_size=60, max_position=64, specials=shifted)
+    model = ElectraModel(cfg)
+    ids = torch.randint(0, 60, (8, 32), generator=torch.Generator().manual_seed(0))
+    ids[:, 0], ids[:, -1] = 8, 9
+    masked = choose_masked(ids, None, 0.5, torch.rand(ids.shape), model.special_ids)
+    assert model.special_ids == (7, 8, 9, 10, 11) and model.mask_id == 11
+    assert not masked[:, [0, -1]].any() and not masked[(ids >= 7) & (ids <= 11)].any()
+    with __import__("pytest").raises(ValueError, match="special"):
+        ElectraModel(preset("tiny", vocab_size=60, max_position=64))  # no tokenizer ids: refused, not guessed
