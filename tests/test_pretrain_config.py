@@ -1,0 +1,87 @@
+"""train.json is derived from the spec in one place: every knob comes from the spec's
+pretrain section (no second set of defaults), the DeepSpeed stage is never overridden
+behind the user's back, and the encoder carries the tokenizer's special ids."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from models.run_config import TrainConfig
+from tasks.pretrain.config import ZERO_CONFIGS, deepspeed_config
+from xylent.errors import XylentError
+from xylent.spec import spec_from_dict
+
+BASE = {"languages": ["de", "en"], "sources": [{"name": "x", "kind": "local", "path": "x.txt", "lang": "de", "format": "text"}]}
+
+
+def _spec(tmp_path: Path, **pretrain):
+    return spec_from_dict({**BASE, "pretrain": pretrain}, base_dir=str(tmp_path))
+
+
+def test_zero_stage_picks_xylents_config(tmp_path):
+    for stage in (0, 1, 2, 3):
+        path, got = deepspeed_config(_spec(tmp_path, zero_stage=stage))
+        assert path == ZERO_CONFIGS / f"zero{stage}.json" and got == stage
+        assert json.loads(path.read_text())["zero_optimization"]["stage"] == stage
+
+
+def test_a_users_deepspeed_file_decides_the_stage(tmp_path):
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 3, "reduce_bucket_size": 1}}))
+    path, stage = deepspeed_config(_spec(tmp_path, deepspeed_config="ds.json"))
+    assert path == tmp_path / "ds.json" and stage == 3, "zero_stage's default (2) does not override the file"
+    assert deepspeed_config(_spec(tmp_path, deepspeed_config="ds.json", zero_stage=3))[1] == 3
+    with pytest.raises(XylentError, match="zero_stage is 1 but ds.json says zero_optimization.stage 3") as e:
+        deepspeed_config(_spec(tmp_path, deepspeed_config="ds.json", zero_stage=1))
+    assert "drop pretrain.zero_stage" in e.value.render()
+
+
+@pytest.mark.parametrize("content, what", [(None, "not found"), ("{oops", "not a JSON object"),
+                                           ("[1, 2]", "not a JSON object")])
+def test_a_broken_deepspeed_file_is_a_clear_error(tmp_path, content, what):
+    if content is not None:
+        (tmp_path / "ds.json").write_text(content)
+    with pytest.raises(XylentError, match=what):
+        deepspeed_config(_spec(tmp_path, deepspeed_config="ds.json"))
+
+
+def test_the_trainer_uses_the_files_stage_without_rewriting_it(tmp_path):
+    from models.trainer import ds_config
+
+    user = {"zero_optimization": {"stage": 1, "overlap_comm": False}, "steps_per_print": 7}
+    (tmp_path / "ds.json").write_text(json.dumps(user))
+    cfg = TrainConfig(**{f.name: None for f in dataclasses.fields(TrainConfig)})
+    cfg.deepspeed_config, cfg.zero_stage, cfg.batch_size, cfg.clip = str(tmp_path / "ds.json"), 3, 8, 1.0
+    cfg.tasks, cfg.grad_accum, cfg.task_schedule, cfg.trtd_ratio = ["mrtd"], 2, "alternate", 0.5
+    ds = ds_config(cfg, bf16=False, world=2)
+    assert ds["zero_optimization"] == user["zero_optimization"], "the stage in the file is the one used"
+    assert ds["train_micro_batch_size_per_gpu"] == 4 and ds["gradient_accumulation_steps"] == 2
+
+
+def test_train_json_has_no_defaults_of_its_own(tmp_path):
+    assert all(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+               for f in dataclasses.fields(TrainConfig)), "defaults live in the spec only"
+    (tmp_path / "train.json").write_text(json.dumps({"shards_dir": "s"}))
+    with pytest.raises(ValueError, match="missing"):
+        TrainConfig.load(tmp_path / "train.json")
+
+
+def test_train_config_takes_every_knob_from_the_spec(demo_run, tmp_path):
+    from tasks.pretrain.config import train_config
+
+    res, ws = demo_run
+    stages = {k: Path(v["output_dir"]) for k, v in res["stages"].items()}
+    spec = spec_from_dict({**BASE, "model": {"size": "tiny"}, "pretrain": {
+        "steps": 77, "batch_size": 6, "warmup_steps": 5, "grad_accum": 3, "mask_prob": 0.2, "disc_weight": 20,
+        "checkpoint_every": 11, "log_every": 4}}, base_dir=str(tmp_path))
+    cfg = train_config(spec, stages, tmp_path, "run", "sqlite:///x.db")
+    assert (cfg.steps, cfg.batch_size, cfg.warmup_steps, cfg.grad_accum) == (77, 6, 5, 3)
+    assert (cfg.mask_prob, cfg.disc_weight, cfg.checkpoint_every, cfg.log_every) == (0.2, 20, 11, 4)
+    assert cfg.lr == 2e-3 and cfg.clip == 2.0, "size-band defaults for tiny"
+    index = json.loads((stages["shards"] / "index.json").read_text())
+    assert cfg.model["specials"] == index["specials"], "the tokenizer's ids, as the shards recorded them"
+    cfg.save(tmp_path / "train.json")
+    assert TrainConfig.load(tmp_path / "train.json") == cfg
