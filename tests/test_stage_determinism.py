@@ -203,9 +203,6 @@ def test_kill_9_mid_shards_then_rerun(threads_run, spec, tmp_path):
     assert_same_output("shards", threads_run["shards"], threads_run["ws"], ws / "shards" / fp, ws)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: tasks/vocab/merge.py build_model keeps the template's trainer_spec.input "
-                   "(<ws>/vocab/<fp>.tmp-<pid>-<rand>/_grid/<lang>.train.txt) and flows/vocab.py copies joint.model "
-                   "with trainer_spec.input/model_prefix in the build folder: the bytes change on every run")
 def test_tokenizer_files_do_not_embed_the_temporary_build_path(threads_run):
     for name in ("spm.model", "joint.model"):
         data = (threads_run["vocab"] / name).read_bytes()
