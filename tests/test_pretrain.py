@@ -427,9 +427,25 @@ def test_mlm_ablation_with_zero3_mixed_tasks_and_accumulation_exports_a_loadable
                                                                             for r in rows[:5]])
     import models
 
+    import torch
+    from safetensors.torch import load_file
+
+    from models.config import EncoderConfig
+    from models.electra import MaskedLMModel
+
     enc = models.load_pretrained(out / "model")
-    assert json.loads((out / "model" / "config.json").read_text())["objective"] == "mlm"
-    assert enc.embed(["Hallo Welt", "Bonjour"]).shape == (2, enc.config.hidden)
+    cfg = json.loads((out / "model" / "config.json").read_text())
+    assert cfg["objective"] == "mlm"
+    full = MaskedLMModel(EncoderConfig(**cfg["encoder"]))
+    full.load_state_dict(load_file(str(out / "model" / "pretraining.safetensors")))  # strict: every weight
+    full.eval()
+    ids, mask = enc.tokenize(["Hallo Welt", "Bonjour", "早上好"])
+    with torch.no_grad():
+        same = full.encoder(full.embeddings(ids), ids == 3)
+    assert torch.allclose(enc(ids, mask), same, atol=1e-6), "the exported encoder is the trained MLM encoder"
+    vecs = enc.embed(["Hallo Welt", "Bonjour"])
+    assert vecs.shape == (2, enc.config.hidden) and torch.isfinite(vecs).all()
+    assert not torch.allclose(vecs[0], vecs[1], atol=1e-3), "different texts, different embeddings"
 
     again, out2 = _pretrain(run_cli, ws, *mlm, "--force")
     assert again["cached"] is False and out2 == out
