@@ -425,11 +425,10 @@ def test_mlm_ablation_with_zero3_mixed_tasks_and_accumulation_exports_a_loadable
     assert not any("discriminator_loss" in k for r in rows for k in r), "MLM/TLM has no discriminator"
     assert np.mean([r["mrtd/generator_loss"] for r in rows[-5:]]) < np.mean([r["mrtd/generator_loss"]
                                                                             for r in rows[:5]])
-    import models
-
     import torch
     from safetensors.torch import load_file
 
+    import models
     from models.config import EncoderConfig
     from models.electra import MaskedLMModel
 
