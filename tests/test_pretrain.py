@@ -7,6 +7,7 @@ and MLflow, exactly as a user would.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -47,6 +48,136 @@ def _pretrain(run_cli, ws, *extra):
 
 def _metrics(out: Path) -> list[dict]:
     return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _complete_checkpoints(ws: Path) -> list[str]:
+    return sorted(p.parent.name for p in ws.glob("pretrain/_checkpoints/*/deepspeed/step-*/COMPLETE"))
+
+
+def _steps_written(ws: Path) -> int:
+    """The last step in the run's metrics.jsonl (rank 0 writes a line per step)."""
+    steps = [0]
+    for ln in next(ws.glob("pretrain/_checkpoints/*/metrics.jsonl")).read_text().splitlines():
+        with contextlib.suppress(ValueError, KeyError):
+            steps.append(json.loads(ln)["step"])
+    return max(steps)
+
+
+def _final_checkpoint(ws: Path) -> Path:
+    return max(ws.glob("pretrain/_checkpoints/*/deepspeed/step-*/COMPLETE")).parent
+
+
+def _leaves(obj, path=""):
+    """(path, leaf) for every leaf of a checkpoint's nested dicts, lists and tuples."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        yield path, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _leaves(v, f"{path}/{k}")
+    elif isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):  # a namedtuple is one leaf
+        for i, v in enumerate(obj):
+            yield from _leaves(v, f"{path}[{i}]")
+    else:
+        yield path, obj
+
+
+def _same_bits(a, b) -> bool:
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        if not (isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)):
+            return False
+        ints = {torch.float64: torch.int64, torch.float32: torch.int32, torch.bfloat16: torch.int16,
+                torch.float16: torch.int16}
+        return a.dtype not in ints or torch.equal(a.view(ints[a.dtype]), b.view(ints[b.dtype]))  # -0.0 vs 0.0
+    if hasattr(a, "__dict__") and type(a).__eq__ is object.__eq__:  # e.g. DeepSpeed's LossScaler
+        return type(a) is type(b) and vars(a) == vars(b)
+    return bool(a == b)
+
+
+def _assert_bit_identical(out: Path, ws: Path, ref_out: Path, ref_ws: Path) -> dict[str, int]:
+    """The exported weights and every file of the final DeepSpeed checkpoint (module, each rank's optimizer
+    partition: fp32 master weights, Adam moments and step, the scheduler, the loaders' state, the RNG)
+    equal the reference run's bit for bit. Returns how many tensors were compared, by kind."""
+    import torch
+    from safetensors.torch import load_file
+
+    n = {"exported": 0, "optimizer": 0, "checkpoint": 0}
+    for name in ("model.safetensors", "pretraining.safetensors"):
+        got, want = load_file(out / "model" / name), load_file(ref_out / "model" / name)
+        assert want and sorted(got) == sorted(want), name
+        assert not [k for k in want if not _same_bits(got[k], want[k])], f"{name} differs from the reference"
+        n["exported"] += len(want)
+    ck, ref = _final_checkpoint(ws), _final_checkpoint(ref_ws)
+    assert ck.name == ref.name == "step-00000040"
+    files = sorted(p.name for p in ref.glob("*.pt"))
+    assert sorted(p.name for p in ck.glob("*.pt")) == files
+    for f in files:
+        got = dict(_leaves(torch.load(ck / f, map_location="cpu", weights_only=False)))
+        want = dict(_leaves(torch.load(ref / f, map_location="cpu", weights_only=False)))
+        assert sorted(got) == sorted(want), f
+        differ = [k for k in want if not _same_bits(got[k], want[k])]
+        assert not differ, f"{f}: {differ[:10]}"
+        tensors = sum(isinstance(v, torch.Tensor) for v in want.values())
+        n["checkpoint"] += tensors
+        if f.endswith("optim_states.pt"):
+            assert any("exp_avg_sq" in k for k in want) and any("fp32" in k for k in want), f
+            n["optimizer"] += tensors
+    assert n["optimizer"] > 0, f"no optimizer state in {files}"
+    return n
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _left_running(ws: Path) -> list[psutil.Process]:
+    """Processes of a run in ``ws``: the deepspeed launcher and the ranks name its train.json."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        if p.info["cmdline"] and str(ws) in " ".join(p.info["cmdline"]) and _alive(p):
+            found.append(p)
+    return found
+
+
+def _kill_launcher_after_first_checkpoint(ws: Path, *extra: str, ranks: int = 2) -> dict:
+    """``xylent run pretrain`` as a child process, SIGKILLed once the checkpoint at step 10 is complete (the
+    flow, and with it the task that runs the deepspeed launcher and streams the ranks' output); then watch
+    what is left of its process tree for up to a minute. Whatever is still running then is killed here."""
+    args = ["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), *SMALL,
+            "--set", f"pretrain.ranks={ranks}", *extra]
+    with open(ws.parent / f"{ws.name}.stderr", "w") as err:  # a pipe nobody reads would block the child
+        proc = subprocess.Popen([sys.executable, "-m", "xylent.cli", *args], stdout=subprocess.DEVNULL,
+                                stderr=err, env=os.environ.copy())
+    deadline = time.time() + 240
+    while not list(ws.glob("pretrain/_checkpoints/*/deepspeed/step-00000010/COMPLETE")):
+        assert proc.poll() is None and time.time() < deadline, (ws.parent / f"{ws.name}.stderr").read_text()[-3000:]
+        time.sleep(0.02)
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    rank_procs = []
+    for p in tree:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if "trainer.py" in " ".join(p.cmdline()) and "--local_rank" in " ".join(p.cmdline()):
+                rank_procs.append(p)
+    at_kill = {"checkpoints": _complete_checkpoints(ws), "steps": _steps_written(ws)}
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed = time.monotonic()
+    while time.monotonic() < killed + 60 and (any(_alive(p) for p in tree) or _left_running(ws)):
+        time.sleep(0.05)
+    seconds = time.monotonic() - killed
+    survivors = {p.pid: p for p in [p for p in tree if _alive(p)] + _left_running(ws)}
+    left = [" ".join(p.cmdline())[:200] for p in survivors.values() if _alive(p)]
+    for p in survivors.values():  # started by this test: do not leave them to the next one
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    return {"ranks": len(rank_procs), "at_kill": at_kill, "seconds_until_gone": seconds, "survivors": left,
+            "after": {"checkpoints": _complete_checkpoints(ws), "steps": _steps_written(ws)}}
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +227,7 @@ def test_two_cpu_ranks_with_zero2_match_one_rank_with_the_same_global_batch(run_
 
 def test_a_killed_rank_is_reported_and_the_rerun_resumes_exactly(run_cli, demo_run, two_ranks, tmp_path):
     _, demo_ws = demo_run
-    _, ref_out, _ = two_ranks
+    _, ref_out, ref_ws = two_ranks
     ws = _linked(Path(demo_ws), tmp_path / "killed")
     args = ["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), *SMALL,
             "--set", "pretrain.ranks=2", "--set", "pretrain.zero_stage=2"]
@@ -134,6 +265,153 @@ def test_a_killed_rank_is_reported_and_the_rerun_resumes_exactly(run_cli, demo_r
         for k in a:
             if "loss" in k or "accuracy" in k or "precision" in k or "recall" in k:
                 assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), (a["step"], k)
+    _assert_bit_identical(out, ws, ref_out, ref_ws)
+
+
+@pytest.fixture(scope="module")
+def launcher_killed(demo_run, tmp_path_factory, prefect_server):
+    """The reference run's spec (2 ranks, ZeRO-2), its ``xylent run pretrain`` process SIGKILLed after the
+    first checkpoint; and a copy of its checkpoints as the kill left them, for a rerun on another world size."""
+    import shutil
+
+    ws = _linked(Path(demo_run[1]), tmp_path_factory.mktemp("pt") / "launcher")
+    record = _kill_launcher_after_first_checkpoint(ws, "--set", "pretrain.zero_stage=2")
+    snapshot = ws.parent / "checkpoints-as-left"
+    shutil.copytree(ws / "pretrain" / "_checkpoints", snapshot, symlinks=True)
+    return ws, snapshot, record
+
+
+def test_a_killed_launcher_leaves_no_rank_and_the_rerun_is_bit_identical(run_cli, two_ranks, launcher_killed):
+    _, ref_out, ref_ws = two_ranks
+    ws, _, record = launcher_killed
+    assert record["ranks"] == 2, "both ranks were training when the launcher was killed"
+    assert record["survivors"] == [], f"ranks outlived the killed launcher: {record['survivors']}"
+    assert record["at_kill"]["checkpoints"][-1] == "step-00000010"
+    resumable = int(record["after"]["checkpoints"][-1].split("-")[1])
+
+    res, out = _pretrain(run_cli, ws, "--set", "pretrain.ranks=2", "--set", "pretrain.zero_stage=2")
+    assert res["fingerprint"] == json.loads((ref_out / "_manifest.json").read_text())["fingerprint"]
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["resumed_from_step"] == resumable >= 10, "resumed from the newest complete checkpoint"
+    assert f"resumed from {_final_checkpoint(ws).parent}/step-{resumable:08d} at step {resumable}" in \
+        (out / "train.log").read_text()
+    assert [r["step"] for r in _metrics(out)] == list(range(1, 41)), "no step lost, none twice"
+    from mlflow import MlflowClient
+
+    history = MlflowClient(f"sqlite:///{ws}/mlflow.db").get_metric_history(res["mlflow_run_id"], "loss")
+    assert sorted(m.step for m in history) == list(range(1, 41)), "the resumed run's charts are whole"
+    _assert_bit_identical(out, ws, ref_out, ref_ws)
+
+
+def _assert_like_the_reference_on_other_ranks(out: Path, ref_out: Path, resumed: int) -> None:
+    """What test_two_cpu_ranks_with_zero2_match_one_rank_with_the_same_global_batch allows between 1 and 2
+    ranks: the same global batches, per-step losses/accuracies/grad norms within a median relative
+    difference of 1e-5 and at most 3e-3 at any step, the exported weights within 1e-3 (relative)."""
+    from safetensors.torch import load_file
+
+    got, ref = _metrics(out), _metrics(ref_out)
+    assert [r["step"] for r in got] == list(range(1, 41)) == [r["step"] for r in ref], "no step lost, none twice"
+    assert [r["tokens"] for r in got] == [r["tokens"] for r in ref], "the same global batches after the resume"
+    rel = {}
+    for a, b in zip(got, ref):
+        assert {k for k in a if "/" in k} == {k for k in b if "/" in k}, a["step"]
+        for k in a:
+            if ("loss" in k or "accuracy" in k or k == "grad_norm") and np.isfinite(a[k]) and np.isfinite(b[k]):
+                rel[(a["step"], k)] = abs(a[k] - b[k]) / max(abs(b[k]), 1e-6)
+    after = [v for (step, _), v in rel.items() if step > resumed]
+    assert len(after) >= 5 * (40 - resumed), "the steps after the resume were compared"
+    assert np.median(after) < 1e-5 and max(after) < 3e-3, (np.median(after), max(after))
+    assert max(rel.values()) < 3e-3
+    w, w_ref = load_file(out / "model" / "model.safetensors"), load_file(ref_out / "model" / "model.safetensors")
+    diff = sum(((w[k] - w_ref[k]) ** 2).sum().item() for k in w_ref) ** 0.5
+    assert diff / sum((v ** 2).sum().item() for v in w_ref.values()) ** 0.5 < 1e-3, "the same weights, relatively"
+
+
+def _rerun_on_one_rank(run_cli, demo_ws: Path, checkpoints: Path, ws: Path, zero_stage: int):
+    import shutil
+
+    _linked(demo_ws, ws)
+    (ws / "pretrain").mkdir()
+    shutil.copytree(checkpoints, ws / "pretrain" / "_checkpoints", symlinks=True)
+    assert _complete_checkpoints(ws)
+    return run_cli("run", "pretrain", "--spec", DEMO, "--workspace", ws, "--json", *SMALL,
+                   "--set", "pretrain.ranks=1", "--set", f"pretrain.zero_stage={zero_stage}")
+
+
+def test_a_run_killed_on_two_ranks_resumes_on_one_with_zero2(run_cli, demo_run, two_ranks, launcher_killed,
+                                                              tmp_path):
+    """docs/stages/pretrain.md: ranks are left out of the fingerprint "so a run killed on 8 GPUs resumes on 16"."""
+    _, ref_out, _ = two_ranks
+    _, snapshot, record = launcher_killed
+    rc, out, err = _rerun_on_one_rank(run_cli, Path(demo_run[1]), snapshot, tmp_path / "one", 2)
+    if rc != 0 and "Automatic adjustment of ZeRO's optimizer state partitioning with a new world size is not " \
+                   "currently supported" in err:
+        pytest.xfail("known bug: DeepSpeed refuses a ZeRO-1/2/3 checkpoint saved by another data-parallel world "
+                     "size (engine._load_zero_checkpoint), so the documented resume on another rank count fails, "
+                     "and the error's 'run the same command again' never helps")
+    assert rc == 0, err[-3000:]
+    res = json.loads(out)["stages"]["pretrain"]
+    out = Path(res["output_dir"])
+    resumed = json.loads((out / "_manifest.json").read_text())["resumed_from_step"]
+    assert resumed == int(record["after"]["checkpoints"][-1].split("-")[1]) >= 10, "resumed, not from scratch"
+    launch = [ln for ln in (out / "train.log").read_text().splitlines() if ln.startswith("$ ")][-1]
+    assert "--num_gpus 1" in launch
+    _assert_like_the_reference_on_other_ranks(out, ref_out, resumed)
+
+
+@pytest.fixture(scope="module")
+def zero0_two_ranks(demo_run, tmp_path_factory, prefect_server):
+    """The uninterrupted run of silent_launcher_killed's spec: 2 CPU ranks, ZeRO-0, 40 steps."""
+    import contextlib
+    import io
+
+    from xylent.cli import main
+
+    ws = _linked(Path(demo_run[1]), tmp_path_factory.mktemp("pt") / "zero0")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), "--json", *SMALL,
+                   "--set", "pretrain.ranks=2", "--set", "pretrain.zero_stage=0"])
+    assert rc == 0
+    return Path(json.loads(buf.getvalue())["stages"]["pretrain"]["output_dir"])
+
+
+@pytest.fixture(scope="module")
+def silent_launcher_killed(demo_run, tmp_path_factory, prefect_server):
+    """Like launcher_killed, on ZeRO-0 and with ranks that print nothing between checkpoints (log_every
+    beyond the run, not in the fingerprint): only the launcher's death can stop them."""
+    ws = _linked(Path(demo_run[1]), tmp_path_factory.mktemp("pt") / "silent")
+    record = _kill_launcher_after_first_checkpoint(ws, "--set", "pretrain.zero_stage=0",
+                                                   "--set", "pretrain.log_every=1000")
+    return ws, record
+
+
+def test_ranks_that_print_nothing_do_not_outlive_a_killed_launcher(silent_launcher_killed):
+    _, record = silent_launcher_killed
+    assert record["ranks"] == 2
+    assert record["survivors"] == [], f"ranks still running a minute after the kill: {record['survivors']}"
+    late = sorted(set(record["after"]["checkpoints"]) - set(record["at_kill"]["checkpoints"]))
+    if late:
+        pytest.xfail(f"known bug: after the kill the ranks trained on from step {record['at_kill']['steps']} to "
+                     f"{record['after']['steps']} and wrote {late}, dying {record['seconds_until_gone']:.1f} s "
+                     "later only because rank 0's next print hit the closed pipe: PR_SET_PDEATHSIG reaches the "
+                     "`deepspeed` runner, which exits without stopping deepspeed.launcher.launch and the ranks")
+    assert record["after"]["steps"] < 20, "the ranks stopped with the launcher"
+
+
+def test_a_run_killed_on_two_ranks_resumes_on_one_with_zero0(run_cli, zero0_two_ranks, silent_launcher_killed):
+    """The documented resume on another world size, where DeepSpeed allows it (ZeRO-0: the optimizer state
+    is not partitioned), against the uninterrupted run of the same spec. (ZeRO-0 and ZeRO-2 runs are not
+    interchangeable references: their gradient reductions round differently, and a flipped generator sample
+    moves the weights apart by ~2e-3 relative within 40 steps.)"""
+    ref_out = zero0_two_ranks
+    ws, record = silent_launcher_killed
+    _, out = _pretrain(run_cli, ws, "--set", "pretrain.ranks=1", "--set", "pretrain.zero_stage=0")
+    resumed = json.loads((out / "_manifest.json").read_text())["resumed_from_step"]
+    assert resumed == int(record["after"]["checkpoints"][-1].split("-")[1]) >= 10, "resumed, not from scratch"
+    launches = [ln for ln in (out / "train.log").read_text().splitlines() if ln.startswith("$ ")]
+    assert "--num_gpus 2" in launches[0] and "--num_gpus 1" in launches[-1]
+    _assert_like_the_reference_on_other_ranks(out, ref_out, resumed)
 
 
 def test_mlm_ablation_with_zero3_mixed_tasks_and_accumulation_exports_a_loadable_encoder(run_cli, demo_run, tmp_path):
@@ -147,11 +425,26 @@ def test_mlm_ablation_with_zero3_mixed_tasks_and_accumulation_exports_a_loadable
     assert not any("discriminator_loss" in k for r in rows for k in r), "MLM/TLM has no discriminator"
     assert np.mean([r["mrtd/generator_loss"] for r in rows[-5:]]) < np.mean([r["mrtd/generator_loss"]
                                                                             for r in rows[:5]])
+    import torch
+    from safetensors.torch import load_file
+
     import models
+    from models.config import EncoderConfig
+    from models.electra import MaskedLMModel
 
     enc = models.load_pretrained(out / "model")
-    assert json.loads((out / "model" / "config.json").read_text())["objective"] == "mlm"
-    assert enc.embed(["Hallo Welt", "Bonjour"]).shape == (2, enc.config.hidden)
+    cfg = json.loads((out / "model" / "config.json").read_text())
+    assert cfg["objective"] == "mlm"
+    full = MaskedLMModel(EncoderConfig(**cfg["encoder"]))
+    full.load_state_dict(load_file(str(out / "model" / "pretraining.safetensors")))  # strict: every weight
+    full.eval()
+    ids, mask = enc.tokenize(["Hallo Welt", "Bonjour", "早上好"])
+    with torch.no_grad():
+        same = full.encoder(full.embeddings(ids), ids == 3)
+    assert torch.allclose(enc(ids, mask), same, atol=1e-6), "the exported encoder is the trained MLM encoder"
+    vecs = enc.embed(["Hallo Welt", "Bonjour"])
+    assert vecs.shape == (2, enc.config.hidden) and torch.isfinite(vecs).all()
+    assert not torch.allclose(vecs[0], vecs[1], atol=1e-3), "different texts, different embeddings"
 
     again, out2 = _pretrain(run_cli, ws, *mlm, "--force")
     assert again["cached"] is False and out2 == out
