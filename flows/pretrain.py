@@ -23,8 +23,8 @@ from flows.sampling import sampling
 from flows.shards import shards
 from flows.vocab import vocab
 from tasks.pretrain import publish
-from tasks.pretrain.config import train_config
-from tasks.pretrain.launch import deepspeed_command, launch
+from tasks.pretrain.config import check_resumable, train_config
+from tasks.pretrain.launch import deepspeed_command, launch, world_size
 
 _STEP = re.compile(r"xylent: step (\d+)/(\d+)")
 
@@ -69,6 +69,7 @@ def pretrain(ctx: StageContext) -> StageOutcome:
     cfg = train_config(spec, ctx.upstream, ckdir, ctx.run_id, tracker.uri)
     cfg.save(ckdir / "train.json")
     hostfile = str(spec.resolve_path(p.hostfile)) if p.hostfile else None
+    check_resumable(cfg, world_size(p.ranks, hostfile))
     cmd = deepspeed_command(ckdir / "train.json", ranks=p.ranks, hostfile=hostfile, master_port=p.master_port)
     result = train_ranks.submit(cmd, str(ckdir / "train.log"), p.steps, cfg.checkpoint_dir,
                                 None if hostfile else p.ranks).result()

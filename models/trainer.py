@@ -55,6 +55,33 @@ def complete_checkpoints(root: Path) -> list[Path]:
     return sorted(p for p in root.glob("step-*") if (p / COMPLETE).exists())
 
 
+def checkpoint_info(tag_dir: Path) -> dict:
+    """What a checkpoint's COMPLETE marker records: step, time, world_size, zero_stage."""
+    try:
+        return json.loads((Path(tag_dir) / COMPLETE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def resume_problem(tag_dir: Path, world: int, zero_stage: int) -> str | None:
+    """Why a checkpoint cannot be resumed on ``world`` ranks, or None.
+
+    DeepSpeed saves ZeRO 1-3 optimizer state partitioned by rank and cannot
+    re-partition it for another data-parallel size; ZeRO-0 state is whole."""
+    info = checkpoint_info(tag_dir)
+    saved = info.get("world_size")
+    if saved is None or saved == world or (zero_stage == 0 and info.get("zero_stage", 0) == 0):
+        return None
+    return (f"the checkpoint at step {info.get('step')} was saved by {saved} rank(s) with ZeRO-{info.get('zero_stage')} "
+            f"and this run has {world}: DeepSpeed cannot re-partition ZeRO optimizer state for another world size")
+
+
+def refuse_other_world_size(tag_dir: Path, world: int, zero_stage: int) -> None:
+    why = resume_problem(tag_dir, world, zero_stage)
+    if why:
+        raise SystemExit(f"xylent: {why}; resume with the same number of ranks, or train again with --force")
+
+
 def ds_config(cfg: TrainConfig, bf16: bool, world: int) -> dict:
     base = json.loads(Path(cfg.deepspeed_config).read_text())
     base = {k: v for k, v in base.items() if not k.startswith("_")}  # the ZeRO stage is the file's own
@@ -170,6 +197,7 @@ def train(cfg: TrainConfig) -> None:
     start = 0
     done = complete_checkpoints(ckroot)
     if done:
+        refuse_other_world_size(done[-1], world, cfg.zero_stage)
         tag = done[-1].name
         _, client = engine.load_checkpoint(str(ckroot), tag=tag)
         start = int(client["step"])
@@ -247,11 +275,44 @@ def save_checkpoint(engine, cfg: TrainConfig, root: Path, step: int, loader_stat
                root / tag / f"rng-rank{rank}.pt")
     dist.barrier()
     if rank == 0:
-        (root / tag / COMPLETE).write_text(json.dumps({"step": step, "time": time.time()}))
+        (root / tag / COMPLETE).write_text(json.dumps({"step": step, "time": time.time(), "world_size": world,
+                                                       "zero_stage": cfg.zero_stage}))
         for old in complete_checkpoints(root)[:-cfg.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
         print(f"xylent: checkpoint {root / tag}", flush=True)
     dist.barrier()
+
+
+def watch_parent() -> None:
+    """Die with the xylent process that started the launcher (XYLENT_PARENT=pid:start_time).
+
+    A kill -9 of xylent gives its children no chance to stop the ranks (the
+    launcher's own parent-death signal reaches only the launcher, which exits
+    without stopping them), so every local rank checks once a second and takes its
+    process group (the launcher's, ranks included) down when the parent is gone."""
+    spec = os.environ.get("XYLENT_PARENT")
+    if not spec:
+        return
+    import signal
+    import threading
+
+    import psutil
+
+    pid, started = spec.split(":")
+
+    def alive() -> bool:
+        try:
+            return abs(psutil.Process(int(pid)).create_time() - float(started)) < 1e-3  # not a reused pid
+        except psutil.Error:
+            return False
+
+    def loop() -> None:
+        while alive():
+            time.sleep(1.0)
+        print(f"xylent: the process that started this run ({pid}) is gone; stopping the ranks", flush=True)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=loop, name="xylent-parent-watch", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -259,6 +320,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--config", required=True, help="train.json written by the pretrain flow")
     ap.add_argument("--local_rank", type=int, default=0, help="set by the deepspeed launcher")
     args = ap.parse_args(argv)
+    watch_parent()
     train(TrainConfig.load(args.config))
 
 

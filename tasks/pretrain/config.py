@@ -75,3 +75,18 @@ def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str
         deepspeed_config=str(ds_path), zero_stage=stage, model=enc.to_dict(),
         lr=p.lr or DEFAULT_LR[spec.model.size], clip=p.clip or DEFAULT_CLIP[spec.model.size], seed=spec.seed,
         mlflow_tracking_uri=tracking_uri, mlflow_run_id=run_id, **{k: getattr(p, k) for k in _AS_IS})
+
+
+def check_resumable(cfg: TrainConfig, world: int) -> None:
+    """Refuse, before anything starts, to resume a ZeRO 1-3 checkpoint on another world size."""
+    from models.trainer import checkpoint_info, complete_checkpoints, resume_problem
+
+    done = complete_checkpoints(Path(cfg.checkpoint_dir))
+    if not done:
+        return
+    why = resume_problem(done[-1], world, cfg.zero_stage)
+    if why:
+        saved = checkpoint_info(done[-1])["world_size"]
+        raise XylentError(why, where=str(done[-1]),
+                          fix=f"resume on {saved} rank(s) (pretrain.ranks={saved}, or the same hostfile), or start "
+                              "again with --force; to change the world size mid-run, train with pretrain.zero_stage=0")

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import psutil
+
 from xylent.errors import XylentError
 
 TRAINER_MODULE = "models.trainer"
@@ -62,6 +64,14 @@ def deepspeed_command(config: Path, *, ranks: int, hostfile: str | None = None, 
     return cmd
 
 
+def world_size(ranks: int, hostfile: str | None) -> int:
+    """Ranks a launch will start: ``ranks`` locally, or the slots of a DeepSpeed hostfile."""
+    if not hostfile:
+        return ranks
+    slots = re.findall(r"slots\s*=\s*(\d+)", Path(hostfile).read_text())
+    return sum(int(n) for n in slots) or 1
+
+
 def _die_with_parent() -> None:
     os.setsid()
     # not Linux (no libc.so.6): the process group is still ours to kill in launch()'s finally
@@ -80,6 +90,8 @@ def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None
     env = os.environ.copy()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    me = psutil.Process()
+    env["XYLENT_PARENT"] = f"{me.pid}:{me.create_time()}"  # local ranks die with us, even after a kill -9
     if not gpu_available():
         env["DS_ACCELERATOR"] = "cpu"  # CPU ranks talk over gloo
         env.setdefault("CUDA_VISIBLE_DEVICES", "")
