@@ -42,7 +42,7 @@ def compose(results: dict[str, dict], examples: dict[str, int], grid_dir: Path, 
                           where="spec field vocab.grid", fix="use smaller grid sizes, or more text")
     q = dict(zip(usable, language_distribution([examples.get(lang, 0) for lang in usable], cfg.alpha)))
 
-    @lru_cache(maxsize=None)
+    @lru_cache(maxsize=256)  # the allocation scan asks for each grid model once: keep few in memory
     def pieces(lang: str, size: int) -> frozenset:
         return frozenset(model_pieces(grid_dir / f"{lang}.{size}.model"))
 
