@@ -396,7 +396,7 @@ def test_ranks_that_print_nothing_do_not_outlive_a_killed_launcher(silent_launch
     assert record["survivors"] == [], f"ranks still running a minute after the kill: {record['survivors']}"
     late = sorted(set(record["after"]["checkpoints"]) - set(record["at_kill"]["checkpoints"]))
     assert not late, f"the ranks trained on after the kill and wrote {late}"
-    assert record["seconds_until_gone"] < 10, "every local rank watches the xylent process (1 s period)"
+    assert record["seconds_until_gone"] < 10, "every local rank watches the xylent process (0.1 s period)"
     assert record["after"]["steps"] <= record["at_kill"]["steps"] + 5, "the ranks stopped with the launcher"
 
 
