@@ -59,6 +59,7 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
-        if self._artifact_id is not None and self.total:
+        if self._artifact_id is not None:  # finished: 100 %, also when the total was never known (no sizes)
+            self.total = self.total or max(self.done, 1.0)
             self.done = self.total
             self._push()
