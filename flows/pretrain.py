@@ -69,8 +69,8 @@ def pretrain(ctx: StageContext) -> StageOutcome:
     cfg = train_config(spec, ctx.upstream, ckdir, ctx.run_id, tracker.uri)
     cfg.save(ckdir / "train.json")
     hostfile = str(spec.resolve_path(p.hostfile)) if p.hostfile else None
-    check_resumable(cfg, world_size(p.ranks, hostfile))
     cmd = deepspeed_command(ckdir / "train.json", ranks=p.ranks, hostfile=hostfile, master_port=p.master_port)
+    check_resumable(cfg, world_size(p.ranks, hostfile))  # after the command: it checks the hostfile exists
     result = train_ranks.submit(cmd, str(ckdir / "train.log"), p.steps, cfg.checkpoint_dir,
                                 None if hostfile else p.ranks).result()
 
