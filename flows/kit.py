@@ -23,13 +23,12 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, State
 
 import xylent
-from xylent.markdown import markdown_table
 from xylent.spec import Spec, load_spec
 from xylent.stage import StageContext, StageDef, StageOutcome, stage_fingerprints, workspace_for
 from xylent.tracking import Tracker, tracking_uri_for
 from xylent.workspace import Workspace, read_manifest
 
-__all__ = ["Invocation", "StageContext", "StageOutcome", "markdown_table", "stage_flow"]
+__all__ = ["Invocation", "StageContext", "StageOutcome", "stage_flow"]
 
 
 def _versions() -> dict[str, str]:

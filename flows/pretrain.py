@@ -4,8 +4,8 @@ of the XY-LENT/XLM-E model (or the MLM/TLM ablation) -> exported ``model/``.
 Checkpoints live outside the atomically published output, in
 ``<ws>/pretrain/_checkpoints/<fingerprint>/``, so a killed or failed run is
 resumed by running the same command again; the fingerprint leaves out how the
-run is launched (ranks, hostfile, ports, logging), so a restart may use more or
-fewer ranks.
+run is launched (ranks, hostfile, ports, logging). A ZeRO 1-3 checkpoint resumes
+on the world size that saved it (another is refused up front); ZeRO-0 on any.
 """
 
 from __future__ import annotations

@@ -47,12 +47,9 @@ def make_task_runner(cfg: RunnerConfig):
     raise XylentError(f"unknown runner kind {cfg.kind!r}", where="spec field runner.kind")
 
 
-def submit_all(runner, task, calls: list[dict]) -> list:
+def _submit_all(runner, task, calls: list[dict]) -> list:
     """Submit ``task`` once per parameter dict on an entered ``runner``; return futures.
-
-    Flows build their runner from the spec at run time (the flow decorator's
-    runner is fixed at import), which is why they submit through this.
-    """
+    (Runners come from the spec at run time: a flow decorator's runner is fixed at import.)"""
     return [runner.submit(task, parameters=kw) for kw in calls]
 
 
@@ -79,7 +76,7 @@ def run_tasks(task, calls: list[dict], *, runner, title: str = "", unit: str = "
 
 
 def _results(runner, task, calls, progress):
-    for fut in submit_all(runner, task, calls):
+    for fut in _submit_all(runner, task, calls):
         yield fut.result()
         if progress is not None:
             progress.advance(1)

@@ -34,7 +34,7 @@ def pack_task(name: str, tokenized: list[dict], out: Path, cfg: ShardsConfig, sp
             version="1", reads=("shards",), upstream=(dedup, vocab))
 def shards(ctx: StageContext) -> StageOutcome:
     cfg, model = ctx.spec.shards, tokenizer_path(ctx.upstream["vocab"])
-    specials = special_ids(load_tokenizer(ctx.upstream["vocab"]))
+    specials = special_ids(load_tokenizer(ctx.upstream["vocab"]), str(model))
     parts = batches(work_items(ctx.upstream["dedup"]), task_slots(ctx.spec.runner))
     progress = Progress("shards", len(parts), unit="tasks", key="shards-progress")
     try:

@@ -59,6 +59,12 @@ def test_models_take_only_the_loader_contract_from_tasks():
     assert used <= {"tasks.shards.loader"}, used
 
 
+def test_only_the_pretrain_stage_logic_uses_models():
+    users = sorted({str(p.relative_to(ROOT)) for p in _modules("tasks") for name in _imports(p)
+                    if _top(name) == "models"})
+    assert users and all(u.startswith("tasks/pretrain/") for u in users), users
+
+
 def test_nothing_imports_the_cli_and_nobody_patches_sys_path():
     for package in PACKAGES:
         for p in _modules(package):

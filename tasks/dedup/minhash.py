@@ -146,19 +146,3 @@ def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
                 acc = _splitmix(acc * np.uint64(0x100000001B3) + v)
             keys[:, i] = acc
     return keys
-
-
-def estimated_jaccard(sig: np.ndarray, i: np.ndarray, j: np.ndarray) -> np.ndarray:
-    return (sig[i] == sig[j]).mean(axis=1)
-
-
-def lsh_params(num_perm: int, threshold: float) -> tuple[int, int]:
-    """Bands and rows: 14 x 8 for the default 112 permutations (S-curve midpoint
-    (1/14)^(1/8) ≈ 0.72, so pairs at Jaccard 0.8 are caught with p ≈ 0.9 per
-    band set); otherwise the split of num_perm whose midpoint is closest to
-    the threshold."""
-    if num_perm == 112:
-        return 14, 8
-    best = min(((b, num_perm // b) for b in range(1, num_perm + 1) if num_perm // b >= 1),
-               key=lambda br: abs((1 / br[0]) ** (1 / br[1]) - threshold))
-    return best

@@ -48,6 +48,9 @@ def deepspeed_config(spec: Spec) -> tuple[Path, int]:
     except FileNotFoundError:
         raise XylentError("DeepSpeed config not found", where=str(path),
                           fix="point pretrain.deepspeed_config at a JSON file, or leave it unset") from None
+    except OSError as exc:
+        raise XylentError(f"the DeepSpeed config cannot be read ({exc.strerror})", where=str(path),
+                          fix="point pretrain.deepspeed_config at a readable JSON file") from None
     except (json.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
         raise XylentError(f"the DeepSpeed config is not a JSON object with zero_optimization.stage ({exc})",
                           where=str(path), fix="fix the file (see infra/deepspeed/zero2.json for the shape)") from None
@@ -67,7 +70,7 @@ def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str
             raise XylentError(f"pretrain.tasks has {t!r} but the shards hold no {t.upper()} data",
                               where=str(upstream["shards"]), fix=f"drop {t!r} from pretrain.tasks or add sources")
     tokenizer = load_tokenizer(upstream["vocab"])
-    enc = encoder_config(spec, tokenizer.get_piece_size(), index["seq_len"], special_ids(tokenizer))
+    enc = encoder_config(spec, tokenizer.get_piece_size(), index["seq_len"], special_ids(tokenizer, str(upstream["vocab"])))
     ds_path, stage = deepspeed_config(spec)
     return TrainConfig(
         shards_dir=str(upstream["shards"]), sampling_dir=str(upstream["sampling"]),

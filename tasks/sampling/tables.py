@@ -19,7 +19,6 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import ot
 
 from xylent.errors import XylentError
 
@@ -122,6 +121,8 @@ def _explain_infeasible(support: np.ndarray, a: np.ndarray, names: list[str] | N
             where="sampling: bitext pair counts", fix=fix)
     # Which rows cannot be served inside the support: the LP that moves as little
     # mass as possible outside it says.
+    import ot  # POT loads torch/sklearn backends: imported where used, not by readers of the tables
+
     penalty = np.where(support, 0.0, 1.0)
     plan = ot.emd(a, a, penalty)
     outside = (plan * (~support)).sum(axis=1)
@@ -135,6 +136,8 @@ def _explain_infeasible(support: np.ndarray, a: np.ndarray, names: list[str] | N
 def sinkhorn_pair_distribution(counts: np.ndarray, temperature: float, *, eps: float = 0.0,
                                max_iter: int = 100_000, names: list[str] | None = None) -> np.ndarray:
     """XY-LENT's P* (L×L, symmetric, sums to 1); exactly zero where counts are zero when ``eps == 0``."""
+    import ot  # see _explain_infeasible
+
     s = symmetric_counts(counts)
     idx, q = _canonical(s)
     a = target_marginal(q, temperature)
@@ -168,6 +171,8 @@ def sinkhorn_pair_distribution(counts: np.ndarray, temperature: float, *, eps: f
 
 def m2m_pair_distribution(counts: np.ndarray, temperature: float) -> np.ndarray:
     """The M2M-100 table: an optimal vertex of max Tr(PQ) s.t. P1 = Pᵀ1 = a."""
+    import ot  # see _explain_infeasible
+
     s = symmetric_counts(counts)
     idx, q = _canonical(s)
     a = target_marginal(q, temperature)
