@@ -55,6 +55,12 @@ def complete_checkpoints(root: Path) -> list[Path]:
     return sorted(p for p in root.glob("step-*") if (p / COMPLETE).exists())
 
 
+def gradient_norm(module: torch.nn.Module) -> float | None:
+    """Global L2 norm of the (already all-reduced) gradients, before clipping."""
+    norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else None
+
+
 def checkpoint_info(tag_dir: Path) -> dict:
     """What a checkpoint's COMPLETE marker records: step, time, world_size, zero_stage."""
     try:
@@ -223,7 +229,8 @@ def train(cfg: TrainConfig) -> None:
         t0 = time.perf_counter()
         lr = schedule.get_last_lr()[0]  # the lr this step uses
         sums: dict[str, torch.Tensor] = {}
-        for micro, task in enumerate(task_plan(cfg, step)):
+        plan, unclipped_norm = task_plan(cfg, step), None
+        for micro, task in enumerate(plan):
             batch = next(iters[task])
             ids = torch.from_numpy(batch["input_ids"]).long().to(device)
             pad = ids == loaders[task].pad
@@ -236,6 +243,8 @@ def train(cfg: TrainConfig) -> None:
                 dist.all_reduce(reduced)
             g_norm, d_norm = max(reduced[2].item(), 1) / world, max(reduced[4].item(), 1) / world
             engine.backward(engine.module.loss(st, g_norm, d_norm))
+            if rank == 0 and cfg.zero_stage == 0 and micro == len(plan) - 1:
+                unclipped_norm = gradient_norm(engine.module)  # DeepSpeed keeps no global norm without ZeRO
             engine.step()
             sums[task] = sums.get(task, 0) + reduced.cpu()
         if cuda:
@@ -248,6 +257,7 @@ def train(cfg: TrainConfig) -> None:
             loss = sum(metrics.get(f"{t}/generator_loss", 0) + cfg.disc_weight * metrics.get(
                 f"{t}/discriminator_loss", 0) for t in sums) / len(sums)
             gn = engine.get_global_grad_norm()
+            gn = unclipped_norm if gn is None else gn
             metrics.update({"loss": loss, "lr": lr, "grad_norm": float(gn) if gn is not None else float("nan"),
                             "tokens_per_second": tokens / seconds, "step_seconds": seconds, "tokens": tokens})
             if cuda:

@@ -412,6 +412,8 @@ def test_a_run_killed_on_two_ranks_resumes_on_one_with_zero0(run_cli, zero0_two_
     assert resumed == int(record["after"]["checkpoints"][-1].split("-")[1]) >= 10, "resumed, not from scratch"
     launches = [ln for ln in (out / "train.log").read_text().splitlines() if ln.startswith("$ ")]
     assert "--num_gpus 2" in launches[0] and "--num_gpus 1" in launches[-1]
+    norms = [r["grad_norm"] for r in _metrics(out)]
+    assert len(norms) == 40 and all(np.isfinite(norms)) and min(norms) > 0, "ZeRO-0 reports its gradient norm too"
     _assert_like_the_reference_on_other_ranks(out, ref_out, resumed)
 
 
