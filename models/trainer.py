@@ -303,6 +303,7 @@ def watch_parent() -> None:
     spec = os.environ.get("XYLENT_PARENT")
     if not spec:
         return
+    import contextlib
     import signal
     import threading
 
@@ -319,12 +320,9 @@ def watch_parent() -> None:
     def loop() -> None:
         while alive():
             time.sleep(0.1)  # tiny CPU steps take ~0.1 s: a slower watch lets a kill -9'd run write on
-        try:  # the log's reader was that process: this line usually has nowhere to go
+        with contextlib.suppress(OSError):  # the log's reader was that process: the line may have nowhere to go
             print(f"xylent: the process that started this run ({pid}) is gone; stopping the ranks", flush=True)
-        except OSError:
-            pass
-        finally:
-            os.killpg(os.getpgid(0), signal.SIGKILL)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
 
     threading.Thread(target=loop, name="xylent-parent-watch", daemon=True).start()
 
