@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import time
@@ -168,7 +169,29 @@ def summarise(sums: dict[str, torch.Tensor]) -> dict[str, float]:
             out[f"{task}/discriminator_precision"] = tp / pred_pos if pred_pos else 0.0
             out[f"{task}/discriminator_recall"] = tp / pos if pos else 0.0
             out[f"{task}/replaced_fraction"] = pos / d_count
+            # the loss of always answering the base rate: a discriminator at or above it has learned nothing
+            q = min(max(pos / d_count, 1e-12), 1 - 1e-12)
+            out[f"{task}/discriminator_base_loss"] = -(q * math.log(q) + (1 - q) * math.log(1 - q))
     return out
+
+
+class UnigramBaseline:
+    """The generator's trivial peer: cross-entropy of the step's tokens under the
+    add-one unigram distribution of the tokens seen before it (this rank's share).
+    Masked positions are a uniform draw of the non-special tokens, so this is the
+    loss a generator that ignores the context would reach."""
+
+    def __init__(self, vocab_size: int, special_ids: list[int]):
+        self.counts = torch.ones(vocab_size, dtype=torch.float64)
+        self.special = torch.tensor(sorted(special_ids), dtype=torch.long)
+
+    def __call__(self, ids: torch.Tensor, pad: torch.Tensor) -> float:
+        tokens = ids[~pad & ~torch.isin(ids, self.special.to(ids.device))].cpu()
+        if not len(tokens):
+            return float("nan")
+        loss = -(self.counts[tokens] / self.counts.sum()).log().mean().item()
+        self.counts += torch.bincount(tokens, minlength=len(self.counts)).double()
+        return loss
 
 
 def train(cfg: TrainConfig) -> None:
@@ -224,11 +247,13 @@ def train(cfg: TrainConfig) -> None:
     seq_len = loaders[cfg.tasks[0]].seq_len
     fpt = flops_per_token(enc, seq_len, cfg.objective, cfg.mask_prob)
     peak = peak_tflops(torch.cuda.get_device_name(device), cfg.peak_tflops) if cuda else None
+    unigram = UnigramBaseline(enc.vocab_size, enc.special_ids) if rank == 0 else None
     engine.train()
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
         lr = schedule.get_last_lr()[0]  # the lr this step uses
         sums: dict[str, torch.Tensor] = {}
+        unigram_losses: dict[str, list[float]] = {}
         plan, unclipped_norm = task_plan(cfg, step), None
         for micro, task in enumerate(plan):
             batch = next(iters[task])
@@ -237,6 +262,8 @@ def train(cfg: TrainConfig) -> None:
             seg = torch.from_numpy(batch["segment_ids"]).to(device) if "segment_ids" in batch else None
             rows = [rank + world * k for k in range(ids.shape[0])]
             noise = row_noise(cfg.seed, step, micro, rows, (~pad).sum(1).tolist(), ids.shape[1]).to(device)
+            if unigram is not None:
+                unigram_losses.setdefault(task, []).append(unigram(ids, pad))
             st = engine(ids, pad, seg, noise)
             reduced = torch.cat([st.sums(), st.counts()])
             if world > 1:
@@ -253,6 +280,7 @@ def train(cfg: TrainConfig) -> None:
         done_step = step + 1
         if rank == 0:
             metrics = summarise(sums)
+            metrics.update({f"{t}/generator_unigram_loss": sum(v) / len(v) for t, v in unigram_losses.items()})
             tokens = sum(float(v[-1]) for v in sums.values())
             loss = sum(metrics.get(f"{t}/generator_loss", 0) + cfg.disc_weight * metrics.get(
                 f"{t}/discriminator_loss", 0) for t in sums) / len(sums)

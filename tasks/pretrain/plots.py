@@ -21,14 +21,18 @@ def loss_curves(rows: list[dict], out: Path) -> None:
     """Generator and discriminator loss per task (moving average), lr, and throughput."""
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
     k = max(1, len(rows) // 50)
-    panels = [("generator_loss", axes[0, 0], "generator (MLM) loss"),
-              ("discriminator_loss", axes[0, 1], "discriminator (RTD) loss")]
-    for key, ax, title in panels:
+    # each loss next to its trivial peer (dashed): below it is learning, on it is not
+    panels = [("generator_loss", "generator_unigram_loss", "unigram", axes[0, 0], "generator (MLM) loss"),
+              ("discriminator_loss", "discriminator_base_loss", "base rate", axes[0, 1], "discriminator (RTD) loss")]
+    for key, peer, peer_name, ax, title in panels:
         for task in ("mrtd", "trtd"):
-            pts = [(r["step"], r[f"{task}/{key}"]) for r in rows if f"{task}/{key}" in r]
-            if pts:
-                s, y = np.array(pts).T
-                ax.plot(s[k - 1:] if k > 1 and len(y) >= k else s, _smooth(y, k), label=task.upper())
+            for name, style, label in ((key, "-", task.upper()), (peer, "--", f"{task.upper()} {peer_name}")):
+                pts = [(r["step"], r[f"{task}/{name}"]) for r in rows if f"{task}/{name}" in r]
+                if pts:
+                    s, y = np.array(pts).T
+                    color = {"mrtd": "C0", "trtd": "C1"}[task]
+                    ax.plot(s[k - 1:] if k > 1 and len(y) >= k else s, _smooth(y, k), style, color=color,
+                            label=label)
         ax.set_title(title)
         ax.set_xlabel("step")
         if ax.lines:

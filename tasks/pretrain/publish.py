@@ -118,8 +118,8 @@ def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Pa
 def summary(m: dict, p, cfg: TrainConfig, enc, name: str, uri: str, resumed: int) -> str:
     rows = []
     for t in ("mrtd", "trtd"):
-        for k in ("generator_loss", "discriminator_loss", "generator_accuracy", "discriminator_precision",
-                  "discriminator_recall"):
+        for k in ("generator_loss", "generator_unigram_loss", "discriminator_loss", "discriminator_base_loss",
+                  "generator_accuracy", "discriminator_precision", "discriminator_recall"):
             if f"first.{t}/{k}" in m:
                 rows.append({"task": t, "metric": k, "first steps": m[f"first.{t}/{k}"],
                              "last steps": m[f"final.{t}/{k}"]})
@@ -130,5 +130,19 @@ def summary(m: dict, p, cfg: TrainConfig, enc, name: str, uri: str, resumed: int
              f"Throughput: median {m['tokens_per_second_median']:,.0f} tokens/s" +
              (f", MFU {m['mfu_median']:.1%}" if "mfu_median" in m else "") + ".",
              f"Registered in MLflow as **{name}** ({uri})." + (f" Resumed at step {resumed}." if resumed else ""),
-             "", markdown_table(rows)]
+             "", markdown_table(rows), "", *verdicts(m)]
     return "\n".join(lines)
+
+
+def verdicts(m: dict) -> list[str]:
+    """Each final loss against its trivial peer, in words: a falling loss is not yet learning."""
+    out = []
+    for t in ("mrtd", "trtd"):
+        for key, peer, what in (("discriminator_loss", "discriminator_base_loss", "the base rate (always 'original')"),
+                                ("generator_loss", "generator_unigram_loss", "a unigram model")):
+            if f"final.{t}/{key}" in m and f"final.{t}/{peer}" in m:
+                ratio = m[f"final.{t}/{key}"] / m[f"final.{t}/{peer}"]
+                side = "below" if ratio < 0.97 else "not below"
+                out.append(f"- {t.upper()} {key.split('_')[0]}: final loss {m[f'final.{t}/{key}']:.3f} is {side} "
+                           f"{what} ({m[f'final.{t}/{peer}']:.3f}; ratio {ratio:.2f}).")
+    return out
