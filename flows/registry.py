@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from flows.dedup import dedup
 from flows.download import download
+from flows.evaluate import evaluate
 from flows.prepare import prepare
 from flows.pretrain import pretrain
 from flows.sampling import sampling
@@ -13,6 +14,6 @@ from flows.shards import shards
 from flows.vocab import vocab
 from xylent.stage import order_stages
 
-STAGE_FLOWS = [download, prepare, dedup, vocab, sampling, shards, pretrain]
+STAGE_FLOWS = [download, prepare, dedup, vocab, sampling, shards, pretrain, evaluate]
 STAGES = order_stages(f.stage for f in STAGE_FLOWS)  # checks: unique names, upstream declared first
 STAGE_NAMES = [s.name for s in STAGES]

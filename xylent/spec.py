@@ -12,14 +12,11 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from xylent.errors import XylentError
 from xylent.languages import check_language, parse_pair
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
+from xylent.spec_evaluate import EvaluateConfig, Strict
 
 
 SourceName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)]
@@ -115,6 +112,16 @@ class LocalSource(_FileSource):
     path: str
 
 
+class HoldoutConfig(Strict):
+    """Messages of a gettext source reserved for evaluation before prepare: they
+    never reach pretraining, and the evaluate stage's ``holdout`` tasks read them."""
+
+    fraction: float = Field(gt=0, lt=1, description="share of the source's English messages reserved")
+    test_fraction: float = Field(default=0.5, gt=0, lt=1,
+                                 description="share of the reserved messages a probe is tested on (the rest trains)")
+    seed: int = 0
+
+
 class GettextSource(SourceBase):
     """Translation catalogs (.po) shipped inside an installed Python package."""
 
@@ -129,6 +136,7 @@ class GettextSource(SourceBase):
         default="singular",
         description="singular: msgid <-> msgstr[0]; all: also msgid_plural <-> msgstr[1]; skip: drop plural entries",
     )
+    holdout: HoldoutConfig | None = Field(default=None, description="reserve messages for evaluation")
 
 
 Source = Annotated[
@@ -344,6 +352,7 @@ class Spec(Strict):
     shards: ShardsConfig = Field(default_factory=ShardsConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
 
     # where relative paths in the spec are resolved (the spec file's folder)
     base_dir: str = Field(default=".", exclude=True)
@@ -377,6 +386,20 @@ class Spec(Strict):
                         f"source {s.name!r} uses language {code!r}, which is not in the spec's 'languages'; "
                         "add it there or remove it from the source"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _evaluate(self):
+        known = set(self.languages)
+        holdouts = {s.name for s in self.sources if getattr(s, "holdout", None)}
+        for t in self.evaluate.tasks:
+            for code in t.languages:
+                if code not in known:
+                    raise ValueError(f"evaluate task {t.name!r} uses language {code!r}, which is not in the spec's "
+                                     "'languages'")
+            if t.format == "holdout" and t.source not in holdouts:
+                raise ValueError(f"evaluate task {t.name!r} reads the holdout of source {t.source!r}, but no gettext "
+                                 f"source of that name reserves one; sources with a holdout: {sorted(holdouts)}")
         return self
 
     def source_languages(self, source) -> list[str]:

@@ -27,6 +27,7 @@ from xylent.workspace import Workspace, fingerprint, read_manifest
 
 from tasks.prepare.clean import clean_array, decode_lines, length_mask
 from tasks.prepare.gettext import read_catalog
+from tasks.prepare.holdout import drop_reserved
 from tasks.prepare.layout import BITEXT, MONO, partition
 from tasks.prepare.readers import iter_line_blocks, iter_moses_pairs, lines_to_array
 from tasks.prepare.writer import BITEXT_SCHEMA, MONO_SCHEMA, PartWriter
@@ -291,6 +292,8 @@ def _prepare_gettext(ws: Workspace, records: list[dict], out: Path, cfg: Prepare
         texts.setdefault(rec["lang"], {}).update(trans)
         english.update(src)
     texts[src_lang] = english
+    if source_cfg.get("holdout"):
+        notes["holdout_dropped"] = drop_reserved(texts, dict(english), source_cfg["holdout"])
     max_lines = source_cfg.get("max_lines")
     rows = []
     for lang in sorted(texts):

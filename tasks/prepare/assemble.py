@@ -19,7 +19,10 @@ from tasks.prepare.layout import STATS_FILE
 def source_options(spec, name: str) -> dict:
     """The per-source settings prepare reads (part of a unit's fingerprint)."""
     src = next(s for s in spec.sources if s.name == name)
-    return {k: getattr(src, k) for k in ("max_lines", "plurals", "source_language") if hasattr(src, k)}
+    opts = {k: getattr(src, k) for k in ("max_lines", "plurals", "source_language") if hasattr(src, k)}
+    if getattr(src, "holdout", None) is not None:  # absent when unset: unchanged fingerprints for old specs
+        opts["holdout"] = src.holdout.model_dump(mode="json")
+    return opts
 
 
 def assemble(manifests: list[dict], ws: Workspace, out: Path) -> StageOutcome:

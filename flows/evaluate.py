@@ -1,0 +1,89 @@
+"""evaluate flow: every encoder of ``evaluate.models`` on every task of
+``evaluate.tasks``, side by side -> scores.json, scorecard.md, plots,
+predictions in XTREME's submission layout; one nested MLflow run per model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from flows.download import download
+from flows.kit import StageContext, StageOutcome, stage_flow
+from flows.pretrain import pretrain
+from flows.progress import Progress
+from tasks.evaluate.encoders import HuggingFaceEncoder, load_xylent, random_init
+from tasks.evaluate.run import evaluate_model, sentences_to_embed
+from tasks.evaluate.scorecard import PRIMARY, mlflow_metrics, references, write_scorecard
+from tasks.evaluate.sources import task_dirs
+
+VERSION = "1"
+
+
+def load_encoder(model, spec, pipeline_dir: Path):
+    if model == "pipeline":
+        return load_xylent("pipeline", pipeline_dir)
+    if model == "random-init":
+        return random_init("random-init", pipeline_dir, spec.evaluate.random_init_seed)
+    path = spec.resolve_path(model.path)
+    return load_xylent(model.name, path) if model.kind == "xylent" else HuggingFaceEncoder(model.name, path)
+
+
+@task(name="evaluate-model", task_run_name="evaluate {name}", cache_policy=NO_CACHE)
+def evaluate_model_task(name: str, model, spec, pipeline_dir: Path, data_dirs: dict, preds: Path, progress):
+    enc = load_encoder(model, spec, pipeline_dir)
+    cfg = spec.evaluate
+    return evaluate_model(enc, cfg.tasks, data_dirs, preds, batch_size=cfg.batch_size, max_length=cfg.max_length,
+                          on_batch=progress.advance)
+
+
+def _model_params(model) -> dict:
+    if isinstance(model, str):
+        return {"model": model, "kind": "xylent" if model == "pipeline" else "random-init"}
+    return {"model": model.name, "kind": model.kind, "path": model.path}
+
+
+@stage_flow("evaluate", description="scorecard: Tatoeba/BUCC retrieval and zero-shot probes for each encoder "
+            "side by side (XTREME conventions), with a random-init baseline", version=VERSION,
+            reads=("evaluate", "sources"), upstream=(download, pretrain))
+def evaluate(ctx: StageContext) -> StageOutcome:
+    cfg, tracker = ctx.spec.evaluate, ctx.tracker
+    cache = ctx.ws.stage_dir("evaluate") / "_cache"  # fetched archives outlive a failed run
+    data_dirs = {t.name: task_dirs(t, ctx.spec, ctx.upstream, ctx.out / "data", cache) for t in cfg.tasks}
+    per_model = sum(sentences_to_embed(t, *data_dirs[t.name]) for t in cfg.tasks)
+    progress = Progress("evaluate: sentences embedded", per_model * len(cfg.models) or None, unit="sentences",
+                        key="evaluate-progress")
+    scores = {"models": {}, "tasks": {t.name: t.model_dump(mode="json") for t in cfg.tasks},
+              "references": references()}
+    pipeline_dir = ctx.upstream["pretrain"] / "model"
+    try:
+        for model, name in zip(cfg.models, cfg.model_names()):
+            run_id = tracker.start_run(f"evaluate: {name}", parent_run_id=ctx.run_id, params=_model_params(model),
+                                       tags={"xylent.stage": "evaluate", "xylent.model": name})
+            try:
+                result = evaluate_model_task.submit(name, model, ctx.spec, pipeline_dir, data_dirs,
+                                                    ctx.out / "predictions" / name, progress).result()
+            except BaseException:
+                tracker.end_run(run_id, "FAILED")
+                raise
+            tracker.log_metrics(run_id, mlflow_metrics(result))
+            tracker.end_run(run_id)
+            scores["models"][name] = result
+    finally:
+        progress.close()
+    write_scorecard(ctx.out, scores)
+    metrics, table = {}, []
+    for name, result in scores["models"].items():
+        for m, v in mlflow_metrics(result).items():  # the stage run too: pipeline's under eval/, others prefixed
+            metrics[m if name == "pipeline" else f"{name}/{m}"] = v
+        for tname, r in result.items():
+            metric = PRIMARY[r["kind"]]
+            for lang, vals in r["languages"].items():
+                table.append({"model": name, "task": tname, "language": lang, "metric": metric,
+                              "value": round(vals.get(metric, float("nan")), 2)})
+    summary = "\n".join(f"- **{t}**: " + ", ".join(f"{m} {r[t]['avg']:.1f}" if r[t]["avg"] is not None else f"{m} –"
+                                                   for m, r in scores["models"].items()) for t in scores["tasks"])
+    return StageOutcome(metrics={k: v for k, v in metrics.items() if v is not None}, table=table,
+                        summary="Average score per task (0–100; details in scorecard.md):\n\n" + summary,
+                        manifest={"models": cfg.model_names(), "tasks": list(scores["tasks"])})

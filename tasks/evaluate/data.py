@@ -1,0 +1,146 @@
+"""Evaluation data built from what is installed: parallel pairs from a package's
+gettext catalogs (a Tatoeba-style task), and the messages a gettext source
+reserved before prepare (a probe task labelled by catalog, or retrieval pairs).
+
+Both are written in the same layouts the readers of real data read (Tatoeba's
+``<xx>-en.<xx>`` / ``<xx>-en.en``; the probe's ``train-<lang>.tsv`` /
+``test-<lang>.tsv``), so a user can look at exactly what was evaluated.
+"""
+
+from __future__ import annotations
+
+import os
+import unicodedata
+from pathlib import Path
+
+from tasks.download.assemble import read_records
+from tasks.prepare.gettext import Key, read_catalog
+from tasks.prepare.holdout import probe_split, reserved_keys
+from xylent.errors import XylentError
+
+
+def _clean(text: str) -> str:
+    # what prepare does to every segment (NFC, one line), so evaluation sees the text pretraining would have
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+def _catalog_texts(items: list[tuple[str, str, Path]], plurals: str) -> tuple[dict[str, dict[Key, str]], dict]:
+    """(lang, catalog, path) -> (lang -> key -> translation, key -> English msgid)."""
+    texts: dict[str, dict[Key, str]] = {}
+    english: dict[Key, str] = {}
+    for lang, catalog, path in sorted(items):
+        trans, src, _ = read_catalog(path, catalog, plurals)
+        texts.setdefault(lang, {}).update(trans)
+        english.update(src)
+    return texts, english
+
+
+def package_pairs(package: str, languages: list[str], locales: dict[str, str] | None = None,
+                  max_pairs: int | None = None) -> dict[str, tuple[list[str], list[str]]]:
+    """lang -> (xx sentences, en sentences) from an installed package's catalogs."""
+    from tasks.download.plan import plan_gettext
+    from xylent.spec import GettextSource, Spec
+
+    src = GettextSource(name="eval", kind="gettext", package=package, languages=["en", *languages],
+                       locales=locales or {})
+    spec = Spec(languages=["en", *languages], sources=[src])
+    items = [(it.lang, it.catalog, Path(it.path)) for it in plan_gettext(spec, src)]
+    texts, english = _catalog_texts(items, "singular")
+    return {lang: _pairs(texts.get(lang, {}), english, max_pairs) for lang in languages}
+
+
+def _pairs(trans: dict[Key, str], english: dict[Key, str], max_pairs: int | None) -> tuple[list[str], list[str]]:
+    return unique_pairs([(_clean(trans[k]), _clean(english[k])) for k in sorted(trans)], max_pairs)
+
+
+def unique_pairs(pairs: list[tuple[str, str]], max_pairs: int | None = None) -> tuple[list[str], list[str]]:
+    """One pair per distinct sentence on either side (a repeated sentence makes
+    acc@1 ill-defined), empty ones dropped, at most ``max_pairs``."""
+    seen_xx, seen_en, xx, en = set(), set(), [], []
+    for a, b in pairs:
+        if a and b and a not in seen_xx and b not in seen_en:
+            seen_xx.add(a)
+            seen_en.add(b)
+            xx.append(a)
+            en.append(b)
+    return (xx[:max_pairs], en[:max_pairs]) if max_pairs else (xx, en)
+
+
+def holdout_messages(download_dir: Path, source: str, holdout: dict, plurals: str, languages: list[str]):
+    """The reserved messages of ``source``: lang -> [(label, split, text)] with
+    label = the catalog's folder (Django: conf, contrib/admin, ...) and split
+    train/test; plus lang -> key -> text for pairing."""
+    recs = [r for r in read_records(download_dir) if r["source"] == source and r["format"] == "gettext"]
+    if not recs:
+        raise XylentError(f"the download stage has no gettext catalogs of source {source!r}",
+                          where="spec field evaluate.tasks[].source", fix="name a gettext source of the spec")
+    items = [(r["lang"], r["catalog"], Path(download_dir) / r["source"] / r["filename"]) for r in recs]
+    texts, english = _catalog_texts(items, plurals)
+    texts["en"] = english
+    keys = reserved_keys(english, holdout)
+    out = {}
+    for lang in languages:
+        rows = []
+        for k in sorted(keys & texts.get(lang, {}).keys()):
+            text = _clean(texts[lang][k])
+            if text:
+                rows.append((os.path.dirname(k[0]) or k[0], probe_split(english[k], holdout), text, k))
+        out[lang] = rows
+    return out
+
+
+def write_lines(path: Path, lines: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line.replace("\n", " ") + "\n" for line in lines), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_tatoeba(root: Path, pairs: dict[str, tuple[list[str], list[str]]]) -> Path:
+    """XTREME's preprocessed Tatoeba layout: ``<xx>-en.<xx>``, ``<xx>-en.en`` with
+    the English side sorted (so the answers are not the line order), and the gold
+    ``labels/test-<xx>.tsv``: per xx line, the index of its translation."""
+    for lang, (xx, en) in pairs.items():
+        order = sorted(range(len(en)), key=lambda i: en[i])
+        where = {i: rank for rank, i in enumerate(order)}
+        write_lines(root / f"{lang}-en.{lang}", xx)
+        write_lines(root / f"{lang}-en.en", [en[i] for i in order])
+        write_lines(root / "labels" / f"test-{lang}.tsv", [str(where[i]) for i in range(len(xx))])
+    return root
+
+
+def write_probe(root: Path, messages: dict[str, list[tuple]], train_language: str) -> Path:
+    """``train-<train_language>.tsv`` and ``test-<lang>.tsv``, lines ``label<TAB>text``."""
+    for lang, rows in messages.items():
+        write_lines(root / f"test-{lang}.tsv", [f"{lab}\t{text}" for lab, split, text, _ in rows if split == "test"])
+        if lang == train_language:
+            write_lines(root / f"train-{lang}.tsv",
+                        [f"{lab}\t{text}" for lab, split, text, _ in rows if split == "train"])
+    return root
+
+
+def read_probe(root: Path, lang: str, split: str) -> tuple[list[str], list[str]]:
+    """(labels, texts) of ``<split>-<lang>.tsv``; malformed lines name file and line."""
+    path = Path(root) / f"{split}-{lang}.tsv"
+    if not path.is_file():
+        raise XylentError(f"probe data has no {split} file for language {lang!r}", where=str(path),
+                          fix=f"add {path.name} (lines: label<TAB>text) or drop {lang!r} from the task's languages")
+    labels, texts, no = [], [], 0
+    with open(path, encoding="utf-8", errors="strict") as fh:
+        try:
+            for no, line in enumerate(fh, 1):
+                line = line.rstrip("\n")
+                if not line:
+                    continue
+                if line.count("\t") != 1 or not all(line.split("\t")):
+                    raise XylentError("a probe line must be 'label<TAB>text' with both non-empty",
+                                      where=f"{path}:{no}", fix="fix or remove that line")
+                lab, text = line.split("\t")
+                labels.append(lab)
+                texts.append(text)
+        except UnicodeDecodeError as exc:
+            raise XylentError(f"not UTF-8 text: {exc.reason}", where=f"{path} (after line {no - 1})",
+                              fix="re-encode the file as UTF-8") from None
+    if not texts:
+        raise XylentError("probe file has no examples", where=str(path), fix="fill it or drop the language")
+    return labels, texts

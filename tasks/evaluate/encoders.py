@@ -1,0 +1,143 @@
+"""The encoders the evaluate stage compares, behind one small interface.
+
+Every encoder turns texts into mean-pooled hidden states of one layer, in the
+convention of ``models.load_pretrained(dir).embed(texts, layer=...)``: index 0
+is the embedding output, index ``n_layers`` the last layer, negative indices
+count from the end.  Texts are embedded in length-sorted chunks (less padding)
+and yielded in their original order, one batch at a time, so a caller can
+stream them into a faiss index without holding any hidden state.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from xylent.errors import XylentError
+
+CHUNK_BATCHES = 16  # texts sorted by length within 16 batches: little padding, bounded memory
+
+
+def default_layer(n_layers: int) -> int:
+    """XTREME's retrieval convention, a middle layer: 7 of 12 for base models
+    (hidden-state index, embeddings = 0), 13 of 24 for large ones."""
+    return min(n_layers, n_layers // 2 + 1)
+
+
+class SentenceEncoder:
+    """Subclasses set ``name``, ``n_layers`` and implement :meth:`_hidden`."""
+
+    name: str
+    kind: str
+    n_layers: int
+
+    def layer_index(self, layer: int | None) -> int:
+        """The non-negative hidden-state index of ``layer`` (None: the default middle layer)."""
+        if layer is None:
+            return default_layer(self.n_layers)
+        idx = layer + self.n_layers + 1 if layer < 0 else layer
+        if not 0 <= idx <= self.n_layers:
+            raise XylentError(f"layer {layer} does not exist in model {self.name!r}: it has hidden states "
+                              f"0..{self.n_layers} (0 = embeddings)", where="spec field evaluate.tasks[].layer",
+                              fix=f"pick a layer in 0..{self.n_layers}, or leave it out for the middle layer")
+        return idx
+
+    def _hidden(self, texts: list[str], max_length: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """-> (hidden states per layer, each (B, L, H); attention mask (B, L))."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def pooled(self, texts: list[str], layers: Sequence[int], max_length: int) -> dict[int, np.ndarray]:
+        hidden, mask = self._hidden(texts, max_length)
+        m = mask.unsqueeze(-1).float()
+        return {i: ((hidden[i].float() * m).sum(1) / m.sum(1).clamp(min=1)).numpy() for i in layers}
+
+    def embed_batches(self, texts: Sequence[str], layers: Sequence[int], *, batch_size: int, max_length: int,
+                      on_batch: Callable[[int], None] = lambda n: None) -> Iterator[dict[int, np.ndarray]]:
+        """Mean-pooled float32 states of ``layers`` (non-negative indices), batch by
+        batch in the order of ``texts``."""
+        chunk = batch_size * CHUNK_BATCHES
+        for start in range(0, len(texts), chunk):
+            part = list(texts[start: start + chunk])
+            order = sorted(range(len(part)), key=lambda i: len(part[i]))
+            out = {i: np.empty((len(part), 0), np.float32) for i in layers}
+            for b in range(0, len(part), batch_size):
+                idx = order[b: b + batch_size]
+                got = self.pooled([part[i] for i in idx], layers, max_length)
+                for i in layers:
+                    if out[i].shape[1] == 0:
+                        out[i] = np.empty((len(part), got[i].shape[1]), np.float32)
+                    out[i][idx] = got[i]
+                on_batch(len(idx))
+            for b in range(0, len(part), batch_size):
+                yield {i: out[i][b: b + batch_size] for i in layers}
+
+
+class XylentEncoder(SentenceEncoder):
+    kind = "xylent"
+
+    def __init__(self, name: str, model):
+        self.name, self.model = name, model.eval()
+        self.n_layers = model.config.layers
+
+    def _hidden(self, texts, max_length):
+        ids, mask = self.model.tokenize(texts, max_length=min(max_length, self.model.config.max_position))
+        _, hidden = self.model(ids, mask, output_hidden_states=True)
+        return hidden, mask
+
+
+class HuggingFaceEncoder(SentenceEncoder):
+    kind = "hf"
+
+    def __init__(self, name: str, path: Path):
+        from transformers import AutoModel, AutoTokenizer
+
+        self.name = name
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            self.model = AutoModel.from_pretrained(str(path), local_files_only=True).eval()
+        except (OSError, ValueError) as exc:
+            raise XylentError(f"cannot load Hugging Face encoder {name!r}: {exc}", where=str(path),
+                              fix="point evaluate.models[].path at a local dir with config.json, the weights and "
+                              "the tokenizer files (save_pretrained of both); the hub is never contacted") from None
+        self.n_layers = int(self.model.config.num_hidden_layers)
+
+    def _hidden(self, texts, max_length):
+        limit = min(max_length, getattr(self.model.config, "max_position_embeddings", max_length) or max_length)
+        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=limit, return_tensors="pt")
+        out = self.model(**enc, output_hidden_states=True)
+        return out.hidden_states, enc["attention_mask"]
+
+
+def load_xylent(name: str, path: Path) -> XylentEncoder:
+    from models.pretrained import load_pretrained
+
+    if not (Path(path) / "config.json").is_file():
+        raise XylentError(f"model {name!r}: no config.json in {path}", where="spec field evaluate.models[].path",
+                          fix="point it at an exported xylent model dir (workspace/pretrain/<fingerprint>/model)")
+    return XylentEncoder(name, load_pretrained(path))
+
+
+def random_init(name: str, like: Path, seed: int) -> XylentEncoder:
+    """The pipeline's architecture and tokenizer with freshly initialised weights:
+    what pretraining must beat."""
+    import sentencepiece as spm
+
+    from models.config import EncoderConfig
+    from models.pretrained import PretrainedEncoder
+
+    meta = json.loads((Path(like) / "config.json").read_text())
+    enc = meta["encoder"]
+    cfg = EncoderConfig(**{**enc, "specials": enc.get("specials") or meta["specials"]})
+    tok = spm.SentencePieceProcessor(model_file=str(Path(like) / meta["tokenizer"]))
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = PretrainedEncoder(cfg, tok, {"random_init_seed": seed})
+    finally:
+        torch.random.set_rng_state(state)
+    return XylentEncoder(name, model)

@@ -1,0 +1,121 @@
+"""One encoder on every task of the spec: scores, and predictions in XTREME's
+submission layout.
+
+Retrieval (Tatoeba-style) embeds each sentence once with every layer's pooled
+state and scores every layer (the scorecard plots them); the task's number is
+the one at its ``layer``.  BUCC mines at its layer only (its test sets are
+large).  The probe trains on the task's train language at its layer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from tasks.evaluate.data import read_probe
+from tasks.evaluate.encoders import SentenceEncoder
+from tasks.evaluate.probe import evaluate_probe
+from tasks.evaluate.retrieval import evaluate_bucc, tatoeba_accuracy
+from tasks.evaluate.retrieval_data import read_tatoeba
+from tasks.evaluate.submission import write_predictions
+
+# where a kind's predictions go in the submission layout (XTREME's task folder names)
+SUBMISSION_TASK = {"tatoeba": "tatoeba", "bucc": "bucc2018"}
+
+
+class Embedder:
+    """Batches of one layer's pooled states, with the spec's batch size and length."""
+
+    def __init__(self, enc: SentenceEncoder, batch_size: int, max_length: int, on_batch: Callable[[int], None]):
+        self.enc, self.batch_size, self.max_length, self.on_batch = enc, batch_size, max_length, on_batch
+
+    def layers(self, texts, layers) -> dict[int, np.ndarray]:
+        parts = list(self.enc.embed_batches(texts, layers, batch_size=self.batch_size, max_length=self.max_length,
+                                            on_batch=self.on_batch))
+        return {i: np.concatenate([p[i] for p in parts]) for i in layers}
+
+    def fn(self, layer: int):
+        def embed(texts):
+            for batch in self.enc.embed_batches(texts, [layer], batch_size=self.batch_size,
+                                                max_length=self.max_length, on_batch=self.on_batch):
+                yield batch[layer]
+        return embed
+
+
+def _labels_file(labels: Path | None, lang: str) -> Path | None:
+    return labels / f"test-{lang}.tsv" if labels is not None else None
+
+
+def _tatoeba(emb: Embedder, task, data: Path, labels: Path | None, preds: Path) -> dict:
+    layer = emb.enc.layer_index(task.layer)
+    every = list(range(emb.enc.n_layers + 1))
+    langs, by_layer, en_to_xx = {}, {i: [] for i in every}, []
+    for lang in task.languages:
+        gold_file = _labels_file(labels, lang)
+        src, tgt = read_tatoeba(data, lang, gold_file)
+        # predictions index the English file as it lies: sorted in XTREME's preprocessed layout
+        to_file = [int(x) for x in gold_file.read_text().split()] if gold_file and gold_file.is_file() else None
+        xs, ys = emb.layers(src, every), emb.layers(tgt, every)
+        for i in every:
+            r = tatoeba_accuracy(lambda texts, i=i: iter([xs[i] if texts is src else ys[i]]), src, tgt)
+            by_layer[i].append(r["accuracy"])
+            if i == layer:
+                langs[lang] = {"accuracy": r["accuracy"], "accuracy_en_to_xx": r["accuracy_en_to_xx"], "n": r["n"]}
+                en_to_xx.append(r["accuracy_en_to_xx"])
+                got = r["predictions"] if to_file is None else [to_file[p] for p in r["predictions"]]
+                write_predictions(preds, SUBMISSION_TASK["tatoeba"], lang, got)
+    return {"kind": "tatoeba", "layer": layer, "languages": langs,
+            "avg": float(np.mean([v["accuracy"] for v in langs.values()])),
+            "avg_en_to_xx": float(np.mean(en_to_xx)),
+            "by_layer": {str(i): float(np.mean(v)) for i, v in by_layer.items()}}
+
+
+def _bucc(emb: Embedder, task, data: Path, labels: Path | None, preds: Path) -> dict:
+    layer = emb.enc.layer_index(task.layer)
+    langs, notes = {}, []
+    for lang in task.languages:
+        r = evaluate_bucc(emb.fn(layer), data, lang)
+        write_predictions(preds, SUBMISSION_TASK["bucc"], lang, [f"{s}\t{t}" for s, t in r["predictions"]])
+        if r["test"] is None:
+            notes.append(r["note"])
+            langs[lang] = {"tune_f1": r["tune"]["f1"], "threshold": r["threshold"]}
+        else:
+            langs[lang] = {**r["test"], "tune_f1": r["tune"]["f1"], "threshold": r["threshold"]}
+    scored = [v["f1"] for v in langs.values() if "f1" in v]
+    out = {"kind": "bucc", "layer": layer, "languages": langs, "avg": float(np.mean(scored)) if scored else None}
+    if notes:
+        out["notes"] = notes
+    return out
+
+
+def _probe(emb: Embedder, task, data: Path, labels: Path | None, preds: Path) -> dict:
+    layer = emb.enc.layer_index(task.layer)
+    train = read_probe(data, task.train_language, "train")
+    tests = {lang: read_probe(data, lang, "test") for lang in task.languages}
+    embed = emb.fn(layer)
+    r = evaluate_probe(lambda texts: np.concatenate(list(embed(texts))), train, tests, task.train_language)
+    return {"kind": "probe", "layer": layer, **r}
+
+
+RUNNERS = {"tatoeba": _tatoeba, "bucc": _bucc, "probe": _probe}
+
+
+def evaluate_model(enc: SentenceEncoder, tasks: list, data_dirs: dict[str, tuple], preds: Path, *, batch_size: int,
+                   max_length: int, on_batch: Callable[[int], None] = lambda n: None) -> dict:
+    """``data_dirs``: task name -> (data dir, labels dir or None).
+    -> task name -> result (``languages`` -> lang -> metric -> value, ``avg``, ...)."""
+    emb = Embedder(enc, batch_size, max_length, on_batch)
+    return {t.name: RUNNERS[t.kind](emb, t, *data_dirs[t.name], preds / t.name) for t in tasks}
+
+
+def sentences_to_embed(task, data: Path, labels: Path | None) -> int:
+    """How many sentences a task embeds per model (for the progress bar); reading
+    the files here also refuses malformed ones before any model is loaded."""
+    if task.kind == "tatoeba":
+        return sum(2 * len(read_tatoeba(data, lang, _labels_file(labels, lang))[0]) for lang in task.languages)
+    if task.kind == "probe":
+        return sum(len(read_probe(data, lang, "test")[1]) for lang in task.languages) + len(
+            read_probe(data, task.train_language, "train")[1])
+    return 0  # BUCC: its files are large; the bar counts without a total

@@ -1,0 +1,177 @@
+"""``scores.json``, ``scorecard.md`` and the plots of the evaluate stage.
+
+``scores["models"][MODEL][TASK]["languages"][LANG][METRIC]`` (0–100) is the
+contract other tools read.  The scorecard puts every model side by side per
+task (trivial baselines included: the random-init encoder, the probe's
+majority class), the transfer gaps, the retrieval score of every layer, and
+the papers' published numbers for reading a full-scale run against them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+import yaml
+
+from xylent.markdown import markdown_table
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+REFERENCES_FILE = Path(__file__).with_name("references.yaml")
+PRIMARY = {"tatoeba": "accuracy", "bucc": "f1", "probe": "accuracy"}
+
+
+def references() -> list[dict]:
+    return yaml.safe_load(REFERENCES_FILE.read_text()) if REFERENCES_FILE.is_file() else []
+
+
+def write_scores(out: Path, scores: dict) -> Path:
+    path = out / "scores.json"
+    tmp = path.with_name(".scores.json.tmp")
+    tmp.write_text(json.dumps(scores, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+    return path
+
+
+def mlflow_metrics(result: dict) -> dict[str, float]:
+    """One model's results as ``eval/<task>/<lang>/<metric>`` and ``eval/<task>/avg``."""
+    out = {}
+    for task, r in result.items():
+        for lang, metrics in r["languages"].items():
+            for m, v in metrics.items():
+                if m != "n":
+                    out[f"eval/{task}/{lang}/{m}"] = v
+        out[f"eval/{task}/avg"] = r["avg"]
+        if "transfer_gap" in r:
+            out[f"eval/{task}/transfer_gap"] = r["transfer_gap"]
+        for layer, v in r.get("by_layer", {}).items():
+            out[f"eval/{task}/layer_{layer}/avg"] = v
+    return out
+
+
+def _fmt(v) -> str:
+    return "–" if v is None else f"{v:.1f}"
+
+
+def render(scores: dict) -> str:
+    models, tasks = list(scores["models"]), scores["tasks"]
+    lines = ["# Scorecard", "",
+             "Scores are 0–100. `random-init` is the pipeline's architecture and tokenizer with untrained weights: "
+             "a pretrained encoder that does not beat it has not learned what the task measures.", ""]
+    for name, t in tasks.items():
+        metric = PRIMARY[t["kind"]]
+        lines += [f"## {name} ({t['kind']}, {metric})", ""]
+        langs = sorted({lang for m in models for lang in scores["models"][m][name]["languages"]})
+        rows = []
+        for lang in langs:
+            row = {"language": lang}
+            for m in models:
+                row[m] = _fmt(scores["models"][m][name]["languages"].get(lang, {}).get(metric))
+            if t["kind"] == "probe":
+                first = scores["models"][models[0]][name]["languages"].get(lang, {})
+                row["majority class"] = _fmt(first.get("majority_baseline"))
+            rows.append(row)
+        avg = {"language": "**average**", **{m: _fmt(scores["models"][m][name]["avg"]) for m in models}}
+        if t["kind"] == "probe":
+            avg["majority class"] = _fmt(scores["models"][models[0]][name].get("majority_baseline"))
+        rows.append(avg)
+        lines += [markdown_table(rows), ""]
+        if t["kind"] == "tatoeba":
+            lines += ["en→xx acc@1 (average): " + ", ".join(
+                f"{m} {_fmt(scores['models'][m][name].get('avg_en_to_xx'))}" for m in models) + ".", ""]
+        if any("by_layer" in scores["models"][m][name] for m in models):
+            layer_rows = []
+            for m in models:
+                r = scores["models"][m][name]
+                layer_rows.append({"model": m, "layer used": r.get("layer"),
+                                   **{f"layer {k}": _fmt(v) for k, v in sorted(r["by_layer"].items(), key=lambda x:
+                                                                                 int(x[0]))}})
+            lines += ["Average over languages by hidden-state index (0 = embeddings):", "",
+                      markdown_table(layer_rows), ""]
+        gaps = {m: scores["models"][m][name].get("transfer_gap") for m in models}
+        if any(v is not None for v in gaps.values()):
+            lines += ["Transfer gap (train language − mean of the others): " +
+                      ", ".join(f"{m} {_fmt(v)}" for m, v in gaps.items()) + ".", ""]
+    refs = scores.get("references") or []
+    if refs:
+        cols = sorted({f"{task} {metric}" for r in refs for task, ms in r["scores"].items() for metric in ms})
+        rows = [{"model": r["model"], **{c: _fmt(r["scores"].get(c.split()[0], {}).get(c.split()[1]))
+                                          for c in cols}} for r in refs]
+        lines += ["## Published reference scores", "",
+                  "What full-scale models reach on the XTREME tasks (fine-tuned where the task needs it; sources in "
+                  "`tasks/evaluate/references.yaml`). The demo's tiny model and data are not comparable to these.", "",
+                  markdown_table(rows), ""]
+    return "\n".join(lines)
+
+
+def plot_languages(scores: dict, task: str, path: Path) -> None:
+    """Per-language bars, one colour per model."""
+    models = list(scores["models"])
+    metric = PRIMARY[scores["tasks"][task]["kind"]]
+    langs = sorted({lang for m in models for lang in scores["models"][m][task]["languages"]})
+    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(langs) * len(models)), 3.6))
+    width = 0.8 / len(models)
+    x = np.arange(len(langs))
+    for i, m in enumerate(models):
+        vals = [scores["models"][m][task]["languages"].get(lang, {}).get(metric, np.nan) for lang in langs]
+        ax.bar(x + i * width, vals, width, label=m)
+    ax.set_xticks(x + width * (len(models) - 1) / 2, langs)
+    ax.set_ylabel(metric)
+    ax.set_title(f"{task}: {metric} per language")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_layers(scores: dict, task: str, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    for m, res in scores["models"].items():
+        by = sorted((int(k), v) for k, v in res[task].get("by_layer", {}).items())
+        if by:
+            ax.plot(*zip(*by), marker="o", label=m)
+    ax.set_xlabel("hidden-state index (0 = embeddings)")
+    ax.set_ylabel("average acc@1")
+    ax.set_title(f"{task}: retrieval by layer")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_transfer_gaps(scores: dict, path: Path) -> bool:
+    rows = [(task, m, res[task]["transfer_gap"]) for m, res in scores["models"].items() for task in res
+            if "transfer_gap" in res[task]]
+    if not rows:
+        return False
+    tasks = sorted({t for t, _, _ in rows})
+    models = list(scores["models"])
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    width = 0.8 / len(models)
+    for i, m in enumerate(models):
+        vals = [next((g for t, mm, g in rows if t == task and mm == m), np.nan) for task in tasks]
+        ax.bar(np.arange(len(tasks)) + i * width, vals, width, label=m)
+    ax.set_xticks(np.arange(len(tasks)) + width * (len(models) - 1) / 2, tasks)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_ylabel("gap (points)")
+    ax.set_title("transfer gap per model (lower is better)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def write_scorecard(out: Path, scores: dict) -> None:
+    write_scores(out, scores)
+    (out / "scorecard.md").write_text(render(scores))
+    for task in scores["tasks"]:
+        plot_languages(scores, task, out / f"{task}_languages.png")
+        if any("by_layer" in r[task] for r in scores["models"].values()):
+            plot_layers(scores, task, out / f"{task}_layers.png")
+    plot_transfer_gaps(scores, out / "transfer_gap.png")

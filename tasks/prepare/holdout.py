@@ -1,0 +1,49 @@
+"""Catalog messages reserved for evaluation (``sources[].holdout``).
+
+A message is reserved by its English text (the msgid), so the same text in
+two catalogs is reserved in both; a hash of (seed, text) decides, so the
+choice does not depend on which languages or catalogs are present.  Prepare
+drops every reserved key and, per language, every other key whose text equals
+a reserved one: no reserved sentence reaches pretraining in any language.
+The evaluate stage reads the same catalogs and the same rule back
+(:func:`reserved_keys`), so both sides agree by construction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+Key = tuple[str, str, str]  # (catalog, msgctxt, msgid[#plural]), as in tasks.prepare.gettext
+
+
+def _unit(seed: int, salt: str, text: str) -> float:
+    h = hashlib.blake2b(f"{seed}\x00{salt}\x00{text}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") / 2**64
+
+
+def is_reserved(english: str, holdout: dict) -> bool:
+    return _unit(holdout["seed"], "holdout", english) < holdout["fraction"]
+
+
+def probe_split(english: str, holdout: dict) -> str:
+    """'test' or 'train' for a reserved message (a second, independent hash)."""
+    return "test" if _unit(holdout["seed"], "split", english) < holdout["test_fraction"] else "train"
+
+
+def reserved_keys(english: dict[Key, str], holdout: dict) -> set[Key]:
+    """The reserved keys among ``english`` (key -> English text)."""
+    return {k for k, text in english.items() if is_reserved(text, holdout)}
+
+
+def drop_reserved(texts: dict[str, dict[Key, str]], english: dict[Key, str], holdout: dict) -> dict[str, int]:
+    """Remove reserved messages from ``texts`` (lang -> key -> text) in place;
+    returns how many entries each language lost."""
+    keys = reserved_keys(english, holdout)
+    lost = {}
+    for lang, by_key in texts.items():
+        taken = {by_key[k] for k in keys if k in by_key}
+        drop = [k for k, t in by_key.items() if k in keys or t in taken]
+        for k in drop:
+            del by_key[k]
+        lost[lang] = len(drop)
+    return lost

@@ -1,0 +1,101 @@
+"""The zero-shot probe, the holdout reservation and the evaluation data builders, on small known cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tasks.evaluate.data import package_pairs, read_probe, write_probe
+from tasks.evaluate.encoders import default_layer
+from tasks.evaluate.probe import MIN_TRAIN_PER_LABEL, evaluate_probe
+from tasks.prepare.holdout import drop_reserved, is_reserved, probe_split, reserved_keys
+from xylent.errors import XylentError
+
+
+@pytest.fixture(autouse=True)
+def prefect_server():  # nothing here needs the Prefect server
+    yield
+
+
+def _embedder(vectors: dict[str, np.ndarray]):
+    return lambda texts: np.stack([vectors[t] for t in texts])
+
+
+def test_probe_transfers_where_the_label_is_in_the_same_place_across_languages():
+    rng = np.random.default_rng(0)
+    centres = {lab: rng.normal(size=16) * 3 for lab in ("a", "b", "c")}
+    vectors, train, tests = {}, ([], []), {"en": ([], []), "de": ([], []), "xx": ([], [])}
+    for i in range(90):
+        lab = "abc"[i % 3]
+        for lang, shift in (("en", 0.0), ("de", 0.0), ("xx", None)):
+            # de: same place as English (transfers); xx: labels permuted (cannot transfer)
+            centre = centres[lab] if shift is not None else centres["abc"[(i + 1) % 3]]
+            text = f"{lang}-{i}"
+            vectors[text] = centre + rng.normal(size=16) * 0.5
+            (train if lang == "en" and i < 60 else tests[lang])[0].append(lab)
+            (train if lang == "en" and i < 60 else tests[lang])[1].append(text)
+    r = evaluate_probe(_embedder(vectors), train, tests, "en")
+    assert r["languages"]["en"]["accuracy"] == 100.0 and r["languages"]["en"]["n"] == 30
+    assert r["languages"]["de"]["accuracy"] == 100.0 and r["languages"]["de"]["n"] == 90
+    assert r["languages"]["xx"]["accuracy"] == 0.0, "a permuted language gets every item wrong"
+    assert r["transfer_gap"] == pytest.approx(100.0 - (100.0 + 0.0) / 2)
+    assert r["languages"]["de"]["majority_baseline"] == pytest.approx(100 / 3)
+    assert r["avg"] == pytest.approx((100 + 100 + 0) / 3)
+
+
+def test_probe_leaves_out_labels_too_rare_to_learn():
+    vectors = {f"t{i}": np.eye(4)[i % 2] + 0.01 * i for i in range(40)}
+    labels = ["x" if i % 2 else "y" for i in range(38)] + ["rare"] * 2  # 2 < MIN_TRAIN_PER_LABEL
+    texts = [f"t{i}" for i in range(40)]
+    r = evaluate_probe(_embedder(vectors), (labels, texts), {"en": (labels, texts)}, "en")
+    assert MIN_TRAIN_PER_LABEL > 2 and r["labels"] == ["x", "y"]
+    assert r["test_items_dropped"] == 2 and r["languages"]["en"]["n"] == 38
+
+
+def test_holdout_reserves_by_english_text_in_every_language():
+    hold = {"fraction": 0.3, "test_fraction": 0.5, "seed": 0}
+    english = {("c1", "", f"msg {i}"): f"msg {i}" for i in range(2000)}
+    english[("c2", "", "msg 1")] = "msg 1"  # the same text in another catalog
+    keys = reserved_keys(english, hold)
+    assert 0.27 < len(keys) / len(english) < 0.33
+    assert (("c1", "", "msg 1") in keys) == (("c2", "", "msg 1") in keys), "reserved by text, not by key"
+    texts = {"en": dict(english), "de": {k: f"de {v}" for k, v in english.items()}}
+    reserved_de = {texts["de"][k] for k in keys}
+    other = next(k for k in english if k not in keys)
+    texts["de"][other] = next(iter(reserved_de))  # a kept key whose German text equals a reserved one
+    lost = drop_reserved(texts, english, hold)
+    assert lost["en"] == len(keys) and lost["de"] == len(keys) + 1
+    assert not (set(texts["de"].values()) & reserved_de), "no reserved German text survives"
+    assert is_reserved("msg 7", hold) == is_reserved("msg 7", dict(hold)), "deterministic"
+    splits = [probe_split(english[k], hold) for k in keys]
+    assert 0.4 < splits.count("test") / len(splits) < 0.6
+    other_seed = reserved_keys(english, {**hold, "seed": 1})
+    assert 0.05 < len(keys & other_seed) / len(keys) < 0.6, "the seed changes the choice"
+
+
+def test_package_pairs_are_real_parallel_messages_without_duplicates():
+    pairs = package_pairs("allauth", ["de", "ja"])
+    xx, en = pairs["de"]
+    assert len(xx) == len(en) > 250
+    assert len(set(xx)) == len(xx) and len(set(en)) == len(en)
+    assert "Password" in en and xx[en.index("Password")] == "Passwort"
+    assert all(any("\u3040" <= ch <= "\u30ff" or "\u4e00" <= ch <= "\u9fff" for ch in t) for t in pairs["ja"][0][:50])
+
+
+def test_probe_files_round_trip_and_bad_lines_name_file_and_line(tmp_path):
+    msgs = {"en": [("a", "train", "one", None), ("b", "test", "two", None)], "de": [("b", "test", "zwei", None)]}
+    root = write_probe(tmp_path / "p", msgs, "en")
+    assert read_probe(root, "en", "train") == (["a"], ["one"])
+    assert read_probe(root, "de", "test") == (["b"], ["zwei"])
+    (root / "test-fr.tsv").write_text("a\tun\nno tab here\n")
+    with pytest.raises(XylentError, match=r"test-fr.tsv:2"):
+        read_probe(root, "fr", "test")
+    (root / "test-es.tsv").write_bytes(b"a\tok\nb\t\xff\xfe\n")
+    with pytest.raises(XylentError, match="UTF-8"):
+        read_probe(root, "es", "test")
+    with pytest.raises(XylentError, match="no test file for language 'it'"):
+        read_probe(root, "it", "test")
+
+
+def test_default_layer_is_xtremes_middle_layer():
+    assert default_layer(12) == 7 and default_layer(24) == 13 and default_layer(2) == 2 and default_layer(4) == 3
