@@ -59,10 +59,12 @@ def test_models_take_only_the_loader_contract_from_tasks():
     assert used <= {"tasks.shards.loader"}, used
 
 
-def test_only_the_pretrain_stage_logic_uses_models():
-    users = sorted({str(p.relative_to(ROOT)) for p in _modules("tasks") for name in _imports(p)
-                    if _top(name) == "models"})
-    assert users and all(u.startswith("tasks/pretrain/") for u in users), users
+def test_only_pretrain_and_evaluate_use_models_and_evaluate_only_loads_exports():
+    uses = {(str(p.relative_to(ROOT)), name) for p in _modules("tasks") for name in _imports(p)
+            if _top(name) == "models"}
+    assert uses and all(u.startswith(("tasks/pretrain/", "tasks/evaluate/")) for u, _ in uses), uses
+    evaluate = {name for u, name in uses if u.startswith("tasks/evaluate/")}
+    assert evaluate and evaluate <= {"models.pretrained", "models.config"}, evaluate
 
 
 def test_nothing_imports_the_cli_and_nobody_patches_sys_path():

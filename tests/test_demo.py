@@ -46,17 +46,17 @@ def _files(res: dict) -> list:
 
 def test_demo_pipeline_on_django_catalogs(run_cli, tmp_path, demo_run):
     res, _ = demo_run
-    assert set(res["stages"]) == {"download", "prepare", "dedup", "vocab", "sampling", "shards", "pretrain"}
+    assert set(res["stages"]) == {"download", "prepare", "dedup", "vocab", "sampling", "shards", "pretrain", "evaluate"}
     prep = Path(res["stages"]["prepare"]["output_dir"])
     mono = pl.scan_parquet(prep / "mono" / "**" / "*.parquet", hive_partitioning=True)
     per_lang = dict(mono.group_by("lang").len().collect().rows())
     assert len(per_lang) == 20
-    assert all(n >= 500 for n in per_lang.values()), per_lang
-    assert per_lang["de"] > 800 and per_lang["en"] > per_lang["de"]
+    assert all(n >= 380 for n in per_lang.values()), per_lang  # a quarter of the messages is held out
+    assert per_lang["de"] > 600 and per_lang["en"] > per_lang["de"]
     bitext = pl.scan_parquet(prep / "bitext" / "**" / "*.parquet", hive_partitioning=True)
     per_pair = dict(bitext.group_by("pair").len().collect().rows())
     assert len(per_pair) == 190, "20 languages, every pair shares messages"
-    assert per_pair["de-en"] > 800 and per_pair["en-th"] > 400
+    assert per_pair["de-en"] > 600 and per_pair["en-th"] > 300
     th = bitext.filter(pl.col("pair") == "en-th").select("tgt").collect()["tgt"].to_list()
     assert sum(bool(re.search("[\u0e00-\u0e7f]", t)) for t in th) > 0.8 * len(th), "Thai side is Thai"
     zh = mono.filter(pl.col("lang") == "zh").collect()["text"].to_list()
@@ -75,12 +75,16 @@ def test_demo_pipeline_on_django_catalogs(run_cli, tmp_path, demo_run):
     for task in ("mrtd", "trtd"):
         for loss in ("generator_loss", "discriminator_loss"):
             assert m[f"final.{task}/{loss}"] < m[f"first.{task}/{loss}"] - 0.05, (task, loss)
-    assert m["steps"] == 300
+    assert m["steps"] == 1500
+    for task in ("mrtd", "trtd"):  # learning, not just falling: each loss ends below its trivial peer
+        assert m[f"final.{task}/discriminator_loss"] < 0.9 * m[f"final.{task}/discriminator_base_loss"], task
+        assert m[f"final.{task}/generator_loss"] < 0.95 * m[f"final.{task}/generator_unigram_loss"], task
+        assert m[f"final.{task}/discriminator_precision"] > 0.5, "it answers 'replaced' and is mostly right"
     _check_loss_curves(pre / "loss_curves.png")
     assert {"model.safetensors", "pretraining.safetensors", "config.json", "spm.model"} <= {
         p.name for p in (pre / "model").iterdir()}
     exported = json.loads((pre / "model" / "config.json").read_text())
-    assert exported["steps"] == 300 and exported["fingerprint"] == res["stages"]["pretrain"]["fingerprint"]
+    assert exported["steps"] == 1500 and exported["fingerprint"] == res["stages"]["pretrain"]["fingerprint"]
     vocab = Path(res["stages"]["vocab"]["output_dir"])
     assert (pre / "model" / "spm.model").read_bytes() == (vocab / "spm.model").read_bytes(), "the vocab's tokenizer"
 

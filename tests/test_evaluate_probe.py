@@ -99,3 +99,17 @@ def test_probe_files_round_trip_and_bad_lines_name_file_and_line(tmp_path):
 
 def test_default_layer_is_xtremes_middle_layer():
     assert default_layer(12) == 7 and default_layer(24) == 13 and default_layer(2) == 2 and default_layer(4) == 3
+
+
+def test_holdout_drops_texts_that_differ_only_by_format_characters_or_case():
+    hold = {"fraction": 0.5, "test_fraction": 0.5, "seed": 0}
+    english = {("c", "", f"m{i}"): f"m{i}" for i in range(200)}
+    keys = sorted(reserved_keys(english, hold))
+    kept = next(k for k in english if k not in keys)
+    fa = {k: f"fa {k[2]}" for k in english}
+    fa[keys[0]] = "سه\u200cشنبه"       # reserved, with a zero-width non-joiner
+    fa[kept] = "سه شنبه"                # kept key, the same word with a space: a tokenizer may merge them
+    texts = {"fa": fa}
+    drop_reserved(texts, english, hold)
+    assert kept not in texts["fa"] and keys[0] not in texts["fa"]
+    assert len(texts["fa"]) == 200 - len(keys) - 1

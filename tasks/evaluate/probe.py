@@ -11,6 +11,7 @@ score of a probe that learned nothing.
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from typing import Callable
 
@@ -30,8 +31,11 @@ def fit_probe(x: np.ndarray, y: list[str], seed: int = 0):
     from sklearn.preprocessing import StandardScaler
 
     cv = StratifiedKFold(n_splits=5, shuffle=True, random_state=seed)
-    clf = make_pipeline(StandardScaler(), LogisticRegressionCV(Cs=C_GRID, cv=cv, max_iter=5000, random_state=seed))
-    return clf.fit(x, y)
+    clf = make_pipeline(StandardScaler(), LogisticRegressionCV(Cs=C_GRID, cv=cv, scoring="neg_log_loss",
+                                                               max_iter=5000, random_state=seed))
+    with warnings.catch_warnings():  # scikit-learn announces default changes we do not rely on (all set here)
+        warnings.simplefilter("ignore", FutureWarning)
+        return clf.fit(x, y)
 
 
 def evaluate_probe(embed: Callable[[list[str]], np.ndarray], train: tuple[list[str], list[str]],

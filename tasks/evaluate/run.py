@@ -44,6 +44,25 @@ class Embedder:
         return embed
 
 
+DIAGNOSTICS = ("mean_cosine", "accuracy_centred")
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+
+
+def diagnostics(x: np.ndarray, y: np.ndarray, src: list[str], tgt: list[str]) -> dict:
+    """Not scores: why a retrieval score is what it is.  ``mean_cosine``: the mean
+    cosine between two different sentences (anisotropy: near 1, every sentence
+    looks alike); ``accuracy_centred``: xx->en acc@1 after subtracting each
+    language's mean vector (what a per-language offset costs)."""
+    both = _unit(np.concatenate([x, y]))
+    n = len(both)
+    total = float(np.square(both.sum(0)).sum())  # sum of all pairwise cosines, the diagonal included
+    centred = tatoeba_accuracy(lambda texts: iter([x - x.mean(0) if texts is src else y - y.mean(0)]), src, tgt)
+    return {"mean_cosine": (total - n) / (n * n - n), "accuracy_centred": centred["accuracy"]}
+
+
 def _labels_file(labels: Path | None, lang: str) -> Path | None:
     return labels / f"test-{lang}.tsv" if labels is not None else None
 
@@ -62,12 +81,14 @@ def _tatoeba(emb: Embedder, task, data: Path, labels: Path | None, preds: Path) 
             r = tatoeba_accuracy(lambda texts, i=i: iter([xs[i] if texts is src else ys[i]]), src, tgt)
             by_layer[i].append(r["accuracy"])
             if i == layer:
-                langs[lang] = {"accuracy": r["accuracy"], "accuracy_en_to_xx": r["accuracy_en_to_xx"], "n": r["n"]}
+                langs[lang] = {"accuracy": r["accuracy"], "accuracy_en_to_xx": r["accuracy_en_to_xx"], "n": r["n"],
+                               **diagnostics(xs[i], ys[i], src, tgt)}
                 en_to_xx.append(r["accuracy_en_to_xx"])
                 got = r["predictions"] if to_file is None else [to_file[p] for p in r["predictions"]]
                 write_predictions(preds, SUBMISSION_TASK["tatoeba"], lang, got)
     return {"kind": "tatoeba", "layer": layer, "languages": langs,
             "avg": float(np.mean([v["accuracy"] for v in langs.values()])),
+            "diagnostics": {k: float(np.mean([v[k] for v in langs.values()])) for k in DIAGNOSTICS},
             "avg_en_to_xx": float(np.mean(en_to_xx)),
             "by_layer": {str(i): float(np.mean(v)) for i, v in by_layer.items()}}
 

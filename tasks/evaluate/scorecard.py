@@ -51,6 +51,8 @@ def mlflow_metrics(result: dict) -> dict[str, float]:
             out[f"eval/{task}/transfer_gap"] = r["transfer_gap"]
         for layer, v in r.get("by_layer", {}).items():
             out[f"eval/{task}/layer_{layer}/avg"] = v
+        for k, v in r.get("diagnostics", {}).items():
+            out[f"eval/{task}/diagnostics/{k}"] = v
     return out
 
 
@@ -93,6 +95,12 @@ def render(scores: dict) -> str:
                                                                                  int(x[0]))}})
             lines += ["Average over languages by hidden-state index (0 = embeddings):", "",
                       markdown_table(layer_rows), ""]
+        if any("diagnostics" in scores["models"][m][name] for m in models):
+            diag = [{"model": m, "mean cosine (anisotropy)": f"{d['mean_cosine']:.3f}",
+                     "acc@1 after per-language centring": _fmt(d["accuracy_centred"])}
+                    for m in models if (d := scores["models"][m][name].get("diagnostics"))]
+            lines += ["Diagnostics at the layer used (not scores; see docs/stages/evaluate.md):", "",
+                      markdown_table(diag), ""]
         gaps = {m: scores["models"][m][name].get("transfer_gap") for m in models}
         if any(v is not None for v in gaps.values()):
             lines += ["Transfer gap (train language − mean of the others): " +

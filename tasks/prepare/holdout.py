@@ -4,7 +4,7 @@ A message is reserved by its English text (the msgid), so the same text in
 two catalogs is reserved in both; a hash of (seed, text) decides, so the
 choice does not depend on which languages or catalogs are present.  Prepare
 drops every reserved key and, per language, every other key whose text equals
-a reserved one: no reserved sentence reaches pretraining in any language.
+a reserved one (compared by :func:`comparable`): no reserved sentence reaches pretraining in any language.
 The evaluate stage reads the same catalogs and the same rule back
 (:func:`reserved_keys`), so both sides agree by construction.
 """
@@ -12,6 +12,7 @@ The evaluate stage reads the same catalogs and the same rule back
 from __future__ import annotations
 
 import hashlib
+import unicodedata
 
 Key = tuple[str, str, str]  # (catalog, msgctxt, msgid[#plural]), as in tasks.prepare.gettext
 
@@ -35,14 +36,23 @@ def reserved_keys(english: dict[Key, str], holdout: dict) -> set[Key]:
     return {k for k, text in english.items() if is_reserved(text, holdout)}
 
 
+def comparable(text: str) -> str:
+    """A text's identity for the holdout: compatibility-normalised, case-folded,
+    with format characters (ZWNJ, ZWJ, ...) and whitespace runs as one space, so
+    'سه‌شنبه' and 'سه شنبه' are one message (a tokenizer's normaliser may merge them)."""
+    text = unicodedata.normalize("NFKC", text)
+    text = "".join(" " if ch.isspace() or unicodedata.category(ch) == "Cf" else ch for ch in text)
+    return " ".join(text.split()).casefold()
+
+
 def drop_reserved(texts: dict[str, dict[Key, str]], english: dict[Key, str], holdout: dict) -> dict[str, int]:
     """Remove reserved messages from ``texts`` (lang -> key -> text) in place;
     returns how many entries each language lost."""
     keys = reserved_keys(english, holdout)
     lost = {}
     for lang, by_key in texts.items():
-        taken = {by_key[k] for k in keys if k in by_key}
-        drop = [k for k, t in by_key.items() if k in keys or t in taken]
+        taken = {comparable(by_key[k]) for k in keys if k in by_key}
+        drop = [k for k, t in by_key.items() if k in keys or comparable(t) in taken]
         for k in drop:
             del by_key[k]
         lost[lang] = len(drop)
