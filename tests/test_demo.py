@@ -81,6 +81,12 @@ def test_demo_pipeline_on_django_catalogs(run_cli, tmp_path, demo_run):
         assert m[f"final.{task}/generator_loss"] < 0.95 * m[f"final.{task}/generator_unigram_loss"], task
         assert m[f"final.{task}/discriminator_precision"] > 0.5, "it answers 'replaced' and is mostly right"
     _check_loss_curves(pre / "loss_curves.png")
+    from tasks.pretrain.launch import shm_buffers
+
+    log = Path(json.loads((pre / "_manifest.json").read_text())["checkpoints"]) / "train.log"
+    launched = [ln[2:].split() for ln in log.read_text().splitlines() if ln.startswith("$ ")]
+    assert launched and all("--master_port" in c for c in launched), log
+    assert not any(shm_buffers(c) for c in launched), "DeepSpeed's /dev/shm all-reduce buffers are removed"
     assert {"model.safetensors", "pretraining.safetensors", "config.json", "spm.model"} <= {
         p.name for p in (pre / "model").iterdir()}
     exported = json.loads((pre / "model" / "config.json").read_text())

@@ -280,3 +280,45 @@ def test_demo_spec_evaluates_only_held_out_text():
     assert kinds == {"django-topics": ("probe", "holdout"), "django-holdout": ("tatoeba", "holdout"),
                      "allauth": ("tatoeba", "gettext")}
     assert all(s["package"] != "allauth" for s in spec["sources"]), "allauth never reaches pretraining"
+
+
+def _bucc_split(root: Path, split: str, rng: np.random.Generator, n_pairs: int, n_noise: int) -> set:
+    """Planted pairs share their text on both sides (any encoder embeds them identically);
+    the distractors are unrelated sentences on each side."""
+    words = [f"w{i}" for i in range(500)]
+    def sentence():
+        return " ".join(rng.choice(words, size=rng.integers(4, 9)))
+    de, en, gold = [], [], set()
+    for i in range(n_pairs):
+        text = sentence()
+        de.append((f"de-{split}-{i:05d}", text))
+        en.append((f"en-{split}-{i:05d}", text))
+        gold.add((de[-1][0], en[-1][0]))
+    de += [(f"de-{split}-x{i:04d}", sentence()) for i in range(n_noise)]
+    en += [(f"en-{split}-x{i:04d}", sentence()) for i in range(n_noise)]
+    rng.shuffle(de)
+    rng.shuffle(en)
+    (root / f"de-en.{split}.de").write_text("".join(f"{i}\t{t}\n" for i, t in de))
+    (root / f"de-en.{split}.en").write_text("".join(f"{i}\t{t}\n" for i, t in en))
+    (root / f"de-en.{split}.gold").write_text("".join(f"{a}\t{b}\n" for a, b in sorted(gold)))
+    return gold
+
+
+def test_bucc_mining_runs_in_the_stage_and_writes_a_scorable_submission(demo_run, run_cli, tmp_path):
+    _, ws = demo_run
+    root = tmp_path / "bucc"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    _bucc_split(root, "dev", rng, 60, 60)
+    gold = _bucc_split(root, "test", rng, 80, 80)
+    task = {"name": "bucc-planted", "kind": "bucc2018", "path": str(root), "languages": ["de"]}
+    rc, out, err = run_cli("run", "evaluate", "--spec", DEMO, "--workspace", ws, "--json",
+                           "--set", "evaluate.models=[random-init]", "--set", f"evaluate.tasks={json.dumps([task])}")
+    assert rc == 0, err
+    stage = Path(json.loads(out)["stages"]["evaluate"]["output_dir"])
+    r = json.loads((stage / "scores.json").read_text())["models"]["random-init"]["bucc-planted"]
+    assert r["kind"] == "bucc" and r["languages"]["de"]["f1"] > 90, r
+    pred = stage / "predictions" / "random-init" / "bucc-planted" / "bucc2018" / "test-de.tsv"
+    gold_file = tmp_path / "gold-de.tsv"
+    gold_file.write_text("".join(f"{a}\t{b}\n" for a, b in sorted(gold)))
+    assert score_language(pred, gold_file, "bucc2018", "de")["f1"] == pytest.approx(r["languages"]["de"]["f1"])

@@ -85,6 +85,25 @@ class LaunchResult:
     log_file: Path
 
 
+SHM_DIR = Path("/dev/shm")
+
+
+def shm_buffers(cmd: list[str]) -> list[Path]:
+    """DeepSpeed's CPU all-reduce segments of this launch on this machine
+    (``deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>``, 66 MB each)."""
+    if "--master_port" not in cmd or not SHM_DIR.is_dir():
+        return []
+    port = cmd[cmd.index("--master_port") + 1]
+    return sorted(SHM_DIR.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"))
+
+
+def remove_shm_buffers(cmd: list[str]) -> None:
+    # DeepSpeed never unlinks them: every CPU run would leave 66 MB per rank in /dev/shm until it is full
+    for path in shm_buffers(cmd):
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
 def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None = None,
            resume_hint: Callable[[], str] | None = None, ranks: int | None = None) -> LaunchResult:
     env = os.environ.copy()
@@ -123,6 +142,7 @@ def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait()
+            remove_shm_buffers(cmd)
     if rc != 0:
         raise XylentError(_death_message(rc, died, tracebacks, errors), where=str(log_file),
                           fix=(resume_hint() if resume_hint else "fix the cause and run it again"))
