@@ -176,22 +176,28 @@ def summarise(sums: dict[str, torch.Tensor]) -> dict[str, float]:
 
 
 class UnigramBaseline:
-    """The generator's trivial peer: cross-entropy of the step's tokens under the
-    add-one unigram distribution of the tokens seen before it (this rank's share).
+    """The generator's trivial peer: cross-entropy of a step's tokens under the
+    add-one unigram distribution of every token the run trained on before it.
     Masked positions are a uniform draw of the non-special tokens, so this is the
-    loss a generator that ignores the context would reach."""
+    loss a generator that ignores the context would reach.  Counts are summed over
+    all ranks (the same number for any world size) and saved with checkpoints (a
+    resumed run logs what an uninterrupted one does)."""
 
-    def __init__(self, vocab_size: int, special_ids: list[int]):
-        self.counts = torch.ones(vocab_size, dtype=torch.float64)
-        self.special = torch.tensor(sorted(special_ids), dtype=torch.long)
+    def __init__(self, vocab_size: int, special_ids: tuple[int, ...], device: torch.device):
+        self.counts = torch.ones(vocab_size, dtype=torch.float64, device=device)
+        self.special = torch.tensor(sorted(special_ids), dtype=torch.long, device=device)
 
-    def __call__(self, ids: torch.Tensor, pad: torch.Tensor) -> float:
-        tokens = ids[~pad & ~torch.isin(ids, self.special.to(ids.device))].cpu()
-        if not len(tokens):
-            return float("nan")
-        loss = -(self.counts[tokens] / self.counts.sum()).log().mean().item()
-        self.counts += torch.bincount(tokens, minlength=len(self.counts)).double()
-        return loss
+    def __call__(self, ids: torch.Tensor, pad: torch.Tensor, world: int) -> torch.Tensor:
+        """(sum of -log q(token), tokens) over the global micro-batch; then the counts take its tokens."""
+        tokens = ids[~pad & ~torch.isin(ids, self.special)]
+        nll = -(self.counts[tokens] / self.counts.sum()).log().sum()
+        stat = torch.stack([nll, nll.new_tensor(float(tokens.numel()))])
+        seen = torch.bincount(tokens, minlength=len(self.counts)).double()
+        if world > 1:
+            dist.all_reduce(stat)
+            dist.all_reduce(seen)
+        self.counts += seen
+        return stat
 
 
 def train(cfg: TrainConfig) -> None:
@@ -222,6 +228,7 @@ def train(cfg: TrainConfig) -> None:
                                  batch_size=cfg.batch_size // world, max_tokens=cfg.trtd_max_tokens // world,
                                  verify=rank == 0)
                for t in cfg.tasks}
+    unigram = UnigramBaseline(enc.vocab_size, enc.special_ids, device)
     ckroot = Path(cfg.checkpoint_dir)
     start = 0
     done = complete_checkpoints(ckroot)
@@ -232,6 +239,8 @@ def train(cfg: TrainConfig) -> None:
         start = int(client["step"])
         for t, state in client["loaders"].items():
             loaders[t].load_state_dict(state)
+        if "unigram_counts" in client:
+            unigram.counts = client["unigram_counts"].to(device)
         rng = done[-1] / f"rng-rank{rank}.pt"
         if rng.exists() and client.get("world_size") == world:
             state = torch.load(rng, weights_only=False)
@@ -247,13 +256,12 @@ def train(cfg: TrainConfig) -> None:
     seq_len = loaders[cfg.tasks[0]].seq_len
     fpt = flops_per_token(enc, seq_len, cfg.objective, cfg.mask_prob)
     peak = peak_tflops(torch.cuda.get_device_name(device), cfg.peak_tflops) if cuda else None
-    unigram = UnigramBaseline(enc.vocab_size, enc.special_ids) if rank == 0 else None
     engine.train()
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
         lr = schedule.get_last_lr()[0]  # the lr this step uses
         sums: dict[str, torch.Tensor] = {}
-        unigram_losses: dict[str, list[float]] = {}
+        unigram_sums: dict[str, torch.Tensor] = {}
         plan, unclipped_norm = task_plan(cfg, step), None
         for micro, task in enumerate(plan):
             batch = next(iters[task])
@@ -262,8 +270,7 @@ def train(cfg: TrainConfig) -> None:
             seg = torch.from_numpy(batch["segment_ids"]).to(device) if "segment_ids" in batch else None
             rows = [rank + world * k for k in range(ids.shape[0])]
             noise = row_noise(cfg.seed, step, micro, rows, (~pad).sum(1).tolist(), ids.shape[1]).to(device)
-            if unigram is not None:
-                unigram_losses.setdefault(task, []).append(unigram(ids, pad))
+            unigram_sums[task] = unigram_sums.get(task, 0) + unigram(ids, pad, world).cpu()
             st = engine(ids, pad, seg, noise)
             reduced = torch.cat([st.sums(), st.counts()])
             if world > 1:
@@ -280,7 +287,7 @@ def train(cfg: TrainConfig) -> None:
         done_step = step + 1
         if rank == 0:
             metrics = summarise(sums)
-            metrics.update({f"{t}/generator_unigram_loss": sum(v) / len(v) for t, v in unigram_losses.items()})
+            metrics.update({f"{t}/generator_unigram_loss": float(v[0] / v[1]) for t, v in unigram_sums.items() if v[1]})
             tokens = sum(float(v[-1]) for v in sums.values())
             loss = sum(metrics.get(f"{t}/generator_loss", 0) + cfg.disc_weight * metrics.get(
                 f"{t}/discriminator_loss", 0) for t in sums) / len(sums)
@@ -298,16 +305,16 @@ def train(cfg: TrainConfig) -> None:
                 print(f"xylent: step {done_step}/{cfg.steps} {parts}", flush=True)
         if done_step % cfg.checkpoint_every == 0 or done_step == cfg.steps:
             save_checkpoint(engine, cfg, ckroot, done_step, {t: ld.state_dict() for t, ld in loaders.items()},
-                            rank, world, cuda)
+                            rank, world, cuda, {"unigram_counts": unigram.counts.cpu()})
     if sink is not None:
         sink.close()
     dist.barrier()
 
 
 def save_checkpoint(engine, cfg: TrainConfig, root: Path, step: int, loader_states: dict, rank: int, world: int,
-                    cuda: bool) -> None:
+                    cuda: bool, extra: dict | None = None) -> None:
     tag = f"step-{step:08d}"
-    engine.save_checkpoint(str(root), tag=tag, client_state={"step": step, "loaders": loader_states,
+    engine.save_checkpoint(str(root), tag=tag, client_state={"step": step, "loaders": loader_states, **(extra or {}),
                                                              "world_size": world})
     torch.save({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if cuda else None},
                root / tag / f"rng-rank{rank}.pt")
