@@ -4,21 +4,29 @@ predictions in XTREME's submission layout; one nested MLflow run per model."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from flows.dedup import dedup
 from flows.download import download
 from flows.kit import StageContext, StageOutcome, stage_flow
 from flows.pretrain import pretrain
 from flows.progress import Progress
-from tasks.evaluate.encoders import HuggingFaceEncoder, load_xylent, random_init
+from tasks.evaluate.encoders import HuggingFaceEncoder, check_layers, load_xylent, random_init
 from tasks.evaluate.run import evaluate_model, sentences_to_embed
 from tasks.evaluate.scorecard import PRIMARY, mlflow_metrics, references, write_scorecard
-from tasks.evaluate.sources import task_dirs
+from tasks.evaluate.sources import EXCLUDED_FILE, task_dirs
 
 VERSION = "1"
+
+
+def _model_dir(model, spec, pipeline_dir: Path) -> tuple[str, Path]:
+    if isinstance(model, str):
+        return "xylent", pipeline_dir
+    return model.kind, spec.resolve_path(model.path)
 
 
 def load_encoder(model, spec, pipeline_dir: Path):
@@ -46,7 +54,7 @@ def _model_params(model) -> dict:
 
 @stage_flow("evaluate", description="scorecard: Tatoeba/BUCC retrieval and zero-shot probes for each encoder "
             "side by side (XTREME conventions), with a random-init baseline", version=VERSION,
-            reads=("evaluate", "sources"), upstream=(download, pretrain))
+            reads=("evaluate", "sources"), upstream=(download, dedup, pretrain))
 def evaluate(ctx: StageContext) -> StageOutcome:
     cfg, tracker = ctx.spec.evaluate, ctx.tracker
     cache = ctx.ws.stage_dir("evaluate") / "_cache"  # fetched archives outlive a failed run
@@ -56,7 +64,12 @@ def evaluate(ctx: StageContext) -> StageOutcome:
                         key="evaluate-progress")
     scores = {"models": {}, "tasks": {t.name: t.model_dump(mode="json") for t in cfg.tasks},
               "references": references()}
+    for t in cfg.tasks:  # how much of a task was left out because pretraining saw it
+        if (excluded := data_dirs[t.name][0] / EXCLUDED_FILE).is_file():
+            scores["tasks"][t.name]["excluded_seen"] = json.loads(excluded.read_text())
     pipeline_dir = ctx.upstream["pretrain"] / "model"
+    check_layers({n: _model_dir(m, ctx.spec, pipeline_dir) for m, n in zip(cfg.models, cfg.model_names())},
+                 cfg.tasks)  # a bad path or layer stops the stage before the first model runs
     try:
         for model, name in zip(cfg.models, cfg.model_names()):
             run_id = tracker.start_run(f"evaluate: {name}", parent_run_id=ctx.run_id, params=_model_params(model),

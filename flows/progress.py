@@ -25,7 +25,8 @@ class Progress:
             from rich.progress import Progress as RichProgress
 
             cols = [TextColumn("{task.description}"), BarColumn()]
-            cols += [DownloadColumn()] if unit == "B" else [TextColumn("{task.completed:.0f}/{task.total:.0f}")]
+            count = "{task.completed:.0f}/{task.total:.0f}" if total else "{task.completed:.0f} " + unit
+            cols += [DownloadColumn()] if unit == "B" else [TextColumn(count)]
             self._bar = RichProgress(*cols, TimeRemainingColumn(), transient=True)
             self._task = self._bar.add_task(title, total=total)
             self._bar.start()

@@ -91,7 +91,7 @@ def test_probe_files_round_trip_and_bad_lines_name_file_and_line(tmp_path):
     with pytest.raises(XylentError, match=r"test-fr.tsv:2"):
         read_probe(root, "fr", "test")
     (root / "test-es.tsv").write_bytes(b"a\tok\nb\t\xff\xfe\n")
-    with pytest.raises(XylentError, match="UTF-8"):
+    with pytest.raises(XylentError, match=r"(?s)UTF-8.*test-es.tsv:2"):
         read_probe(root, "es", "test")
     with pytest.raises(XylentError, match="no test file for language 'it'"):
         read_probe(root, "it", "test")
@@ -113,3 +113,11 @@ def test_holdout_drops_texts_that_differ_only_by_format_characters_or_case():
     drop_reserved(texts, english, hold)
     assert kept not in texts["fa"] and keys[0] not in texts["fa"]
     assert len(texts["fa"]) == 200 - len(keys) - 1
+
+
+def test_a_probe_with_fewer_than_two_learnable_labels_is_a_user_error():
+    vectors = {f"t{i}": np.eye(3)[i % 3] for i in range(12)}
+    labels = ["a"] * 10 + ["b", "c"]
+    texts = [f"t{i}" for i in range(12)]
+    with pytest.raises(XylentError, match="a classifier needs two"):
+        evaluate_probe(_embedder(vectors), (labels, texts), {"en": (labels, texts)}, "en")

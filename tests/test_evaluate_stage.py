@@ -63,6 +63,8 @@ def test_demo_scorecard_contract(demo_run):
                 assert r["transfer_gap"] == pytest.approx(
                     r["languages"]["en"]["accuracy"] - np.mean([v["accuracy"] for k, v in r["languages"].items()
                                                                 if k != "en"]))
+    excluded = scores["tasks"]["allauth"]["excluded_seen"]
+    assert set(excluded) == set(scores["tasks"]["allauth"]["languages"]) and sum(excluded.values()) > 100
     # the pipeline's random-init baseline has the pipeline's shape and tokenizer but not its weights
     pipe, rand = scores["models"]["pipeline"]["allauth"], scores["models"]["random-init"]["allauth"]
     assert pipe["languages"]["de"]["n"] == rand["languages"]["de"]["n"]
@@ -140,6 +142,12 @@ def test_demo_holdout_never_reaches_the_shards(demo_run):
         leaked = texts & seen[lang]
         assert not leaked, f"{lang}: reserved messages in the shards: {sorted(leaked)[:5]}"
     assert total > 20 * 150, "a quarter of ~900 messages in 20 languages is reserved"
+    # the other package's pairs (exclude_seen) share no sentence with the shards either
+    allauth = Path(res["stages"]["evaluate"]["output_dir"]) / "data" / "allauth"
+    for path in allauth.glob("*-en.*"):
+        lang = path.suffix[1:]
+        texts = {norm(t) for t in path.read_text().splitlines()}
+        assert len(texts) > 200 and not texts & seen[lang], path.name
     # and the check can see a message when it is there: the English messages not reserved are in the shards
     from tasks.download.assemble import read_records
     from tasks.prepare.gettext import read_catalog
@@ -232,8 +240,17 @@ def test_a_task_from_a_url_is_fetched_with_its_checksum(demo_run, run_cli, http_
     args = ("run", "evaluate", "--spec", DEMO, "--workspace", ws, "--json", "--set", "evaluate.models=[random-init]")
     rc, out, err = run_cli(*args, "--set", f"evaluate.tasks={json.dumps([task])}")
     assert rc == 0, err
-    scores = json.loads((Path(json.loads(out)["stages"]["evaluate"]["output_dir"]) / "scores.json").read_text())
-    assert scores["models"]["random-init"]["tatoeba-url"]["languages"]["fr"]["n"] == 30
+    stage = Path(json.loads(out)["stages"]["evaluate"]["output_dir"])
+    scores = json.loads((stage / "scores.json").read_text())
+    fr = scores["models"]["random-init"]["tatoeba-url"]["languages"]["fr"]
+    assert fr["n"] == 30
+    # LASER's raw files are line-aligned; XTREME's gold indexes the sorted English file, so do the predictions
+    english = [f"english sentence {i}" for i in range(30)]
+    rank = {i: r for r, i in enumerate(sorted(range(30), key=lambda i: english[i]))}
+    gold = tmp_path / "gold-fr.tsv"
+    gold.write_text("".join(f"{rank[i]}\n" for i in range(30)))
+    pred = stage / "predictions" / "random-init" / "tatoeba-url" / "tatoeba" / "test-fr.tsv"
+    assert score_language(pred, gold, "tatoeba", "fr")["accuracy"] == pytest.approx(fr["accuracy"])
     bad = {**task, "name": "tatoeba-bad", "sha256": "0" * 64}
     rc, out, err = run_cli(*args, "--set", f"evaluate.tasks={json.dumps([bad])}")
     assert rc == 2 and "sha256" in err.lower() and "tatoeba.tar.gz" in err, err

@@ -63,6 +63,8 @@ class EvalTask(Strict):
     layer: int | None = Field(default=None, description="retrieval: hidden-state index; default the middle layer")
     train_language: str = Field(default="en", description="probe: the one language it is trained on")
     max_pairs: int | None = Field(default=None, gt=0, description="gettext/holdout: at most this many per language")
+    exclude_seen: bool = Field(default=False, description="gettext: drop pairs either side of which is in the "
+                               "pretraining corpus (dedup's output), so the task measures transfer, not memory")
 
     @model_validator(mode="after")
     def _check(self):

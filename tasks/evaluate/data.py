@@ -66,7 +66,8 @@ def unique_pairs(pairs: list[tuple[str, str]], max_pairs: int | None = None) -> 
     return (xx[:max_pairs], en[:max_pairs]) if max_pairs else (xx, en)
 
 
-def holdout_messages(download_dir: Path, source: str, holdout: dict, plurals: str, languages: list[str]):
+def holdout_messages(download_dir: Path, source: str, holdout: dict, plurals: str, languages: list[str],
+                     source_language: str = "en"):
     """The reserved messages of ``source``: lang -> [(label, split, text)] with
     label = the catalog's folder (Django: conf, contrib/admin, ...) and split
     train/test; plus lang -> key -> text for pairing."""
@@ -76,7 +77,7 @@ def holdout_messages(download_dir: Path, source: str, holdout: dict, plurals: st
                           where="spec field evaluate.tasks[].source", fix="name a gettext source of the spec")
     items = [(r["lang"], r["catalog"], Path(download_dir) / r["source"] / r["filename"]) for r in recs]
     texts, english = _catalog_texts(items, plurals)
-    texts["en"] = english
+    texts[source_language] = english  # the msgids are this language's text
     keys = reserved_keys(english, holdout)
     out = {}
     for lang in languages:
@@ -125,22 +126,58 @@ def read_probe(root: Path, lang: str, split: str) -> tuple[list[str], list[str]]
     if not path.is_file():
         raise XylentError(f"probe data has no {split} file for language {lang!r}", where=str(path),
                           fix=f"add {path.name} (lines: label<TAB>text) or drop {lang!r} from the task's languages")
-    labels, texts, no = [], [], 0
-    with open(path, encoding="utf-8", errors="strict") as fh:
+    labels, texts = [], []
+    raw = path.read_bytes()
+    for no, line in enumerate(raw.split(b"\n"), 1):
         try:
-            for no, line in enumerate(fh, 1):
-                line = line.rstrip("\n")
-                if not line:
-                    continue
-                if line.count("\t") != 1 or not all(line.split("\t")):
-                    raise XylentError("a probe line must be 'label<TAB>text' with both non-empty",
-                                      where=f"{path}:{no}", fix="fix or remove that line")
-                lab, text = line.split("\t")
-                labels.append(lab)
-                texts.append(text)
+            line = line.decode("utf-8").rstrip("\r")
         except UnicodeDecodeError as exc:
-            raise XylentError(f"not UTF-8 text: {exc.reason}", where=f"{path} (after line {no - 1})",
+            raise XylentError(f"not UTF-8 text: {exc.reason}", where=f"{path}:{no}",
                               fix="re-encode the file as UTF-8") from None
+        if not line:
+            continue
+        if line.count("\t") != 1 or not all(line.split("\t")):
+            raise XylentError("a probe line must be 'label<TAB>text' with both non-empty",
+                              where=f"{path}:{no}", fix="fix or remove that line")
+        lab, text = line.split("\t")
+        labels.append(lab)
+        texts.append(text)
     if not texts:
         raise XylentError("probe file has no examples", where=str(path), fix="fill it or drop the language")
     return labels, texts
+
+
+def seen_texts(corpus: Path, lang: str) -> set[str]:
+    """Every text of ``lang`` in a text-stage output (mono/ and both sides of bitext/),
+    by its holdout identity (:func:`tasks.prepare.holdout.comparable`)."""
+    import polars as pl
+
+    from tasks.prepare.holdout import comparable
+    from tasks.prepare.layout import BITEXT, MONO
+
+    out: set[str] = set()
+    mono = sorted((Path(corpus) / MONO / f"lang={lang}").glob("*.parquet"))
+    if mono:
+        out.update(comparable(t) for t in pl.read_parquet(mono, columns=["text"])["text"].to_list())
+    for pair_dir in sorted((Path(corpus) / BITEXT).glob("pair=*")):
+        a, b = pair_dir.name.removeprefix("pair=").split("-")
+        if lang in (a, b):
+            col = "src" if lang == a else "tgt"
+            files = sorted(pair_dir.glob("*.parquet"))
+            if files:
+                out.update(comparable(t) for t in pl.read_parquet(files, columns=[col])[col].to_list())
+    return out
+
+
+def drop_seen(pairs: dict[str, tuple[list[str], list[str]]], corpus: Path) -> dict[str, int]:
+    """Remove, in place, the pairs either side of which the corpus holds; -> dropped per language."""
+    from tasks.prepare.holdout import comparable
+
+    english = seen_texts(corpus, "en")
+    dropped = {}
+    for lang, (xx, en) in pairs.items():
+        seen = seen_texts(corpus, lang)
+        keep = [i for i in range(len(xx)) if comparable(xx[i]) not in seen and comparable(en[i]) not in english]
+        dropped[lang] = len(xx) - len(keep)
+        pairs[lang] = ([xx[i] for i in keep], [en[i] for i in keep])
+    return dropped

@@ -54,7 +54,7 @@ class SentenceEncoder:
     def pooled(self, texts: list[str], layers: Sequence[int], max_length: int) -> dict[int, np.ndarray]:
         hidden, mask = self._hidden(texts, max_length)
         m = mask.unsqueeze(-1).float()
-        return {i: ((hidden[i].float() * m).sum(1) / m.sum(1).clamp(min=1)).numpy() for i in layers}
+        return {i: ((hidden[i].float() * m).sum(1) / m.sum(1).clamp(min=1)).cpu().numpy() for i in layers}
 
     def embed_batches(self, texts: Sequence[str], layers: Sequence[int], *, batch_size: int, max_length: int,
                       on_batch: Callable[[int], None] = lambda n: None) -> Iterator[dict[int, np.ndarray]]:
@@ -77,17 +77,22 @@ class SentenceEncoder:
                 yield {i: out[i][b: b + batch_size] for i in layers}
 
 
+def device() -> torch.device:
+    return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
 class XylentEncoder(SentenceEncoder):
     kind = "xylent"
 
     def __init__(self, name: str, model):
-        self.name, self.model = name, model.eval()
+        self.name, self.model = name, model.float().to(device()).eval()
         self.n_layers = model.config.layers
 
     def _hidden(self, texts, max_length):
         ids, mask = self.model.tokenize(texts, max_length=min(max_length, self.model.config.max_position))
-        _, hidden = self.model(ids, mask, output_hidden_states=True)
-        return hidden, mask
+        at = next(self.model.parameters()).device
+        _, hidden = self.model(ids.to(at), mask.to(at), output_hidden_states=True)
+        return hidden, mask.to(at)
 
 
 class HuggingFaceEncoder(SentenceEncoder):
@@ -99,16 +104,22 @@ class HuggingFaceEncoder(SentenceEncoder):
         self.name = name
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-            self.model = AutoModel.from_pretrained(str(path), local_files_only=True).eval()
-        except (OSError, ValueError) as exc:
+            # fp32 whatever the checkpoint's dtype: half precision on a CPU is slow and changes the scores
+            self.model = AutoModel.from_pretrained(str(path), local_files_only=True,
+                                                   dtype=torch.float32).to(device()).eval()
+        except Exception as exc:  # transformers raises many kinds for a dir that is not a model
             raise XylentError(f"cannot load Hugging Face encoder {name!r}: {exc}", where=str(path),
                               fix="point evaluate.models[].path at a local dir with config.json, the weights and "
                               "the tokenizer files (save_pretrained of both); the hub is never contacted") from None
         self.n_layers = int(self.model.config.num_hidden_layers)
 
     def _hidden(self, texts, max_length):
-        limit = min(max_length, getattr(self.model.config, "max_position_embeddings", max_length) or max_length)
+        # XLM-R declares 514 positions of which 512 are usable; the tokenizer knows the real limit
+        limits = [max_length, getattr(self.model.config, "max_position_embeddings", None),
+                  getattr(self.tokenizer, "model_max_length", None)]
+        limit = min(v for v in limits if isinstance(v, int) and v > 0)
         enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=limit, return_tensors="pt")
+        enc = {k: v.to(self.model.device) for k, v in enc.items()}
         out = self.model(**enc, output_hidden_states=True)
         return out.hidden_states, enc["attention_mask"]
 
@@ -119,7 +130,11 @@ def load_xylent(name: str, path: Path) -> XylentEncoder:
     if not (Path(path) / "config.json").is_file():
         raise XylentError(f"model {name!r}: no config.json in {path}", where="spec field evaluate.models[].path",
                           fix="point it at an exported xylent model dir (workspace/pretrain/<fingerprint>/model)")
-    return XylentEncoder(name, load_pretrained(path))
+    try:
+        return XylentEncoder(name, load_pretrained(path))
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:  # not ours, or damaged
+        raise XylentError(f"cannot load xylent model {name!r}: {type(exc).__name__}: {exc}", where=str(path),
+                          fix="point it at an exported xylent model dir; for a Hugging Face dir use kind: hf") from None
 
 
 def random_init(name: str, like: Path, seed: int) -> XylentEncoder:
@@ -141,3 +156,27 @@ def random_init(name: str, like: Path, seed: int) -> XylentEncoder:
     finally:
         torch.random.set_rng_state(state)
     return XylentEncoder(name, model)
+
+
+def declared_layers(kind: str, path: Path) -> int:
+    """The layer count a model dir declares, read from its config.json before any
+    weight is loaded: lets the stage refuse a bad path or layer before it runs."""
+    cfg = Path(path) / "config.json"
+    try:
+        meta = json.loads(cfg.read_text())
+        return int(meta["encoder"]["layers"] if kind == "xylent" else meta["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise XylentError(f"{cfg} does not describe a {kind} encoder ({type(exc).__name__}: {exc})",
+                          where="spec field evaluate.models[].path",
+                          fix="xylent: an exported model/ dir; hf: a dir saved with save_pretrained") from None
+
+
+def check_layers(models: dict[str, tuple[str, Path]], tasks: list) -> None:
+    """Every task's explicit ``layer`` exists in every model (name -> (kind, dir))."""
+    for name, (kind, path) in models.items():
+        n = declared_layers(kind, path)
+        for t in tasks:
+            if t.layer is not None and not -(n + 1) <= t.layer <= n:
+                raise XylentError(f"evaluate task {t.name!r} asks for layer {t.layer}, but model {name!r} has "
+                                  f"hidden states 0..{n} (0 = embeddings)", where="spec field evaluate.tasks[].layer",
+                                  fix=f"pick a layer in 0..{n}, or leave it out for the middle layer")

@@ -17,6 +17,8 @@ from typing import Callable
 
 import numpy as np
 
+from xylent.errors import XylentError
+
 MIN_TRAIN_PER_LABEL = 5  # labels rarer than this in training cannot be learned (or cross-validated); left out
 C_GRID = np.logspace(-3, 2, 11)  # inverse L2 strength, chosen by 5-fold CV on the train language only
 
@@ -44,6 +46,11 @@ def evaluate_probe(embed: Callable[[list[str]], np.ndarray], train: tuple[list[s
     Returns per-language accuracy (0–100), the majority baseline and the transfer gap."""
     counts = Counter(train[0])
     kept = {lab for lab, n in counts.items() if n >= MIN_TRAIN_PER_LABEL}
+    if len(kept) < 2:
+        raise XylentError(f"the probe's {train_language} training data has {len(kept)} label(s) with at least "
+                          f"{MIN_TRAIN_PER_LABEL} examples ({dict(counts)}); a classifier needs two",
+                          where=f"train-{train_language}.tsv",
+                          fix="add training examples, or reserve a larger holdout fraction")
     tr = [(lab, t) for lab, t in zip(*train) if lab in kept]
     clf = fit_probe(embed([t for _, t in tr]), [lab for lab, _ in tr])
     majority = max(kept, key=lambda lab: (counts[lab], lab))
@@ -58,6 +65,9 @@ def evaluate_probe(embed: Callable[[list[str]], np.ndarray], train: tuple[list[s
         langs[lang] = {"accuracy": 100.0 * float((pred == gold).mean()),
                        "majority_baseline": 100.0 * float((gold == majority).mean()), "n": len(rows)}
     others = [v["accuracy"] for lang, v in langs.items() if lang != train_language]
+    if not langs:
+        raise XylentError("no probe test item has a label the probe was trained on",
+                          where="test-<lang>.tsv", fix="test on the labels of the training file")
     out = {"languages": langs, "labels": sorted(kept), "train_examples": len(tr), "test_items_dropped": dropped,
            "avg": float(np.mean([v["accuracy"] for v in langs.values()])),
            "majority_baseline": float(np.mean([v["majority_baseline"] for v in langs.values()]))}

@@ -18,7 +18,7 @@ from tasks.evaluate.data import read_probe
 from tasks.evaluate.encoders import SentenceEncoder
 from tasks.evaluate.probe import evaluate_probe
 from tasks.evaluate.retrieval import evaluate_bucc, tatoeba_accuracy
-from tasks.evaluate.retrieval_data import read_tatoeba
+from tasks.evaluate.retrieval_data import TATOEBA_ISO3, read_tatoeba
 from tasks.evaluate.submission import write_predictions
 
 # where a kind's predictions go in the submission layout (XTREME's task folder names)
@@ -64,48 +64,62 @@ def diagnostics(x: np.ndarray, y: np.ndarray, src: list[str], tgt: list[str]) ->
 
 
 def _labels_file(labels: Path | None, lang: str) -> Path | None:
-    return labels / f"test-{lang}.tsv" if labels is not None else None
+    # absent: read_tatoeba then says which gold file the preprocessed layout needs
+    path = labels / f"test-{lang}.tsv" if labels is not None else None
+    return path if path is not None and path.is_file() else None
+
+
+def _file_order(data: Path, lang: str, gold_file: Path | None, tgt: list[str]) -> list[int]:
+    """For each English sentence as retrieval saw it, its line in the English file
+    XTREME's gold indexes: the file itself in the preprocessed layout (the gold
+    says where), the stable text sort of LASER's raw file otherwise (XTREME's
+    preprocessing sorts it)."""
+    if gold_file is not None and not (data / f"tatoeba.{TATOEBA_ISO3.get(lang, lang)}-eng.eng").is_file():
+        return [int(x) for x in gold_file.read_text().split()]
+    rank = {i: r for r, i in enumerate(sorted(range(len(tgt)), key=lambda i: tgt[i]))}
+    return [rank[i] for i in range(len(tgt))]
 
 
 def _tatoeba(emb: Embedder, task, data: Path, labels: Path | None, preds: Path) -> dict:
     layer = emb.enc.layer_index(task.layer)
     every = list(range(emb.enc.n_layers + 1))
-    langs, by_layer, en_to_xx = {}, {i: [] for i in every}, []
+    langs, by_layer, en_to_xx, diag = {}, {i: [] for i in every}, [], {}
     for lang in task.languages:
         gold_file = _labels_file(labels, lang)
         src, tgt = read_tatoeba(data, lang, gold_file)
-        # predictions index the English file as it lies: sorted in XTREME's preprocessed layout
-        to_file = [int(x) for x in gold_file.read_text().split()] if gold_file and gold_file.is_file() else None
+        to_file = _file_order(data, lang, gold_file, tgt)
         xs, ys = emb.layers(src, every), emb.layers(tgt, every)
         for i in every:
             r = tatoeba_accuracy(lambda texts, i=i: iter([xs[i] if texts is src else ys[i]]), src, tgt)
             by_layer[i].append(r["accuracy"])
             if i == layer:
-                langs[lang] = {"accuracy": r["accuracy"], "accuracy_en_to_xx": r["accuracy_en_to_xx"], "n": r["n"],
-                               **diagnostics(xs[i], ys[i], src, tgt)}
+                langs[lang] = {"accuracy": r["accuracy"], "accuracy_en_to_xx": r["accuracy_en_to_xx"], "n": r["n"]}
+                diag[lang] = diagnostics(xs[i], ys[i], src, tgt)
                 en_to_xx.append(r["accuracy_en_to_xx"])
-                got = r["predictions"] if to_file is None else [to_file[p] for p in r["predictions"]]
-                write_predictions(preds, SUBMISSION_TASK["tatoeba"], lang, got)
+                write_predictions(preds, SUBMISSION_TASK["tatoeba"], lang, [to_file[p] for p in r["predictions"]])
     return {"kind": "tatoeba", "layer": layer, "languages": langs,
             "avg": float(np.mean([v["accuracy"] for v in langs.values()])),
-            "diagnostics": {k: float(np.mean([v[k] for v in langs.values()])) for k in DIAGNOSTICS},
+            "diagnostics": {k: float(np.mean([v[k] for v in diag.values()])) for k in DIAGNOSTICS},
+            "diagnostics_by_language": diag,
             "avg_en_to_xx": float(np.mean(en_to_xx)),
             "by_layer": {str(i): float(np.mean(v)) for i, v in by_layer.items()}}
 
 
 def _bucc(emb: Embedder, task, data: Path, labels: Path | None, preds: Path) -> dict:
     layer = emb.enc.layer_index(task.layer)
-    langs, notes = {}, []
+    langs, notes, thresholds = {}, [], {}
     for lang in task.languages:
         r = evaluate_bucc(emb.fn(layer), data, lang)
         write_predictions(preds, SUBMISSION_TASK["bucc"], lang, [f"{s}\t{t}" for s, t in r["predictions"]])
+        thresholds[lang] = r["threshold"]  # a margin, not a score: kept out of "languages"
         if r["test"] is None:
             notes.append(r["note"])
-            langs[lang] = {"tune_f1": r["tune"]["f1"], "threshold": r["threshold"]}
+            langs[lang] = {"tune_f1": r["tune"]["f1"]}
         else:
-            langs[lang] = {**r["test"], "tune_f1": r["tune"]["f1"], "threshold": r["threshold"]}
+            langs[lang] = {**r["test"], "tune_f1": r["tune"]["f1"]}
     scored = [v["f1"] for v in langs.values() if "f1" in v]
-    out = {"kind": "bucc", "layer": layer, "languages": langs, "avg": float(np.mean(scored)) if scored else None}
+    out = {"kind": "bucc", "layer": layer, "languages": langs, "avg": float(np.mean(scored)) if scored else None,
+           "thresholds": thresholds}
     if notes:
         out["notes"] = notes
     return out

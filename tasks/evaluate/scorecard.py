@@ -83,6 +83,10 @@ def render(scores: dict) -> str:
             avg["majority class"] = _fmt(scores["models"][models[0]][name].get("majority_baseline"))
         rows.append(avg)
         lines += [markdown_table(rows), ""]
+        if t.get("excluded_seen"):
+            ex = t["excluded_seen"]
+            lines += [f"Left out because the pretraining corpus holds one side: {sum(ex.values())} pairs ("
+                      + ", ".join(f"{k} {v}" for k, v in sorted(ex.items()) if v) + ").", ""]
         if t["kind"] == "tatoeba":
             lines += ["en→xx acc@1 (average): " + ", ".join(
                 f"{m} {_fmt(scores['models'][m][name].get('avg_en_to_xx'))}" for m in models) + ".", ""]

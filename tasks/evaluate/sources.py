@@ -6,14 +6,17 @@ local dir in the layout its reader expects."""
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import tarfile
 import zipfile
 from pathlib import Path
 
 from tasks.download.http import fetch
-from tasks.evaluate.data import holdout_messages, package_pairs, unique_pairs, write_probe, write_tatoeba
+from tasks.evaluate.data import drop_seen, holdout_messages, package_pairs, unique_pairs, write_probe, write_tatoeba
 from xylent.errors import XylentError
+
+EXCLUDED_FILE = "excluded_seen.json"  # gettext tasks with exclude_seen: pairs dropped per language
 
 
 def _unpack(archive: Path, dest: Path, url: str) -> None:
@@ -73,7 +76,13 @@ def task_dirs(task, spec, upstream: dict[str, Path], data_root: Path, cache: Pat
 def task_dir(task, spec, upstream: dict[str, Path], data_root: Path, cache: Path) -> Path:
     """The local dir holding ``task``'s data."""
     if task.format == "gettext":
-        pairs = package_pairs(task.package, task.languages, max_pairs=task.max_pairs)
+        pairs = package_pairs(task.package, task.languages, max_pairs=None if task.exclude_seen else task.max_pairs)
+        if task.exclude_seen:
+            dropped = drop_seen(pairs, upstream["dedup"])
+            pairs = {k: (xx[: task.max_pairs], en[: task.max_pairs]) for k, (xx, en) in pairs.items()}
+            root = data_root / task.name
+            root.mkdir(parents=True, exist_ok=True)
+            (root / EXCLUDED_FILE).write_text(json.dumps(dropped, indent=2, sort_keys=True))
         for lang, (xx, _) in pairs.items():
             if not xx:
                 raise XylentError(f"package {task.package!r} has no translated messages for {lang!r}",
@@ -82,7 +91,8 @@ def task_dir(task, spec, upstream: dict[str, Path], data_root: Path, cache: Path
     if task.format == "holdout":
         source = next(s for s in spec.sources if s.name == task.source)
         langs = sorted({*task.languages, "en"})
-        msgs = holdout_messages(upstream["download"], source.name, source.holdout.model_dump(), source.plurals, langs)
+        msgs = holdout_messages(upstream["download"], source.name, source.holdout.model_dump(), source.plurals, langs,
+                                source.source_language)
         if task.kind == "probe":
             return write_probe(data_root / task.name, {k: v for k, v in msgs.items() if k in task.languages},
                                task.train_language)
