@@ -15,7 +15,7 @@ from flows.download import download
 from flows.kit import StageContext, StageOutcome, stage_flow
 from flows.pretrain import pretrain
 from flows.progress import Progress
-from tasks.evaluate.encoders import HuggingFaceEncoder, check_layers, load_xylent, random_init
+from tasks.evaluate.encoders import HuggingFaceEncoder, check_layers, load_xylent, random_init, subword_bag
 from tasks.evaluate.run import evaluate_model, sentences_to_embed
 from tasks.evaluate.scorecard import PRIMARY, mlflow_metrics, references, write_scorecard
 from tasks.evaluate.sources import EXCLUDED_FILE, task_dirs
@@ -25,7 +25,7 @@ VERSION = "1"
 
 def _model_dir(model, spec, pipeline_dir: Path) -> tuple[str, Path]:
     if isinstance(model, str):
-        return "xylent", pipeline_dir
+        return ("subwords" if model == "bag-of-subwords" else "xylent"), pipeline_dir
     return model.kind, spec.resolve_path(model.path)
 
 
@@ -34,6 +34,8 @@ def load_encoder(model, spec, pipeline_dir: Path):
         return load_xylent("pipeline", pipeline_dir)
     if model == "random-init":
         return random_init("random-init", pipeline_dir, spec.evaluate.random_init_seed)
+    if model == "bag-of-subwords":
+        return subword_bag("bag-of-subwords", pipeline_dir)
     path = spec.resolve_path(model.path)
     return load_xylent(model.name, path) if model.kind == "xylent" else HuggingFaceEncoder(model.name, path)
 
@@ -48,7 +50,7 @@ def evaluate_model_task(name: str, model, spec, pipeline_dir: Path, data_dirs: d
 
 def _model_params(model) -> dict:
     if isinstance(model, str):
-        return {"model": model, "kind": "xylent" if model == "pipeline" else "random-init"}
+        return {"model": model, "kind": {"pipeline": "xylent"}.get(model, model)}
     return {"model": model.name, "kind": model.kind, "path": model.path}
 
 

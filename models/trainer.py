@@ -241,6 +241,9 @@ def train(cfg: TrainConfig) -> None:
             loaders[t].load_state_dict(state)
         if "unigram_counts" in client:
             unigram.counts = client["unigram_counts"].to(device)
+        elif rank == 0:
+            print("xylent: the checkpoint holds no unigram counts (saved before they were); "
+                  "generator_unigram_loss restarts from add-one counts", flush=True)
         rng = done[-1] / f"rng-rank{rank}.pt"
         if rng.exists() and client.get("world_size") == world:
             state = torch.load(rng, weights_only=False)

@@ -28,8 +28,9 @@ class ModelRef(Strict):
     kind: Literal["xylent", "hf"]
 
 
-# pipeline: this spec's pretrain output; random-init: the same architecture and tokenizer, untrained
-EvalModel = Union[Literal["pipeline", "random-init"], ModelRef]
+# pipeline: this spec's pretrain output; random-init: the same architecture and tokenizer, untrained;
+# bag-of-subwords: no model at all, the pipeline tokenizer's piece counts (the trivial peer)
+EvalModel = Union[Literal["pipeline", "random-init", "bag-of-subwords"], ModelRef]
 
 RETRIEVAL = ("tatoeba", "bucc")
 FORMATS = {

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tasks.download.assemble import read_records
 from tasks.prepare.gettext import Key, read_catalog
-from tasks.prepare.holdout import probe_split, reserved_keys
+from tasks.prepare.holdout import msgid, probe_split, reserved_keys
 from xylent.errors import XylentError
 
 
@@ -85,7 +85,7 @@ def holdout_messages(download_dir: Path, source: str, holdout: dict, plurals: st
         for k in sorted(keys & texts.get(lang, {}).keys()):
             text = _clean(texts[lang][k])
             if text:
-                rows.append((os.path.dirname(k[0]) or k[0], probe_split(english[k], holdout), text, k))
+                rows.append((os.path.dirname(k[0]) or k[0], probe_split(msgid(k), holdout), text, k))
         out[lang] = rows
     return out
 

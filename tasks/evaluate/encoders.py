@@ -124,6 +124,37 @@ class HuggingFaceEncoder(SentenceEncoder):
         return out.hidden_states, enc["attention_mask"]
 
 
+class SubwordBagEncoder(SentenceEncoder):
+    """The trivial peer of retrieval and probing: a sentence is the L2-normalised
+    count vector of its subword pieces (the pipeline's tokenizer), no weights at
+    all.  Vocabularies above ``MAX_DIMS`` are folded by id modulo (rare collisions).
+    One "layer" (index 0)."""
+
+    kind = "subwords"
+    n_layers = 0
+    MAX_DIMS = 1 << 15
+
+    def __init__(self, name: str, tokenizer):
+        self.name, self.tokenizer = name, tokenizer
+        self.dims = min(tokenizer.get_piece_size(), self.MAX_DIMS)
+
+    def layer_index(self, layer: int | None) -> int:
+        return 0  # no layers: every task's layer means "the bag"
+
+    def pooled(self, texts: list[str], layers: Sequence[int], max_length: int) -> dict[int, np.ndarray]:
+        out = np.zeros((len(texts), self.dims), np.float32)
+        for row, ids in enumerate(self.tokenizer.encode(list(texts))):
+            np.add.at(out[row], np.asarray(ids[:max_length], dtype=np.int64) % self.dims, 1.0)
+        return {i: out for i in layers}
+
+
+def subword_bag(name: str, like: Path) -> SubwordBagEncoder:
+    import sentencepiece as spm
+
+    meta = json.loads((Path(like) / "config.json").read_text())
+    return SubwordBagEncoder(name, spm.SentencePieceProcessor(model_file=str(Path(like) / meta["tokenizer"])))
+
+
 def load_xylent(name: str, path: Path) -> XylentEncoder:
     from models.pretrained import load_pretrained
 
@@ -149,12 +180,9 @@ def random_init(name: str, like: Path, seed: int) -> XylentEncoder:
     enc = meta["encoder"]
     cfg = EncoderConfig(**{**enc, "specials": enc.get("specials") or meta["specials"]})
     tok = spm.SentencePieceProcessor(model_file=str(Path(like) / meta["tokenizer"]))
-    state = torch.random.get_rng_state()
-    torch.manual_seed(seed)
-    try:
+    with torch.random.fork_rng(devices=[]):  # the caller's CPU generator is left as it was
+        torch.manual_seed(seed)
         model = PretrainedEncoder(cfg, tok, {"random_init_seed": seed})
-    finally:
-        torch.random.set_rng_state(state)
     return XylentEncoder(name, model)
 
 
@@ -174,6 +202,8 @@ def declared_layers(kind: str, path: Path) -> int:
 def check_layers(models: dict[str, tuple[str, Path]], tasks: list) -> None:
     """Every task's explicit ``layer`` exists in every model (name -> (kind, dir))."""
     for name, (kind, path) in models.items():
+        if kind == "subwords":
+            continue  # no layers to choose from
         n = declared_layers(kind, path)
         for t in tasks:
             if t.layer is not None and not -(n + 1) <= t.layer <= n:

@@ -33,7 +33,7 @@ def references() -> list[dict]:
 def write_scores(out: Path, scores: dict) -> Path:
     path = out / "scores.json"
     tmp = path.with_name(".scores.json.tmp")
-    tmp.write_text(json.dumps(scores, indent=2, sort_keys=True))
+    tmp.write_text(json.dumps(scores, indent=2))  # models and tasks in the spec's order
     os.replace(tmp, path)
     return path
 
@@ -63,8 +63,9 @@ def _fmt(v) -> str:
 def render(scores: dict) -> str:
     models, tasks = list(scores["models"]), scores["tasks"]
     lines = ["# Scorecard", "",
-             "Scores are 0–100. `random-init` is the pipeline's architecture and tokenizer with untrained weights: "
-             "a pretrained encoder that does not beat it has not learned what the task measures.", ""]
+             "Scores are 0–100. `random-init` is the pipeline's architecture and tokenizer with untrained weights "
+             "and `bag-of-subwords` the tokenizer's piece counts with no model at all: a pretrained encoder that "
+             "does not beat them has not learned what the task measures.", ""]
     for name, t in tasks.items():
         metric = PRIMARY[t["kind"]]
         lines += [f"## {name} ({t['kind']}, {metric})", ""]

@@ -31,6 +31,7 @@ def _unpack(archive: Path, dest: Path, url: str) -> None:
             with tarfile.open(archive) as t:
                 t.extractall(tmp, filter="data")  # no absolute paths, links out of the dir or devices
         else:
+            shutil.rmtree(tmp, ignore_errors=True)
             raise XylentError("the task's URL is neither a zip nor a tar archive", where=url,
                               fix="point evaluate.tasks[].path at a .zip/.tar/.tar.gz of the task's files, "
                               "or at a local dir")

@@ -27,13 +27,19 @@ def is_reserved(english: str, holdout: dict) -> bool:
 
 
 def probe_split(english: str, holdout: dict) -> str:
-    """'test' or 'train' for a reserved message (a second, independent hash)."""
-    return "test" if _unit(holdout["seed"], "split", english) < holdout["test_fraction"] else "train"
+    """'test' or 'train' for a reserved message (a second, independent hash of its
+    normalised text: 'User' and 'user' land on the same side)."""
+    return "test" if _unit(holdout["seed"], "split", comparable(english)) < holdout["test_fraction"] else "train"
+
+
+def msgid(key: Key) -> str:
+    """The English text a key is reserved by: a plural form goes with its singular."""
+    return key[2].removesuffix("#plural")
 
 
 def reserved_keys(english: dict[Key, str], holdout: dict) -> set[Key]:
     """The reserved keys among ``english`` (key -> English text)."""
-    return {k for k, text in english.items() if is_reserved(text, holdout)}
+    return {k for k in english if is_reserved(msgid(k), holdout)}
 
 
 def comparable(text: str) -> str:
