@@ -216,8 +216,17 @@ def test_a_local_hugging_face_encoder_is_evaluated_side_by_side(demo_run, run_cl
         return v / np.linalg.norm(v, axis=1, keepdims=True)
 
     xx, en = pairs["de"]
+    # the stage's wrapper (length-sorted batches) gives the vectors of a plain forward pass
+    from tasks.evaluate.encoders import HuggingFaceEncoder
+
+    ours = np.concatenate([b[2] for b in HuggingFaceEncoder("tiny-bert", hf).embed_batches(
+        xx, [2], batch_size=64, max_length=128)])
+    ours /= np.linalg.norm(ours, axis=1, keepdims=True)
+    assert np.abs(ours - embed(xx)).max() < 1e-4
+    # a random tiny BERT puts every sentence in a narrow cone (mean cosine ~0.96): rounding differences of
+    # other batch shapes flip a few near-tied neighbours, so the accuracies agree to a few items, not exactly
     acc = 100 * np.mean(np.argmax(embed(xx) @ embed(en).T, 1) == np.arange(len(xx)))
-    assert bert["languages"]["de"]["accuracy"] == pytest.approx(acc, abs=100 / len(xx) + 1e-9)
+    assert bert["languages"]["de"]["accuracy"] == pytest.approx(acc, abs=5 * 100 / len(xx))
 
 
 def _tatoeba_archive(langs=("de", "fr"), n=30) -> bytes:
