@@ -85,3 +85,25 @@ def test_train_config_takes_every_knob_from_the_spec(demo_run, tmp_path):
     assert cfg.model["specials"] == index["specials"], "the tokenizer's ids, as the shards recorded them"
     cfg.save(tmp_path / "train.json")
     assert TrainConfig.load(tmp_path / "train.json") == cfg
+
+
+def test_stale_deepspeed_shm_segments_are_swept_and_live_ones_kept(tmp_path, monkeypatch):
+    import mmap
+    import os
+
+    from tasks.pretrain import launch
+
+    monkeypatch.setattr(launch, "SHM_DIR", tmp_path)
+    uid = os.getuid()
+    stale = tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_1111_0"
+    live = tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_2222_0"
+    other = tmp_path / "something_else"
+    for p in (stale, live, other):
+        p.write_bytes(b"\0" * 4096)
+    with open(live, "r+b") as fh, mmap.mmap(fh.fileno(), 4096):  # a running rank maps its segment
+        assert launch.sweep_stale_shm_buffers() == [stale]
+    assert not stale.exists() and live.exists() and other.exists()
+    cmd = ["deepspeed", "--master_port", "2222", "--module", "models.trainer"]
+    assert launch.shm_buffers(cmd) == [live]
+    launch.remove_shm_buffers(cmd)
+    assert not live.exists() and other.exists()

@@ -104,6 +104,26 @@ def remove_shm_buffers(cmd: list[str]) -> None:
             path.unlink()
 
 
+def sweep_stale_shm_buffers() -> list[Path]:
+    """Remove this user's DeepSpeed all-reduce segments that no live process maps:
+    what runs killed with -9 (their launcher never cleaned up) left behind."""
+    if not SHM_DIR.is_dir():
+        return []
+    ours = set(SHM_DIR.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*"))
+    if not ours:
+        return []
+    mapped = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        with contextlib.suppress(OSError):
+            mapped.update(Path(ln.split()[-1]) for ln in maps.read_text().splitlines()
+                          if "deepspeed_allreduce_buffer" in ln)
+    stale = sorted(ours - mapped)
+    for path in stale:
+        with contextlib.suppress(OSError):
+            path.unlink()
+    return stale
+
+
 def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None = None,
            resume_hint: Callable[[], str] | None = None, ranks: int | None = None) -> LaunchResult:
     env = os.environ.copy()
@@ -117,6 +137,7 @@ def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None
         if ranks:  # each rank its share of the cores, not all of them (oversubscription halves throughput)
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
     resumed, died, tracebacks, errors = 0, [], {}, []
+    sweep_stale_shm_buffers()
     with open(log_file, "a", encoding="utf-8") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
