@@ -87,13 +87,12 @@ def test_train_config_takes_every_knob_from_the_spec(demo_run, tmp_path):
     assert TrainConfig.load(tmp_path / "train.json") == cfg
 
 
-def test_stale_deepspeed_shm_segments_are_swept_and_live_ones_kept(tmp_path, monkeypatch):
+def test_stale_deepspeed_shm_segments_are_swept_and_live_ones_kept(tmp_path):
     import mmap
     import os
 
     from tasks.pretrain import launch
 
-    monkeypatch.setattr(launch, "SHM_DIR", tmp_path)
     uid = os.getuid()
     stale = tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_1111_0"
     live = tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_2222_0"
@@ -101,9 +100,9 @@ def test_stale_deepspeed_shm_segments_are_swept_and_live_ones_kept(tmp_path, mon
     for p in (stale, live, other):
         p.write_bytes(b"\0" * 4096)
     with open(live, "r+b") as fh, mmap.mmap(fh.fileno(), 4096):  # a running rank maps its segment
-        assert launch.sweep_stale_shm_buffers() == [stale]
+        assert launch.sweep_stale_shm_buffers(tmp_path) == [stale]
     assert not stale.exists() and live.exists() and other.exists()
     cmd = ["deepspeed", "--master_port", "2222", "--module", "models.trainer"]
-    assert launch.shm_buffers(cmd) == [live]
-    launch.remove_shm_buffers(cmd)
+    assert launch.shm_buffers(cmd, tmp_path) == [live]
+    launch.remove_shm_buffers(cmd, tmp_path)
     assert not live.exists() and other.exists()

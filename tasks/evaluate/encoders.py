@@ -11,6 +11,7 @@ stream them into a faiss index without holding any hidden state.
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -28,7 +29,7 @@ def default_layer(n_layers: int) -> int:
     return min(n_layers, n_layers // 2 + 1)
 
 
-class SentenceEncoder:
+class SentenceEncoder(ABC):
     """Subclasses set ``name``, ``n_layers`` and implement :meth:`_hidden`."""
 
     name: str
@@ -46,9 +47,9 @@ class SentenceEncoder:
                               fix=f"pick a layer in 0..{self.n_layers}, or leave it out for the middle layer")
         return idx
 
+    @abstractmethod
     def _hidden(self, texts: list[str], max_length: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """-> (hidden states per layer, each (B, L, H); attention mask (B, L))."""
-        raise NotImplementedError
 
     @torch.no_grad()
     def pooled(self, texts: list[str], layers: Sequence[int], max_length: int) -> dict[int, np.ndarray]:
@@ -140,6 +141,9 @@ class SubwordBagEncoder(SentenceEncoder):
 
     def layer_index(self, layer: int | None) -> int:
         return 0  # no layers: every task's layer means "the bag"
+
+    def _hidden(self, texts, max_length):  # never called: pooled() counts pieces itself
+        raise TypeError("a bag of subwords has no hidden states")
 
     def pooled(self, texts: list[str], layers: Sequence[int], max_length: int) -> dict[int, np.ndarray]:
         out = np.zeros((len(texts), self.dims), np.float32)

@@ -88,28 +88,28 @@ class LaunchResult:
 SHM_DIR = Path("/dev/shm")
 
 
-def shm_buffers(cmd: list[str]) -> list[Path]:
+def shm_buffers(cmd: list[str], shm_dir: Path = SHM_DIR) -> list[Path]:
     """DeepSpeed's CPU all-reduce segments of this launch on this machine
     (``deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>``, 66 MB each)."""
-    if "--master_port" not in cmd or not SHM_DIR.is_dir():
+    if "--master_port" not in cmd or not shm_dir.is_dir():
         return []
     port = cmd[cmd.index("--master_port") + 1]
-    return sorted(SHM_DIR.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"))
+    return sorted(shm_dir.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"))
 
 
-def remove_shm_buffers(cmd: list[str]) -> None:
+def remove_shm_buffers(cmd: list[str], shm_dir: Path = SHM_DIR) -> None:
     # DeepSpeed never unlinks them: every CPU run would leave 66 MB per rank in /dev/shm until it is full
-    for path in shm_buffers(cmd):
+    for path in shm_buffers(cmd, shm_dir):
         with contextlib.suppress(OSError):
             path.unlink()
 
 
-def sweep_stale_shm_buffers() -> list[Path]:
+def sweep_stale_shm_buffers(shm_dir: Path = SHM_DIR) -> list[Path]:
     """Remove this user's DeepSpeed all-reduce segments that no live process maps:
     what runs killed with -9 (their launcher never cleaned up) left behind."""
-    if not SHM_DIR.is_dir():
+    if not shm_dir.is_dir():
         return []
-    ours = set(SHM_DIR.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*"))
+    ours = set(shm_dir.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*"))
     if not ours:
         return []
     mapped = set()
