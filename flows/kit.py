@@ -113,7 +113,7 @@ class Invocation:
         """Output folders of a stage's upstream stages, running any that are missing
         (as subflows, so the Prefect UI shows them)."""
         dirs = {}
-        for up in stage.upstream:
+        for up in stage.upstream_of(self.spec):
             out = self.ws.output_dir(up, self.fingerprints[up])
             manifest = read_manifest(out)
             if manifest is None:
@@ -172,10 +172,10 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
         started = time.time()
         try:
             with inv.ws.building(out) as tmp:
-                outcome = stage.body(StageContext(inv.spec, inv.ws, tmp, upstream, fp, run_id, inv.tracker, force))
+                outcome = stage.body(StageContext(inv.spec, inv.ws, tmp, upstream, fp, run_id, inv.tracker, force, stage.name))
                 manifest = inv.ws.publish(tmp, out, {
                     "stage": stage.name, "fingerprint": fp, "code_version": stage.version,
-                    "inputs": {u: inv.fingerprints[u] for u in stage.upstream}, "config": config,
+                    "inputs": {u: inv.fingerprints[u] for u in stage.upstream_of(inv.spec)}, "config": config,
                     "metrics": outcome.metrics, "versions": _versions(),
                     "started": started, "seconds": round(time.time() - started, 3),
                     "mlflow_run_id": run_id, "prefect_flow_run_id": flow_run.id, **outcome.manifest,
@@ -212,7 +212,7 @@ def _prefect_artifacts(inv: Invocation, stage: str, fp: str, out: Path, run_id: 
 
 
 def stage_flow(name: str, *, description: str, version: str, reads: tuple[str, ...], upstream: tuple = (),
-               config: Callable[[Spec], dict] | None = None):
+               config: Callable[[Spec], dict] | None = None, when: dict | None = None):
     """Declare a stage and make its Prefect flow; decorate the stage's body:
 
         from flows.dedup import dedup
@@ -221,14 +221,16 @@ def stage_flow(name: str, *, description: str, version: str, reads: tuple[str, .
         def sampling(ctx: StageContext) -> StageOutcome: ...
 
     ``upstream`` are the flows of the stages it reads (run first when their output
-    is missing).  The decorated name is the Prefect flow (``sampling(spec_file=...,
+    is missing).  ``when`` maps some of them to a test of the spec: such a stage is
+    read only when its test is true.  The decorated name is the Prefect flow (``sampling(spec_file=...,
     ...)``); its :class:`StageDef` is ``sampling.stage``.  A cached stage ends its
     flow in a ``Cached`` state; every flow returns every stage it touched.
     """
 
     def wrap(body: Callable[[StageContext], StageOutcome]):
         stage = StageDef(name=name, description=description, version=version, reads=reads, body=body,
-                         upstream=tuple(f.stage.name for f in upstream), config=config)
+                         upstream=tuple(f.stage.name for f in upstream), config=config,
+                         conditions=tuple((f.stage.name, test) for f, test in (when or {}).items()))
 
         def run(spec_file: str, workspace: str | None = None, overrides: list[str] | None = None,
                 force: bool = False, mlflow_parent_run_id: str | None = None) -> Any:

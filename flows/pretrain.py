@@ -22,6 +22,7 @@ from flows.progress import Progress
 from flows.sampling import sampling
 from flows.shards import shards
 from flows.vocab import vocab
+from models.run_config import TrainConfig
 from tasks.pretrain import publish
 from tasks.pretrain.config import check_resumable, train_config
 from tasks.pretrain.launch import deepspeed_command, launch, world_size
@@ -30,13 +31,14 @@ _STEP = re.compile(r"xylent: step (\d+)/(\d+)")
 
 
 @task(name="train-ranks", cache_policy=NO_CACHE)
-def train_ranks(cmd: list[str], log_file: str, steps: int, checkpoints: str, local_ranks: int | None):
+def train_ranks(cmd: list[str], log_file: str, steps: int, checkpoints: str, local_ranks: int | None,
+                stage: str = "pretrain"):
     from prefect import get_run_logger
 
     from models.trainer import complete_checkpoints
 
     logger = get_run_logger()
-    progress = Progress("pretrain steps", steps, unit="steps", key="pretrain-progress")
+    progress = Progress(f"{stage} steps", steps, unit="steps", key=f"{stage}-progress")
     seen = [0]
 
     def on_line(line: str) -> None:
@@ -58,21 +60,33 @@ def train_ranks(cmd: list[str], log_file: str, steps: int, checkpoints: str, loc
         progress.close()
 
 
+def checkpoint_dir(ctx: StageContext) -> Path:
+    """``<ws>/<stage>/_checkpoints/<fingerprint>/``: outside the published output, so a rerun resumes."""
+    ckdir = ctx.ws.stage_dir(ctx.stage) / "_checkpoints" / ctx.fingerprint
+    if ctx.force and ckdir.exists():  # --force means train again from scratch, not resume
+        shutil.rmtree(ckdir)
+    ckdir.mkdir(parents=True, exist_ok=True)
+    return ckdir
+
+
+def run_training(ctx: StageContext, cfg: TrainConfig, ckdir: Path):
+    """Write train.json, launch the ranks (pretrain.ranks / hostfile) and wait for them."""
+    p = ctx.spec.pretrain
+    cfg.save(ckdir / "train.json")
+    hostfile = str(ctx.spec.resolve_path(p.hostfile)) if p.hostfile else None
+    cmd = deepspeed_command(ckdir / "train.json", ranks=p.ranks, hostfile=hostfile, master_port=p.master_port)
+    check_resumable(cfg, world_size(p.ranks, hostfile))  # after the command: it checks the hostfile exists
+    return train_ranks.submit(cmd, str(ckdir / "train.log"), cfg.steps, cfg.checkpoint_dir,
+                              None if hostfile else p.ranks, ctx.stage).result()
+
+
 @stage_flow("pretrain", description="ELECTRA (MRTD + TRTD) pretraining under DeepSpeed ZeRO; exports and registers "
             "the encoder", version="2", reads=("model", "pretrain", "seed"), upstream=(vocab, sampling, shards))
 def pretrain(ctx: StageContext) -> StageOutcome:
     spec, p, tracker = ctx.spec, ctx.spec.pretrain, ctx.tracker
-    ckdir = ctx.ws.stage_dir("pretrain") / "_checkpoints" / ctx.fingerprint
-    if ctx.force and ckdir.exists():  # --force means train again from scratch, not resume
-        shutil.rmtree(ckdir)
-    ckdir.mkdir(parents=True, exist_ok=True)
+    ckdir = checkpoint_dir(ctx)
     cfg = train_config(spec, ctx.upstream, ckdir, ctx.run_id, tracker.uri)
-    cfg.save(ckdir / "train.json")
-    hostfile = str(spec.resolve_path(p.hostfile)) if p.hostfile else None
-    cmd = deepspeed_command(ckdir / "train.json", ranks=p.ranks, hostfile=hostfile, master_port=p.master_port)
-    check_resumable(cfg, world_size(p.ranks, hostfile))  # after the command: it checks the hostfile exists
-    result = train_ranks.submit(cmd, str(ckdir / "train.log"), p.steps, cfg.checkpoint_dir,
-                                None if hostfile else p.ranks).result()
+    result = run_training(ctx, cfg, ckdir)
 
     name = p.register_name or f"xylent-{spec.name}"
     rows, enc_state, enc_cfg, n_params = publish.export_run(cfg, ckdir, ctx.upstream, ctx.out, {

@@ -69,6 +69,7 @@ class Stats:
     d_pred_pos: torch.Tensor      # predicted replaced
     d_pos: torch.Tensor           # replaced
     tokens: torch.Tensor          # non-pad tokens in the input
+    rows: torch.Tensor | None = None  # per_row=True: (ROW_FIELDS, B), no grad
 
     COUNTS = ("g_count", "g_correct", "d_count", "d_correct", "d_true_pos", "d_pred_pos", "d_pos", "tokens")
 
@@ -77,6 +78,13 @@ class Stats:
 
     def sums(self) -> torch.Tensor:
         return torch.stack([self.g_loss.detach().float(), self.d_loss.detach().float()])
+
+
+ROW_FIELDS = ("g_loss", "g_count", "d_loss", "d_count", "d_pos")  # Stats.rows, per row of the batch
+
+
+def _per_row(values: torch.Tensor, row_of: torch.Tensor, n_rows: int) -> torch.Tensor:
+    return torch.zeros(n_rows, dtype=torch.float32, device=values.device).index_add_(0, row_of, values.float())
 
 
 def _zero(ref: torch.Tensor) -> torch.Tensor:
@@ -98,12 +106,18 @@ class ElectraModel(nn.Module):
         self.apply(init_weights)
 
     def forward(self, ids: torch.Tensor, pad: torch.Tensor, segments: torch.Tensor | None,
-                noise: torch.Tensor) -> Stats:
+                noise: torch.Tensor, per_row: bool = False) -> Stats:
+        """``per_row``: also the losses and counts of each row (Stats.rows), for the audit's
+        per-pair losses; the totals are then the sums of the per-token losses."""
         masked = choose_masked(ids, segments, self.mask_prob, noise[0], self.special_ids)
         g_hidden = self.generator(self.embeddings(ids.masked_fill(masked, self.mask_id)), pad)
         g_logits = self.generator_head(g_hidden[masked], self.embeddings.tokens.weight)
         target = ids[masked]
-        g_loss = F.cross_entropy(g_logits.float(), target, reduction="sum")
+        if per_row:
+            g_tok = F.cross_entropy(g_logits.float(), target, reduction="none")
+            g_loss = g_tok.sum()
+        else:
+            g_loss = F.cross_entropy(g_logits.float(), target, reduction="sum")
         with torch.no_grad():  # no gradient through the sample
             sampled = sample_tokens(g_logits, noise[1][masked])
             g_correct = (g_logits.argmax(-1) == target).sum()
@@ -111,11 +125,20 @@ class ElectraModel(nn.Module):
         d_logits = self.discriminator_head(self.discriminator(self.embeddings(corrupted), pad))
         real = ~pad
         y = replaced[real]
-        d_loss = F.binary_cross_entropy_with_logits(d_logits[real].float(), y.float(), reduction="sum")
+        if per_row:
+            d_tok = F.binary_cross_entropy_with_logits(d_logits[real].float(), y.float(), reduction="none")
+            d_loss = d_tok.sum()
+        else:
+            d_loss = F.binary_cross_entropy_with_logits(d_logits[real].float(), y.float(), reduction="sum")
         with torch.no_grad():
             pred = d_logits[real] > 0
+            rows = None
+            if per_row:  # tokens come out of boolean indexing in row-major order: their row is nonzero()'s first index
+                n, g_row, d_row = ids.shape[0], masked.nonzero()[:, 0], real.nonzero()[:, 0]
+                rows = torch.stack([_per_row(g_tok.detach(), g_row, n), masked.sum(1).float(),
+                                    _per_row(d_tok.detach(), d_row, n), real.sum(1).float(), replaced.sum(1).float()])
         return Stats(g_loss, d_loss, masked.sum(), g_correct, real.sum(), (pred == y).sum(), (pred & y).sum(),
-                     pred.sum(), y.sum(), real.sum())
+                     pred.sum(), y.sum(), real.sum(), rows)
 
     def loss(self, st: Stats, g_norm: float, d_norm: float) -> torch.Tensor:
         return st.g_loss / g_norm + self.disc_weight * st.d_loss / d_norm
@@ -140,17 +163,23 @@ class MaskedLMModel(nn.Module):
         self.apply(init_weights)
 
     def forward(self, ids: torch.Tensor, pad: torch.Tensor, segments: torch.Tensor | None,
-                noise: torch.Tensor) -> Stats:
+                noise: torch.Tensor, per_row: bool = False) -> Stats:
         masked = choose_masked(ids, segments, self.mask_prob, noise[0], self.special_ids)
         corrupted = bert_corrupt(ids, masked, noise, self.cfg.vocab_size, self.mask_id, max(self.special_ids) + 1)
         hidden = self.encoder(self.embeddings(corrupted), pad)
         logits = self.head(hidden[masked], self.embeddings.tokens.weight)
         target = ids[masked]
-        loss = F.cross_entropy(logits.float(), target, reduction="sum")
+        tok = F.cross_entropy(logits.float(), target, reduction="none" if per_row else "sum")
+        loss = tok.sum() if per_row else tok
         with torch.no_grad():
             correct = (logits.argmax(-1) == target).sum()
+            rows = None
+            if per_row:
+                n, zeros = ids.shape[0], torch.zeros(ids.shape[0], device=ids.device)
+                rows = torch.stack([_per_row(tok.detach(), masked.nonzero()[:, 0], n), masked.sum(1).float(),
+                                    zeros, zeros, zeros])
         z = _zero(ids)
-        return Stats(loss, z, masked.sum(), correct, z, z, z, z, z, (~pad).sum())
+        return Stats(loss, z, masked.sum(), correct, z, z, z, z, z, (~pad).sum(), rows)
 
     def loss(self, st: Stats, g_norm: float, d_norm: float) -> torch.Tensor:
         return st.g_loss / g_norm

@@ -32,7 +32,7 @@ from models.electra import build_model
 from models.masking import row_noise
 from models.optim import flops_per_token, make_optimizer, peak_tflops, warmup_linear_decay
 from models.run_config import TrainConfig
-from tasks.shards.loader import TrainingLoader  # the shard/loader contract: the one thing models take from tasks
+from tasks.shards.loader import TrainingLoader  # the shard/loader contract (and, for the audit, tasks.audit.adversary)
 
 COMPLETE = "COMPLETE"
 
@@ -218,9 +218,13 @@ def train(cfg: TrainConfig) -> None:
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     enc = EncoderConfig(**cfg.model)
     model = build_model(cfg.objective, enc, cfg.disc_weight, cfg.mask_prob)
+    if cfg.init_from:  # before DeepSpeed copies the weights: a resumed run's checkpoint overrides them
+        from safetensors.torch import load_file
+
+        model.load_state_dict(load_file(cfg.init_from), strict=True)
     optimizer = make_optimizer(model, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(cfg.warmup_steps, cfg.steps))
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=schedule,
+    lr_schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(cfg.warmup_steps, cfg.steps))
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=lr_schedule,
                                            config=ds_config(cfg, bf16, world))
     torch.manual_seed(cfg.seed + 1 + rank)  # dropout: each rank its own stream
 
@@ -229,6 +233,7 @@ def train(cfg: TrainConfig) -> None:
                                  verify=rank == 0)
                for t in cfg.tasks}
     unigram = UnigramBaseline(enc.vocab_size, enc.special_ids, device)
+    adversary = make_adversary(cfg, loaders)
     ckroot = Path(cfg.checkpoint_dir)
     start = 0
     done = complete_checkpoints(ckroot)
@@ -239,6 +244,8 @@ def train(cfg: TrainConfig) -> None:
         start = int(client["step"])
         for t, state in client["loaders"].items():
             loaders[t].load_state_dict(state)
+        if adversary is not None:
+            adversary.load_state_dict(client["adversary"])
         if "unigram_counts" in client:
             unigram.counts = client["unigram_counts"].to(device)
         elif rank == 0:
@@ -254,17 +261,31 @@ def train(cfg: TrainConfig) -> None:
             print(f"xylent: resumed from {done[-1]} at step {start}", flush=True)
 
     sink = MetricsSink(cfg, start) if rank == 0 else None
-    micro_total = sum(len(task_plan(cfg, s)) for s in range(start, cfg.steps))
-    iters = {t: loaders[t].batches(micro_total) for t in cfg.tasks}
+    schedule = adversary.schedule if adversary is not None else []
+
+    def segment(a: int) -> dict:
+        """Each task's batches from step ``a`` to the next re-sampling (or the end): exactly
+        those, so none is drawn ahead with weights that are about to change."""
+        b = next((s for s in schedule if s > a), cfg.steps)
+        return {t: loaders[t].batches(sum(task_plan(cfg, s).count(t) for s in range(a, b))) for t in cfg.tasks}
+
+    iters = None
     seq_len = loaders[cfg.tasks[0]].seq_len
     fpt = flops_per_token(enc, seq_len, cfg.objective, cfg.mask_prob)
     peak = peak_tflops(torch.cuda.get_device_name(device), cfg.peak_tflops) if cuda else None
     engine.train()
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
-        lr = schedule.get_last_lr()[0]  # the lr this step uses
+        lr = lr_schedule.get_last_lr()[0]  # the lr this step uses
         sums: dict[str, torch.Tensor] = {}
         unigram_sums: dict[str, torch.Tensor] = {}
+        resampled = {}
+        if adversary is not None and adversary.due(step):
+            loaders["trtd"].set_weights(adversary.resample(step))
+            resampled, iters = adversary.metrics(), None
+        if iters is None or step in schedule:
+            iters = segment(step)
+        pair_sums = torch.zeros(len(adversary.pairs), 6, dtype=torch.float64, device=device) if adversary else None
         plan, unclipped_norm = task_plan(cfg, step), None
         for micro, task in enumerate(plan):
             batch = next(iters[task])
@@ -274,7 +295,10 @@ def train(cfg: TrainConfig) -> None:
             rows = [rank + world * k for k in range(ids.shape[0])]
             noise = row_noise(cfg.seed, step, micro, rows, (~pad).sum(1).tolist(), ids.shape[1]).to(device)
             unigram_sums[task] = unigram_sums.get(task, 0) + unigram(ids, pad, world).cpu()
-            st = engine(ids, pad, seg, noise)
+            per_row = pair_sums is not None and task == "trtd"
+            st = engine(ids, pad, seg, noise, per_row=per_row)
+            if per_row:
+                pair_sums += pair_totals(st.rows, batch["pairs"], adversary.index, world)
             reduced = torch.cat([st.sums(), st.counts()])
             if world > 1:
                 dist.all_reduce(reduced)
@@ -286,10 +310,12 @@ def train(cfg: TrainConfig) -> None:
             sums[task] = sums.get(task, 0) + reduced.cpu()
         if cuda:
             torch.cuda.synchronize()
+        if adversary is not None:
+            adversary.observe(step, pair_sums.cpu().numpy())
         seconds = time.perf_counter() - t0
         done_step = step + 1
         if rank == 0:
-            metrics = summarise(sums)
+            metrics = {**summarise(sums), **resampled}
             metrics.update({f"{t}/generator_unigram_loss": float(v[0] / v[1]) for t, v in unigram_sums.items() if v[1]})
             tokens = sum(float(v[-1]) for v in sums.values())
             loss = sum(metrics.get(f"{t}/generator_loss", 0) + cfg.disc_weight * metrics.get(
@@ -307,11 +333,48 @@ def train(cfg: TrainConfig) -> None:
                 parts = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if "loss" in k or k == "tokens_per_second")
                 print(f"xylent: step {done_step}/{cfg.steps} {parts}", flush=True)
         if done_step % cfg.checkpoint_every == 0 or done_step == cfg.steps:
+            extra = {"unigram_counts": unigram.counts.cpu()}
+            if adversary is not None:
+                extra["adversary"] = adversary.state_dict()
             save_checkpoint(engine, cfg, ckroot, done_step, {t: ld.state_dict() for t, ld in loaders.items()},
-                            rank, world, cuda, {"unigram_counts": unigram.counts.cpu()})
+                            rank, world, cuda, extra)
     if sink is not None:
         sink.close()
+    if adversary is not None and rank == 0:
+        write_json_atomic(Path(cfg.dro["state_file"]), adversary.state_dict())
     dist.barrier()
+
+
+def make_adversary(cfg: TrainConfig, loaders: dict):
+    """The audit's adversary over the TRTD pairs (None in a plain pretrain run); its prior
+    is the loader's pair table, i.e. the sampling stage's pair_method column."""
+    if not cfg.dro:
+        return None
+    from tasks.audit.adversary import PairAdversary
+
+    if "trtd" not in loaders:
+        raise SystemExit("xylent: the audit re-weights TRTD language pairs, but pretrain.tasks has no 'trtd'")
+    trtd = loaders["trtd"]
+    return PairAdversary(trtd.names, trtd.prior, rho=cfg.dro["rho"], min_ratio=cfg.dro["min_ratio"],
+                         ema=cfg.dro["ema"], disc_weight=cfg.disc_weight if cfg.objective == "electra" else 0.0,
+                         steps=cfg.steps, resamples=cfg.dro["resamples"])
+
+
+def pair_totals(rows: torch.Tensor, pairs: list[str], index: dict[str, int], world: int) -> torch.Tensor:
+    """Per-pair sums of a micro-batch's per-row losses and counts (+ a row count), summed over
+    all ranks: a batch mixes pairs, and each rank holds a different share of them."""
+    per = torch.cat([rows.double(), rows.new_ones(1, rows.shape[1], dtype=torch.float64)]).T
+    idx = torch.tensor([index[p] for p in pairs], dtype=torch.long, device=rows.device)
+    out = torch.zeros(len(index), per.shape[1], dtype=torch.float64, device=rows.device).index_add_(0, idx, per)
+    if world > 1:
+        dist.all_reduce(out)
+    return out
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
 
 
 def save_checkpoint(engine, cfg: TrainConfig, root: Path, step: int, loader_states: dict, rank: int, world: int,

@@ -2,7 +2,8 @@
 
 - ``xylent/`` (the core) imports neither ``flows`` nor Prefect, nor tasks/models;
 - ``tasks/`` and ``models/`` never import ``flows`` or Prefect;
-- ``models/`` takes one thing from ``tasks``: the shard loader contract;
+- ``models/`` takes two things from ``tasks``: the shard loader contract and the
+  audit's adversary (pure NumPy state that lives inside the training ranks);
 - nothing imports the CLI (``flows/cli.py`` is the top of the stack);
 - no module patches ``sys.path``.
 """
@@ -39,6 +40,7 @@ def _top(name: str) -> str:
     return name.split(".")[0]
 
 
+MODELS_FROM_TASKS = {"tasks.shards.loader", "tasks.audit.adversary"}
 FORBIDDEN = {
     "xylent": {"flows", "tasks", "models", "prefect", "prefect_ray", "prefect_dask"},
     "tasks": {"flows", "prefect", "prefect_ray", "prefect_dask"},
@@ -50,21 +52,23 @@ FORBIDDEN = {
 def test_lower_layers_do_not_import_upper_ones(package):
     bad = [f"{p.relative_to(ROOT)} imports {name}" for p in _modules(package) for name in _imports(p)
            if _top(name) in FORBIDDEN[package]
-           and not (package == "models" and name in ("tasks.shards.loader",))]
+           and not (package == "models" and name in MODELS_FROM_TASKS)]
     assert not bad, "\n".join(bad)
 
 
-def test_models_take_only_the_loader_contract_from_tasks():
+def test_models_take_only_the_loader_and_the_adversary_from_tasks():
     used = {name for p in _modules("models") for name in _imports(p) if _top(name) == "tasks"}
-    assert used <= {"tasks.shards.loader"}, used
+    assert used <= MODELS_FROM_TASKS, used
 
 
-def test_only_pretrain_and_evaluate_use_models_and_evaluate_only_loads_exports():
+def test_only_pretrain_evaluate_and_audit_use_models_and_evaluate_only_loads_exports():
     uses = {(str(p.relative_to(ROOT)), name) for p in _modules("tasks") for name in _imports(p)
             if _top(name) == "models"}
-    assert uses and all(u.startswith(("tasks/pretrain/", "tasks/evaluate/")) for u, _ in uses), uses
+    assert uses and all(u.startswith(("tasks/pretrain/", "tasks/evaluate/", "tasks/audit/")) for u, _ in uses), uses
     evaluate = {name for u, name in uses if u.startswith("tasks/evaluate/")}
     assert evaluate and evaluate <= {"models.pretrained", "models.config"}, evaluate
+    audit = {name for u, name in uses if u.startswith("tasks/audit/")}
+    assert audit <= {"models.run_config"}, "the audit trains through the pretrain stage's train.json only"
 
 
 def test_nothing_imports_the_cli_and_nobody_patches_sys_path():

@@ -279,3 +279,35 @@ def test_documents_spanning_chunks_and_parts_stay_whole(dirs, tmp_path):
     expected = [" ".join(sp.normalize(p).replace("\u2581", " ").strip() for p in paragraphs[i: i + 3])
                 for i in range(0, len(paragraphs), 3)]
     assert decoded == expected
+
+
+def test_set_weights_redirects_pair_sampling_and_survives_a_checkpoint(skewed):
+    """The audit's re-sampling: after set_weights the pairs follow the new weights (a zero
+    weight is never drawn), and a loader restored from the state draws the same batches."""
+    shards, sampling, _, pairs = skewed
+    names = [f"{a}-{b}" for a, b in pairs]
+
+    def loader():
+        return TrainingLoader(shards, sampling, task="trtd", max_tokens=512, seed=3)
+
+    first = loader()
+    assert first.names == names and first.prior == pytest.approx([PAIR_P[p] / sum(PAIR_P.values()) for p in pairs])
+    head = [b["pairs"] for b in first.batches(5)]
+    w = np.array([0.5, 0.0, 0.1, 0.1, 0.2, 0.1])
+    first.set_weights(w)
+    state = json.loads(json.dumps(first.state_dict()))
+    after = [b for b in first.batches(300)]
+    seen = Counter(p for b in after for p in b["pairs"])
+    assert seen[names[1]] == 0, "a pair with weight 0 is never drawn"
+    observed = np.array([seen[n] for n in names])
+    freq = observed / observed.sum()
+    sd = np.sqrt(w * (1 - w) / observed.sum())
+    assert np.all(np.abs(freq - w) < 5 * sd + 1e-12), dict(zip(names, freq.round(3)))
+
+    resumed = loader()
+    resumed.load_state_dict(state)
+    again = [b for b in resumed.batches(300)]
+    assert all(np.array_equal(a["input_ids"], b["input_ids"]) for a, b in zip(after, again))
+    assert head and len(again) == 300
+    with pytest.raises(XylentError, match="sampling weights"):
+        first.set_weights([1.0, float("nan"), 0, 0, 0, 0])

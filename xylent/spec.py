@@ -15,7 +15,8 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from xylent.errors import XylentError
-from xylent.languages import check_language, parse_pair
+from xylent.languages import check_language, pair_name, parse_pair
+from xylent.spec_audit import AuditConfig
 from xylent.spec_evaluate import EvaluateConfig, Strict
 
 
@@ -259,6 +260,20 @@ class SamplingConfig(Strict):
     bitext_budget: int = Field(default=1_000_000, gt=0,
                                description="sentence pairs drawn over training, for epochs and wastage")
     max_iter: int = Field(default=100_000, gt=0)
+    exclude_pairs: list[str] = Field(
+        default_factory=list, description="pairs given no probability (e.g. the audit's most up-weighted): "
+        "the tables are built as if they had no data")
+
+    @field_validator("exclude_pairs")
+    @classmethod
+    def _pairs(cls, v):
+        out = []
+        for p in v:
+            a, b = parse_pair(p, where="spec field sampling.exclude_pairs")
+            out.append(pair_name(a, b))
+        if len(set(out)) != len(out):
+            raise ValueError("sampling.exclude_pairs lists a pair twice")
+        return out
 
 
 class ModelConfig(Strict):
@@ -353,6 +368,7 @@ class Spec(Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    audit: AuditConfig = Field(default_factory=AuditConfig)
 
     # where relative paths in the spec are resolved (the spec file's folder)
     base_dir: str = Field(default=".", exclude=True)

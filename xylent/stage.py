@@ -47,6 +47,7 @@ class StageContext:
     run_id: str
     tracker: Tracker
     force: bool = False
+    stage: str = ""  # the stage's name (its workspace folder)
 
 
 def section_identity(value: Any) -> Any:
@@ -77,6 +78,13 @@ class StageDef:
     body: Callable[[StageContext], StageOutcome]
     upstream: tuple[str, ...] = ()
     config: Callable[[Spec], dict] | None = None
+    # upstream stages read only when the spec says so: (name, spec -> bool)
+    conditions: tuple[tuple[str, Callable[[Spec], bool]], ...] = ()
+
+    def upstream_of(self, spec: Spec) -> tuple[str, ...]:
+        """The upstream stages this spec makes the stage read (a conditional one only when its test holds)."""
+        tests = dict(self.conditions)
+        return tuple(u for u in self.upstream if u not in tests or tests[u](spec))
 
     def spec_slice(self, spec: Spec) -> dict:
         if self.config is not None:
@@ -115,7 +123,7 @@ def stage_fingerprints(stages: Iterable[StageDef], spec: Spec) -> dict[str, str]
     for s in stages:
         fps[s.name] = fingerprint({
             "stage": s.name, "version": s.version, "config": s.spec_slice(spec),
-            "upstream": {u: fps[u] for u in s.upstream},
+            "upstream": {u: fps[u] for u in s.upstream_of(spec)},
         })
     return fps
 

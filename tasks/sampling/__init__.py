@@ -64,6 +64,22 @@ def _upper(mat: np.ndarray) -> np.ndarray:
     return (mat + mat.T)[iu]
 
 
+def _exclude(pair_counts: dict[tuple[str, str], int], exclude: list[str], notes: list[str]
+             ) -> dict[tuple[str, str], int]:
+    """Drop the pairs the user excluded (sampling.exclude_pairs) as if they had no data."""
+    if not exclude:
+        return pair_counts
+    names = {"-".join(sorted(p)): p for p in pair_counts}
+    unknown = [p for p in exclude if p not in names]
+    if unknown:
+        raise XylentError(f"sampling.exclude_pairs names pairs the data does not have: {', '.join(unknown)}",
+                          where="spec field sampling.exclude_pairs",
+                          fix=f"use pair names as the shards stage writes them; this data has: {', '.join(sorted(names))}")
+    notes.append(f"excluded by sampling.exclude_pairs (probability 0): {', '.join(exclude)}")
+    dropped = {names[p] for p in exclude}
+    return {p: n for p, n in pair_counts.items() if p not in dropped}
+
+
 def build_tables(mono_counts: dict[str, int], pair_counts: dict[tuple[str, str], int],
                  cfg: SamplingConfig) -> SamplingTables:
     """Monolingual and bitext sampling tables from example counts."""
@@ -82,6 +98,7 @@ def build_tables(mono_counts: dict[str, int], pair_counts: dict[tuple[str, str],
                                     "p_raw": pl.Float64, "p": pl.Float64})
         notes.append("no monolingual data")
 
+    pair_counts = _exclude(pair_counts, cfg.exclude_pairs, notes)
     if not pair_counts:
         raise XylentError("there is no bitext to build a pair table from", where="sampling input",
                           fix="add bitext sources (opus, url/local with a pair, gettext)")

@@ -64,6 +64,12 @@ class _Rows:
         return values[offsets[j]: offsets[j + 1]]
 
 
+def _cdf(p: np.ndarray) -> np.ndarray:
+    cdf = np.cumsum(p / p.sum())
+    cdf[-1] = 1.0
+    return cdf
+
+
 class TrainingLoader:
     def __init__(self, shards_dir: str | Path, sampling_dir: str | Path, *, task: str = "mrtd", seed: int = 0,
                  rank: int = 0, world_size: int = 1, batch_size: int = 8, max_tokens: int = 4096,
@@ -85,9 +91,9 @@ class TrainingLoader:
         if not self.names:
             raise XylentError(f"no {task.upper()} data shares a name with the sampling table",
                               where=str(sampling_dir), fix="build shards and sampling from the same pipeline run")
-        p = np.array([table[n] for n in self.names], dtype=np.float64)
-        self.cdf = np.cumsum(p / p.sum())
-        self.cdf[-1] = 1.0
+        self.prior = np.array([table[n] for n in self.names], dtype=np.float64)
+        self.prior /= self.prior.sum()
+        self.cdf = _cdf(self.prior)
         cols = ["input_ids"] if task == "mrtd" else ["src_ids", "tgt_ids"]
         self.rows = [_Rows(self.root, groups[n]["shards"], cols, verify) for n in self.names]
         self.set_epoch(0)
@@ -107,6 +113,19 @@ class TrainingLoader:
     def load_state_dict(self, state: dict) -> None:
         self._state = copy.deepcopy(state)
         self._perms = {}
+        self.cdf = _cdf(np.asarray(state["weights"])) if state.get("weights") is not None else _cdf(self.prior)
+
+    def set_weights(self, weights) -> None:
+        """Sample groups (languages or pairs, in ``self.names`` order) by ``weights`` from the
+        next batch on, instead of the sampling table (the audit's re-sampling).  Part of the
+        state, so a resumed run draws the same batches.  Call it between ``batches()`` runs:
+        batches already prefetched were drawn with the old weights."""
+        w = np.asarray(weights, dtype=np.float64)
+        if w.shape != self.prior.shape or not np.all(np.isfinite(w)) or (w < 0).any() or w.sum() <= 0:
+            raise XylentError(f"sampling weights must be {len(self.names)} finite non-negative numbers, not all 0",
+                              where=f"{self.task} loader")
+        self._state["weights"] = (w / w.sum()).tolist()
+        self.cdf = _cdf(w)
 
     # -- drawing ---------------------------------------------------------------
     def _next_row(self, g: int, st: dict) -> int:

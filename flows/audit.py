@@ -1,0 +1,61 @@
+"""audit flow: train under a χ² DRO adversary over the TRTD language pairs
+(XY-LENT §6.6, iterated best response), rank the pairs by how the adversary
+re-weights them (w = q/Q) and hand over the evidence for the flagged ones.
+
+Like pretrain, checkpoints live outside the published output
+(``<ws>/audit/_checkpoints/<fingerprint>/``): a killed run resumes, with the
+same q trajectory, when the same command runs again.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from flows.dedup import dedup
+from flows.kit import StageContext, StageOutcome, stage_flow
+from flows.pretrain import checkpoint_dir, pretrain, run_training
+from flows.sampling import sampling
+from flows.shards import shards
+from flows.vocab import vocab
+from tasks.audit.adversary import STATE_FILE
+from tasks.audit.evidence import pair_evidence
+from tasks.audit.report import write_output
+from tasks.audit.train import audit_train_config
+from tasks.pretrain import publish
+
+
+@task(name="audit-evidence", cache_policy=NO_CACHE)
+def evidence_task(dedup_dir, pairs, spec):
+    return pair_evidence(dedup_dir, pairs, hub_min_sources=spec.dedup.hub_min_partners,
+                         max_length_ratio=spec.dedup.max_length_ratio)
+
+
+@stage_flow("audit", description="DRO bitext audit (XY-LENT §6.6): train under a χ² adversary over language pairs, "
+            "rank pairs by w = q/Q, evidence for the flagged ones", version="1",
+            reads=("model", "pretrain", "audit", "seed", "dedup"), upstream=(dedup, vocab, sampling, shards, pretrain),
+            when={pretrain: lambda spec: spec.audit.init == "pretrain"})
+def audit(ctx: StageContext) -> StageOutcome:
+    spec, p, tracker = ctx.spec, ctx.spec.pretrain, ctx.tracker
+    ckdir = checkpoint_dir(ctx)
+    cfg = audit_train_config(spec, ctx.upstream, ckdir, ctx.run_id, tracker.uri)
+    result = run_training(ctx, cfg, ckdir)
+
+    name = f"{p.register_name or f'xylent-{spec.name}'}-audit"
+    rows, enc_state, enc_cfg, n_params = publish.export_run(cfg, ckdir, ctx.upstream, ctx.out, {
+        "objective": p.objective, "steps": cfg.steps, "fingerprint": ctx.fingerprint, "registered_model": name,
+        "audit": spec.audit.model_dump(mode="json")})
+    if result.resumed_from_step:
+        publish.backfill(tracker.client, ctx.run_id, rows, result.resumed_from_step)
+    model_uri, version = publish.register_model(tracker, ctx.run_id, ctx.out / publish.MODEL_DIR, name, ckdir)
+    state = json.loads((ckdir / STATE_FILE).read_text())
+    shutil.copy2(ckdir / STATE_FILE, ctx.out / STATE_FILE)
+    evidence = evidence_task.submit(ctx.upstream["dedup"], state["pairs"], spec).result()
+    train_metrics = publish.summary_metrics(rows, n_params, sum(v.numel() for v in enc_state.values()))
+    outcome = write_output(state, evidence, ctx.upstream["dedup"], spec, train_metrics, ctx.out)
+    outcome.manifest.update({"checkpoints": str(ckdir), "registered_model": name, "model_uri": model_uri,
+                             "registered_version": version, "resumed_from_step": result.resumed_from_step})
+    return outcome

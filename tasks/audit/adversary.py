@@ -1,0 +1,122 @@
+"""The audit's adversary while the model trains: one loss EMA per language pair and
+the K best-response re-samplings (XY-LENT §6.6, iterated best response).
+
+It runs inside every training rank (``models.trainer``) on per-pair sums that were
+all-reduced over the ranks, so every rank holds the same state and draws the same
+batches; the state is plain lists (saved in each checkpoint, written as JSON at the
+end), so a resumed run continues the same q trajectory.  Pure NumPy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tasks.audit.dro import chi2_best_response, chi2_divergence
+
+# columns of the per-pair sums the trainer hands in (models.electra.ROW_FIELDS + a row count)
+SUM_FIELDS = ("g_loss", "g_count", "d_loss", "d_count", "d_pos", "rows")
+STATE_FILE = "adversary.json"
+
+
+def resample_steps(steps: int, resamples: int) -> list[int]:
+    """The steps (optimizer steps done) at which q is re-solved: K points spread evenly
+    inside the run, so the last q is trained on too; fewer when the run is too short."""
+    if steps < 2:
+        return []
+    return sorted({min(steps - 1, max(1, round(k * steps / (resamples + 1)))) for k in range(1, resamples + 1)})
+
+
+def binary_entropy(p: np.ndarray) -> np.ndarray:
+    """The loss of always answering the base rate p (nats)."""
+    p = np.clip(p, 1e-12, 1 - 1e-12)
+    return -(p * np.log(p) + (1 - p) * np.log(1 - p))
+
+
+class PairAdversary:
+    def __init__(self, pairs: list[str], prior: np.ndarray, *, rho: float, min_ratio: float, ema: float,
+                 disc_weight: float, steps: int, resamples: int):
+        self.pairs = list(pairs)
+        self.index = {p: i for i, p in enumerate(self.pairs)}
+        self.prior = np.asarray(prior, dtype=np.float64) / np.sum(prior)
+        self.rho, self.min_ratio, self.alpha, self.disc_weight = rho, min_ratio, ema, disc_weight
+        self.schedule = resample_steps(steps, resamples)
+        n = len(self.pairs)
+        # EMAs stay NaN until a pair is first seen: an unseen pair has no loss, not a made-up one
+        self.ema = {k: np.full(n, np.nan) for k in ("loss", "g", "d", "d_base")}
+        self.rows = np.zeros(n, dtype=np.int64)
+        self.last_step = np.full(n, -1, dtype=np.int64)
+        self.q = self.prior.copy()
+        self.trajectory: list[dict] = []
+
+    # -- training-time updates ------------------------------------------------
+    def observe(self, step: int, sums: np.ndarray) -> None:
+        """Fold one optimizer step's per-pair sums (n_pairs × SUM_FIELDS, all ranks) into the EMAs."""
+        s = np.asarray(sums, dtype=np.float64)
+        g_loss, g_count, d_loss, d_count, d_pos, rows = s.T
+        seen = rows > 0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            g = np.where(g_count > 0, g_loss / g_count, np.nan)
+            d = np.where(d_count > 0, d_loss / d_count, np.nan)
+            d_base = np.where(d_count > 0, binary_entropy(d_pos / np.maximum(d_count, 1)), np.nan)
+        loss = np.nan_to_num(g) + self.disc_weight * np.nan_to_num(d)  # the model's own objective, L_G + λ·L_D
+        for key, x in (("loss", loss), ("g", g), ("d", d), ("d_base", d_base)):
+            old = self.ema[key]
+            upd = seen & np.isfinite(x)
+            first = upd & np.isnan(old)
+            old[first] = x[first]
+            later = upd & ~first
+            old[later] = (1 - self.alpha) * old[later] + self.alpha * x[later]
+        self.rows += rows.astype(np.int64)
+        self.last_step[seen] = step
+
+    def due(self, step: int) -> bool:
+        """Whether q is re-solved before optimizer step ``step`` (0-based) runs."""
+        return step in self.schedule and all(t["step"] != step for t in self.trajectory)
+
+    def resample(self, step: int) -> np.ndarray:
+        """Solve the χ² best response on the pairs seen so far (unseen ones keep q = Q:
+        the adversary knows nothing of them) and record it; returns the new q."""
+        seen = np.isfinite(self.ema["loss"])
+        q, q_free = self.prior.copy(), self.prior.copy()
+        if seen.sum() >= 2:
+            mass = self.prior[seen].sum()
+            sub = self.prior[seen] / mass
+            q[seen] = chi2_best_response(self.ema["loss"][seen], sub, self.rho, min_ratio=self.min_ratio) * mass
+            q_free[seen] = chi2_best_response(self.ema["loss"][seen], sub, self.rho, min_ratio=0.0) * mass
+        self.q = q
+        self.trajectory.append({"resample": len(self.trajectory) + 1, "step": int(step), "q": q.tolist(),
+                                "q_unfloored": q_free.tolist(), "loss": _list(self.ema["loss"]),
+                                "pairs_seen": int(seen.sum())})
+        return q
+
+    def metrics(self) -> dict[str, float]:
+        """What rank 0 logs at a re-sampling."""
+        w = self.q / self.prior
+        return {"audit/resample": float(len(self.trajectory)), "audit/w_max": float(w.max()),
+                "audit/w_min": float(w.min()), "audit/divergence": chi2_divergence(self.q, self.prior),
+                "audit/floored_pairs": float(np.sum(w <= self.min_ratio + 1e-9)),
+                "audit/pairs_seen": float(np.isfinite(self.ema["loss"]).sum())}
+
+    # -- state ---------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"pairs": self.pairs, "prior": self.prior.tolist(), "schedule": self.schedule,
+                "ema": {k: _list(v) for k, v in self.ema.items()}, "rows": self.rows.tolist(),
+                "last_step": self.last_step.tolist(), "q": self.q.tolist(), "trajectory": self.trajectory,
+                "rho": self.rho, "min_ratio": self.min_ratio, "alpha": self.alpha, "disc_weight": self.disc_weight}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["pairs"] != self.pairs:
+            raise ValueError("the checkpoint's audit state is for other language pairs; train again with --force")
+        self.ema = {k: np.array([np.nan if v is None else v for v in vals], dtype=np.float64)
+                    for k, vals in state["ema"].items()}
+        self.rows = np.array(state["rows"], dtype=np.int64)
+        self.last_step = np.array(state["last_step"], dtype=np.int64)
+        self.q = np.array(state["q"], dtype=np.float64)
+        self.trajectory = list(state["trajectory"])
+
+
+def _list(a: np.ndarray) -> list:
+    """JSON-safe: NaN (never seen) as None."""
+    return [None if not math.isfinite(x) else float(x) for x in a]

@@ -1,0 +1,79 @@
+"""The audit stage's output contract (other tools read these names; keep them):
+
+    audit.parquet        one row per TRTD language pair: pair (``a-b``, a < b, as the shards name
+                         it), prior (Q), q_final, w_final (= q_final / Q), w_mean (w averaged over
+                         the K re-samplings), q_unfloored, w_unfloored (the best response without the
+                         floor), loss_ema (L_G + λ·L_D), g_loss_ema, d_loss_ema, d_base_loss_ema,
+                         left_base_rate, rows_trained, rank_up (1 = most up-weighted by w_final),
+                         rank_up_mean (by w_mean), verdict, and the evidence columns
+                         (tasks.audit.evidence)
+    trajectory.parquet   one row per (re-sampling, pair): resample, step, pair, prior, q, q_unfloored,
+                         w, loss_ema
+    samples.parquet      pair, side (up | down), n, source, target: random sentence pairs of the
+                         flagged pairs, for a reader to judge
+    model/, train.json, metrics.jsonl, train.log, loss_curves.png   the audited model, as pretrain's
+    figure4_weights.png, w_trajectories.png, w_vs_evidence.png, report.md
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+AUDIT_TABLE = "audit.parquet"
+TRAJECTORY_TABLE = "trajectory.parquet"
+SAMPLES_TABLE = "samples.parquet"
+# a pair's discriminator loss this far under the loss of its base rate counts as having left it
+LEFT_BASE_RATE = 0.97
+
+
+def read_audit(audit_dir: Path) -> pl.DataFrame:
+    return pl.read_parquet(Path(audit_dir) / AUDIT_TABLE)
+
+
+def read_trajectory(audit_dir: Path) -> pl.DataFrame:
+    return pl.read_parquet(Path(audit_dir) / TRAJECTORY_TABLE)
+
+
+def trajectory_table(state: dict) -> pl.DataFrame:
+    """The adversary's q at each re-sampling, long form."""
+    pairs, prior = state["pairs"], np.asarray(state["prior"])
+    frames = [pl.DataFrame({
+        "resample": [t["resample"]] * len(pairs), "step": [t["step"]] * len(pairs), "pair": pairs,
+        "prior": prior, "q": np.asarray(t["q"]), "q_unfloored": np.asarray(t["q_unfloored"]),
+        "w": np.asarray(t["q"]) / prior, "loss_ema": np.array([np.nan if x is None else x for x in t["loss"]]),
+    }) for t in state["trajectory"]]
+    schema = {"resample": pl.Int64, "step": pl.Int64, "pair": pl.String, "prior": pl.Float64, "q": pl.Float64,
+              "q_unfloored": pl.Float64, "w": pl.Float64, "loss_ema": pl.Float64}
+    return pl.concat(frames).cast(schema) if frames else pl.DataFrame(schema=schema)
+
+
+def audit_table(state: dict, evidence: pl.DataFrame | None = None) -> pl.DataFrame:
+    """One row per pair from the adversary's final state (+ the evidence, joined on ``pair``)."""
+    pairs, prior = state["pairs"], np.asarray(state["prior"])
+
+    def ema(key: str) -> np.ndarray:
+        return np.array([np.nan if x is None else x for x in state["ema"][key]], dtype=np.float64)
+
+    traj = state["trajectory"]
+    q = np.asarray(traj[-1]["q"]) if traj else prior
+    q_free = np.asarray(traj[-1]["q_unfloored"]) if traj else prior
+    w_mean = np.mean([np.asarray(t["q"]) / prior for t in traj], axis=0) if traj else np.ones(len(pairs))
+    d, base = ema("d"), ema("d_base")
+    df = pl.DataFrame({
+        "pair": pairs, "prior": prior, "q_final": q, "w_final": q / prior, "w_mean": w_mean,
+        "q_unfloored": q_free, "w_unfloored": q_free / prior, "loss_ema": ema("loss"), "g_loss_ema": ema("g"),
+        "d_loss_ema": d, "d_base_loss_ema": base,
+        "left_base_rate": pl.Series([bool(x < LEFT_BASE_RATE * b) if np.isfinite(x) and np.isfinite(b) else None
+                                     for x, b in zip(d, base)], dtype=pl.Boolean),
+        "rows_trained": np.asarray(state["rows"], dtype=np.int64),
+    })
+    df = df.with_columns(
+        pl.col("w_final").rank("ordinal", descending=True).cast(pl.Int64).alias("rank_up"),
+        pl.col("w_mean").rank("ordinal", descending=True).cast(pl.Int64).alias("rank_up_mean"),
+    )
+    if evidence is not None:
+        df = df.join(evidence, on="pair", how="left")
+    return df.sort("rank_up")

@@ -1,0 +1,126 @@
+"""The audit's training-time pieces: per-row losses from the model, per-pair EMAs, the
+re-sampling schedule and the adversary's state."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from models.config import preset
+from models.electra import ROW_FIELDS, ElectraModel, MaskedLMModel
+from models.masking import row_noise
+from tasks.audit import chi2_best_response
+from tasks.audit.adversary import SUM_FIELDS, PairAdversary, binary_entropy, resample_steps
+from tasks.audit.output import audit_table, trajectory_table
+from tasks.vocab.specials import SPECIAL_PIECES
+
+SPECIALS = dict(zip(("unk", "bos", "eos", "pad", "mask"), range(len(SPECIAL_PIECES))))
+
+
+def _pair_batch():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 300, (6, 30), generator=g)
+    ids[:, 0], ids[:, 14], ids[:, 25] = SPECIALS["bos"], SPECIALS["eos"], SPECIALS["eos"]
+    ids[3:, 26:] = SPECIALS["pad"]  # rows of different lengths
+    ids[:3, 26:] = torch.randint(5, 300, (3, 4), generator=g)
+    seg = torch.zeros_like(ids)
+    seg[:, 15:] = 1
+    pad = ids == SPECIALS["pad"]
+    noise = row_noise(0, 0, 0, list(range(6)), (~pad).sum(1).tolist(), 30)
+    return ids, pad, seg, noise
+
+
+@pytest.mark.parametrize("cls", [ElectraModel, MaskedLMModel])
+def test_per_row_losses_add_up_to_the_batch_totals(cls):
+    cfg = preset("tiny", vocab_size=300, specials=SPECIALS)
+    torch.manual_seed(0)
+    model = cls(cfg).eval()
+    ids, pad, seg, noise = _pair_batch()
+    plain = model(ids, pad, seg, noise)
+    rows = model(ids, pad, seg, noise, per_row=True)
+    assert rows.rows.shape == (len(ROW_FIELDS), 6) and plain.rows is None
+    assert torch.allclose(rows.g_loss, plain.g_loss, rtol=1e-5) and torch.allclose(rows.d_loss, plain.d_loss, rtol=1e-5)
+    r = dict(zip(ROW_FIELDS, rows.rows))
+    assert r["g_loss"].sum().item() == pytest.approx(plain.g_loss.item(), rel=1e-5)
+    assert r["g_count"].sum().item() == plain.g_count.item()
+    if cls is ElectraModel:
+        assert r["d_loss"].sum().item() == pytest.approx(plain.d_loss.item(), rel=1e-5)
+        assert r["d_count"].tolist() == (~pad).sum(1).float().tolist()
+        assert r["d_pos"].sum().item() == plain.d_pos.item()
+    assert (r["g_loss"] > 0).all(), "every row has masked tokens, so a loss"
+
+
+def _adversary(**kw):
+    args = dict(rho=0.05, min_ratio=0.2, ema=0.1, disc_weight=50.0, steps=100, resamples=4)
+    args.update(kw)
+    return PairAdversary(["a-b", "a-c", "b-c", "c-d"], np.array([0.4, 0.3, 0.2, 0.1]), **args)
+
+
+def _sums(per_pair: dict[int, tuple[float, float, float, float, float, float]]) -> np.ndarray:
+    s = np.zeros((4, len(SUM_FIELDS)))
+    for i, v in per_pair.items():
+        s[i] = v
+    return s
+
+
+def test_the_ema_starts_at_the_first_value_and_keeps_the_last_one_for_unseen_pairs():
+    adv = _adversary()
+    adv.observe(0, _sums({0: (20.0, 10, 4.0, 20, 5, 2), 1: (30.0, 10, 2.0, 20, 2, 1)}))
+    assert adv.ema["g"][:2] == pytest.approx([2.0, 3.0])
+    assert adv.ema["loss"][:2] == pytest.approx([2.0 + 50 * 0.2, 3.0 + 50 * 0.1])
+    assert adv.ema["d_base"][0] == pytest.approx(binary_entropy(np.array(0.25)))
+    assert np.isnan(adv.ema["loss"][2:]).all(), "never seen: no loss at all, not a made-up one"
+    adv.observe(1, _sums({0: (40.0, 10, 4.0, 20, 5, 3)}))
+    assert adv.ema["g"][0] == pytest.approx(0.9 * 2.0 + 0.1 * 4.0)
+    assert adv.ema["g"][1] == pytest.approx(3.0), "not seen this step: keeps its last value"
+    assert adv.rows.tolist() == [5, 1, 0, 0] and adv.last_step.tolist() == [1, 0, -1, -1]
+
+
+def test_resampling_solves_on_the_seen_pairs_and_leaves_unseen_ones_at_the_prior():
+    adv = _adversary()
+    adv.observe(0, _sums({0: (20.0, 10, 4.0, 20, 5, 2), 1: (30.0, 10, 2.0, 20, 2, 1), 2: (25.0, 10, 3, 20, 3, 1)}))
+    q = adv.resample(25)
+    assert q.sum() == pytest.approx(1.0) and q[3] == pytest.approx(0.1), "c-d was never drawn: q = Q"
+    seen = adv.prior[:3] / adv.prior[:3].sum()
+    expected = chi2_best_response(adv.ema["loss"][:3], seen, 0.05, min_ratio=0.2) * adv.prior[:3].sum()
+    assert q[:3] == pytest.approx(expected)
+    assert adv.trajectory[0]["step"] == 25 and adv.trajectory[0]["pairs_seen"] == 3
+    assert not adv.due(25), "one re-sampling per scheduled step, also after a resume"
+    m = adv.metrics()
+    assert m["audit/w_max"] == pytest.approx(max(q / adv.prior)) and m["audit/divergence"] <= 0.05 + 1e-9
+
+
+def test_schedule_spreads_k_resamplings_inside_the_run():
+    assert resample_steps(100, 4) == [20, 40, 60, 80]
+    assert resample_steps(1000, 10) == [round(k * 1000 / 11) for k in range(1, 11)]
+    assert resample_steps(3, 10) == [1, 2], "a short run has fewer, never one at step 0 or at the end"
+    assert resample_steps(1, 10) == []
+
+
+def test_state_round_trips_through_json_and_feeds_the_output_tables():
+    adv = _adversary()
+    for step in range(60):
+        rng = np.random.default_rng(step)
+        adv.observe(step, _sums({i: (rng.uniform(10, 40), 10, rng.uniform(1, 5), 20, 4, 1) for i in range(4)}))
+        if adv.due(step + 1):
+            adv.resample(step + 1)
+    state = json.loads(json.dumps(adv.state_dict()))  # what the trainer writes
+    back = _adversary()
+    back.load_state_dict(state)
+    assert back.state_dict() == state
+    table = audit_table(state)
+    assert table["pair"].to_list()[0] == state["pairs"][int(np.argmax(np.array(state["q"]) / adv.prior))]
+    assert table["w_final"].to_list() == sorted(table["w_final"].to_list(), reverse=True)
+    assert table["rank_up"].to_list() == [1, 2, 3, 4]
+    assert table["w_mean"].to_list() == pytest.approx(
+        [np.mean([t["q"][state["pairs"].index(p)] / state["prior"][state["pairs"].index(p)]
+                  for t in state["trajectory"]]) for p in table["pair"]])
+    traj = trajectory_table(state)
+    assert traj.height == 4 * len(state["trajectory"]) and traj["w"].to_list() == pytest.approx(
+        (traj["q"] / traj["prior"]).to_list())
+    with pytest.raises(ValueError, match="other language pairs"):
+        PairAdversary(["x-y"], np.ones(1), rho=0.05, min_ratio=0.2, ema=0.1, disc_weight=50, steps=10,
+                      resamples=2).load_state_dict(state)

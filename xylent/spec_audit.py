@@ -1,0 +1,36 @@
+"""The ``audit`` section of the spec: the DRO bitext audit (XY-LENT §6.6).
+
+Other tools read these names (``audit.steps``, ``resamples``, ``rho``,
+``min_ratio``, ``ema``, ``top_n``, ``init``); keep them stable.  Defaults for ρ
+and the floor are the reference code's (fairseq-dro-mnmt), K = 10 is the paper's.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field
+
+from xylent.spec_evaluate import Strict
+
+
+class AuditConfig(Strict):
+    """Train under a χ² DRO adversary over the TRTD language pairs and rank the
+    pairs by how much it up-weights them (w = q/Q)."""
+
+    OPERATIONAL: ClassVar[tuple[str, ...]] = ("top_n", "exclude_top_up")
+
+    init: Literal["scratch", "pretrain"] = Field(
+        default="scratch", description="scratch: train a fresh model with the pretrain settings; pretrain: start "
+        "from the pretrain stage's final weights (the audit then runs after pretrain)")
+    steps: int | None = Field(default=None, gt=0, description="optimizer steps of the audit run; default pretrain.steps")
+    resamples: int = Field(default=10, ge=1, description="K: best-response re-samplings spread evenly over the run")
+    rho: float = Field(default=0.05, gt=0, allow_inf_nan=False,
+                       description="χ² ball radius: ½ Σ Q (q/Q − 1)² ≤ rho")
+    min_ratio: float = Field(default=0.2, ge=0, lt=1, allow_inf_nan=False,
+                             description="floor on q/Q: no pair is sampled less than this share of its prior")
+    ema: float = Field(default=0.1, gt=0, le=1, allow_inf_nan=False,
+                       description="weight of the newest step in each pair's loss EMA")
+    top_n: int = Field(default=10, ge=1, description="pairs shown in the report at each end of the ranking")
+    exclude_top_up: int = Field(default=0, ge=0, description="list the N most up-weighted pairs as a ready-to-run "
+                                "sampling.exclude_pairs override in the report (the audit never edits your spec)")
