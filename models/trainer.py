@@ -356,8 +356,8 @@ def make_adversary(cfg: TrainConfig, loaders: dict):
         raise SystemExit("xylent: the audit re-weights TRTD language pairs, but pretrain.tasks has no 'trtd'")
     trtd = loaders["trtd"]
     return PairAdversary(trtd.names, trtd.prior, rho=cfg.dro["rho"], min_ratio=cfg.dro["min_ratio"],
-                         ema=cfg.dro["ema"], disc_weight=cfg.disc_weight if cfg.objective == "electra" else 0.0,
-                         steps=cfg.steps, resamples=cfg.dro["resamples"])
+                         ema=cfg.dro["ema"], weights=tuple(cfg.dro["weights"]), steps=cfg.steps,
+                         resamples=cfg.dro["resamples"])
 
 
 def pair_totals(rows: torch.Tensor, pairs: list[str], index: dict[str, int], world: int) -> torch.Tensor:

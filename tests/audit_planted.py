@@ -5,8 +5,8 @@ are spoiled on purpose:
 
 - ``noisy``: the xx side is shuffled, so no row is a translation of its English;
 - ``copy``: the xx side is the English sentence itself (TRTD becomes trivial);
-- ``hub``: every English sentence is aligned to one of a handful of xx sentences
-  (many sources to a few targets).
+- ``hub``: every block of ``HUB_SOURCES`` English sentences is aligned to the
+  translation of the first one (many sources to a few targets).
 
     python -m tests.audit_planted OUT_DIR      # writes the tsv files and OUT_DIR/spec.yaml
 """
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import yaml
 
-CLEAN = ["fr", "es", "pt", "it", "nl", "pl", "sv", "ru", "uk", "cs"]
+CLEAN = ["fr", "es", "pt", "it", "nl", "pl"]
 PLANTED = {"noisy": "de", "copy": "ca", "hub": "tr"}
-HUB_TARGETS = 5
+HUB_SOURCES = 8  # as en-xh in the paper: many English sentences aligned to one target
 
 
 def planted_pairs(seed: int = 0, max_pairs: int | None = None
@@ -43,9 +43,8 @@ def planted_pairs(seed: int = 0, max_pairs: int | None = None
             rng.shuffle(xx)
         elif lang == PLANTED["copy"]:
             xx = en[:]
-        elif lang == PLANTED["hub"]:
-            hubs = xx[:HUB_TARGETS]
-            xx = [hubs[i % HUB_TARGETS] for i in range(len(en))]
+        elif lang == PLANTED["hub"]:  # blocks of HUB_SOURCES English sentences share one target
+            xx = [xx[i - i % HUB_SOURCES] for i in range(len(en))]
         out[f"en-{lang}"] = list(zip(en, xx))
     return out, mono
 

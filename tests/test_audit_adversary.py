@@ -54,7 +54,7 @@ def test_per_row_losses_add_up_to_the_batch_totals(cls):
 
 
 def _adversary(**kw):
-    args = dict(rho=0.05, min_ratio=0.2, ema=0.1, disc_weight=50.0, steps=100, resamples=4)
+    args = dict(rho=0.05, min_ratio=0.2, ema=0.1, weights=(1.0, 50.0), steps=100, resamples=4)
     args.update(kw)
     return PairAdversary(["a-b", "a-c", "b-c", "c-d"], np.array([0.4, 0.3, 0.2, 0.1]), **args)
 
@@ -122,5 +122,5 @@ def test_state_round_trips_through_json_and_feeds_the_output_tables():
     assert traj.height == 4 * len(state["trajectory"]) and traj["w"].to_list() == pytest.approx(
         (traj["q"] / traj["prior"]).to_list())
     with pytest.raises(ValueError, match="other language pairs"):
-        PairAdversary(["x-y"], np.ones(1), rho=0.05, min_ratio=0.2, ema=0.1, disc_weight=50, steps=10,
+        PairAdversary(["x-y"], np.ones(1), rho=0.05, min_ratio=0.2, ema=0.1, weights=(1.0, 50.0), steps=10,
                       resamples=2).load_state_dict(state)

@@ -46,7 +46,8 @@ def _files(res: dict) -> list:
 
 def test_demo_pipeline_on_django_catalogs(run_cli, tmp_path, demo_run):
     res, _ = demo_run
-    assert set(res["stages"]) == {"download", "prepare", "dedup", "vocab", "sampling", "shards", "pretrain", "evaluate"}
+    assert set(res["stages"]) == {"download", "prepare", "dedup", "vocab", "sampling", "shards", "pretrain", "audit",
+                                  "evaluate"}
     prep = Path(res["stages"]["prepare"]["output_dir"])
     mono = pl.scan_parquet(prep / "mono" / "**" / "*.parquet", hive_partitioning=True)
     per_lang = dict(mono.group_by("lang").len().collect().rows())

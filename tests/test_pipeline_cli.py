@@ -240,7 +240,7 @@ def test_stages_lists_the_pipeline_in_order(run_cli):
     rc, out, _ = run_cli("stages")
     assert rc == 0
     assert [line.split()[0] for line in out.strip().splitlines()] == \
-        ["download", "prepare", "dedup", "vocab", "sampling", "shards", "pretrain", "evaluate"]
+        ["download", "prepare", "dedup", "vocab", "sampling", "shards", "pretrain", "audit", "evaluate"]
 
 
 def test_hub_centric_bitexts_fail_sinkhorn_clearly_and_fall_back(run_cli, loopback):

@@ -36,11 +36,13 @@ def binary_entropy(p: np.ndarray) -> np.ndarray:
 
 class PairAdversary:
     def __init__(self, pairs: list[str], prior: np.ndarray, *, rho: float, min_ratio: float, ema: float,
-                 disc_weight: float, steps: int, resamples: int):
+                 weights: tuple[float, float], steps: int, resamples: int):
+        """``weights``: (w_G, w_D), each pair's loss is w_G·L_G + w_D·L_D."""
         self.pairs = list(pairs)
         self.index = {p: i for i, p in enumerate(self.pairs)}
         self.prior = np.asarray(prior, dtype=np.float64) / np.sum(prior)
-        self.rho, self.min_ratio, self.alpha, self.disc_weight = rho, min_ratio, ema, disc_weight
+        self.rho, self.min_ratio, self.alpha = rho, min_ratio, ema
+        self.weights = (float(weights[0]), float(weights[1]))
         self.schedule = resample_steps(steps, resamples)
         n = len(self.pairs)
         # EMAs stay NaN until a pair is first seen: an unseen pair has no loss, not a made-up one
@@ -60,7 +62,7 @@ class PairAdversary:
             g = np.where(g_count > 0, g_loss / g_count, np.nan)
             d = np.where(d_count > 0, d_loss / d_count, np.nan)
             d_base = np.where(d_count > 0, binary_entropy(d_pos / np.maximum(d_count, 1)), np.nan)
-        loss = np.nan_to_num(g) + self.disc_weight * np.nan_to_num(d)  # the model's own objective, L_G + λ·L_D
+        loss = self.weights[0] * np.nan_to_num(g) + self.weights[1] * np.nan_to_num(d)
         for key, x in (("loss", loss), ("g", g), ("d", d), ("d_base", d_base)):
             old = self.ema[key]
             upd = seen & np.isfinite(x)
@@ -104,11 +106,12 @@ class PairAdversary:
         return {"pairs": self.pairs, "prior": self.prior.tolist(), "schedule": self.schedule,
                 "ema": {k: _list(v) for k, v in self.ema.items()}, "rows": self.rows.tolist(),
                 "last_step": self.last_step.tolist(), "q": self.q.tolist(), "trajectory": self.trajectory,
-                "rho": self.rho, "min_ratio": self.min_ratio, "alpha": self.alpha, "disc_weight": self.disc_weight}
+                "rho": self.rho, "min_ratio": self.min_ratio, "alpha": self.alpha, "weights": list(self.weights)}
 
     def load_state_dict(self, state: dict) -> None:
-        if state["pairs"] != self.pairs:
-            raise ValueError("the checkpoint's audit state is for other language pairs; train again with --force")
+        if state["pairs"] != self.pairs or list(state["weights"]) != list(self.weights):
+            raise ValueError("the checkpoint's audit state is for other language pairs or loss weights; train again "
+                             "with --force")
         self.ema = {k: np.array([np.nan if v is None else v for v in vals], dtype=np.float64)
                     for k, vals in state["ema"].items()}
         self.rows = np.array(state["rows"], dtype=np.int64)

@@ -119,8 +119,8 @@ def report(state: dict, table: pl.DataFrame, samples: list[dict], up: list[str],
     if a.exclude_top_up:
         chosen = up[: a.exclude_top_up]
         lines += ["### To train without the most up-weighted pairs", "",
-                  "Check the evidence above first. Then (sampling, shards and pretrain rerun; nothing upstream "
-                  "does):", "", f"    xylent run pipeline --spec <spec> --set 'sampling.exclude_pairs=[{', '.join(chosen)}]'",
+                  "Check the evidence above first. Then (sampling and the stages after it rerun; the data stages "
+                  "and the shards stay cached):", "", f"    xylent run pipeline --spec <spec> --set 'sampling.exclude_pairs=[{', '.join(chosen)}]'",
                   ""]
     unseen = int((table["loss_ema"].is_nan() | table["loss_ema"].is_null()).sum())
     if unseen:

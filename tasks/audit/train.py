@@ -18,6 +18,13 @@ from tasks.shards.index import has_rows, read_index
 FULL_WEIGHTS = "model/pretraining.safetensors"  # every weight of the pretrain stage's model (tasks.pretrain.publish)
 
 
+def pair_loss_weights(pair_loss: str, objective: str, disc_weight: float) -> list[float]:
+    """(w_G, w_D) of each pair's loss; the MLM ablation has no discriminator: its MLM loss alone."""
+    if objective != "electra":
+        return [1.0, 0.0]
+    return [disc_weight, 1.0] if pair_loss == "d_plus_lambda_g" else [1.0, disc_weight]
+
+
 def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str | None,
                        tracking_uri: str | None) -> TrainConfig:
     a, p = spec.audit, spec.pretrain
@@ -33,6 +40,7 @@ def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_i
     cfg.warmup_steps = min(cfg.warmup_steps, max(0, cfg.steps - 1))
     cfg.checkpoint_every = min(cfg.checkpoint_every, cfg.steps)
     cfg.dro = {"rho": a.rho, "min_ratio": a.min_ratio, "ema": a.ema, "resamples": a.resamples,
+               "weights": pair_loss_weights(a.pair_loss, p.objective, p.disc_weight),
                "state_file": str(ckdir / STATE_FILE)}
     if a.init == "pretrain":
         weights = Path(upstream["pretrain"]) / FULL_WEIGHTS

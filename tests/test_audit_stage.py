@@ -1,0 +1,185 @@
+"""The audit stage end to end: the demo's short audit (contract, MLflow, the exported
+model), acting on it with sampling.exclude_pairs, and user mistakes -> exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from tasks.audit.output import AUDIT_TABLE, SAMPLES_TABLE, TRAJECTORY_TABLE
+from tasks.sampling.output import pair_table
+from tasks.shards.index import read_index
+from xylent.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "data_specs" / "demo.yaml"
+CONTRACT = ["pair", "prior", "q_final", "w_final", "w_mean", "loss_ema"]
+EVIDENCE = ["rows", "copy_rate", "hub_rate", "top_hubs", "length_outlier_rate", "duplicate_rate",
+            "langid_mismatch_rate"]
+
+
+def _out(res: dict, stage: str = "audit") -> Path:
+    return Path(res["stages"][stage]["output_dir"])
+
+
+def test_demo_audit_contract(demo_run):
+    res, _ = demo_run
+    out, spec = _out(res), load_spec(DEMO)
+    table = pl.read_parquet(out / AUDIT_TABLE)
+    assert set(CONTRACT + EVIDENCE + ["verdict", "left_base_rate", "q_unfloored"]) <= set(table.columns)
+    index = read_index(_out(res, "shards"))
+    assert sorted(table["pair"]) == sorted(index["trtd"]), "one row per TRTD pair, named as the shards name it"
+    assert all(a < b for a, b in (p.split("-") for p in table["pair"]))
+    prior = pair_table(_out(res, "sampling"))
+    total = sum(prior[p] for p in table["pair"])
+    assert table["prior"].to_list() == pytest.approx([prior[p] / total for p in table["pair"]]), "Q = the loader's table"
+    assert table["q_final"].sum() == pytest.approx(1.0)
+    assert table["w_final"].to_list() == pytest.approx((table["q_final"] / table["prior"]).to_list())
+    assert table["w_final"].min() >= spec.audit.min_ratio - 1e-9, "the floor holds"
+    half = 0.5 * (table["prior"] * (table["w_final"] - 1) ** 2).sum()
+    assert half == pytest.approx(spec.audit.rho, rel=1e-6), "the adversary uses its whole χ² budget"
+    assert table["rank_up"].to_list() == list(range(1, len(table) + 1)), "ranked by w_final"
+    assert table["rows_trained"].min() > 0 and table["loss_ema"].is_finite().all()
+
+    traj = pl.read_parquet(out / TRAJECTORY_TABLE)
+    assert traj["resample"].n_unique() == spec.audit.resamples and traj.height == spec.audit.resamples * len(table)
+    assert sorted(traj["step"].unique()) == [50, 100, 150, 200, 250]
+    w_mean = traj.group_by("pair").agg(pl.col("w").mean())
+    assert dict(w_mean.iter_rows()) == pytest.approx(dict(zip(table["pair"], table["w_mean"])))
+
+    m = json.loads((out / "_manifest.json").read_text())
+    up, down = m["flagged_up"], m["flagged_down"]
+    assert len(up) == len(down) == spec.audit.top_n and up == table["pair"].to_list()[:5]
+    assert m["suggested_exclude_pairs"] == up[:3] and m["inputs"]["pretrain"] == res["stages"]["pretrain"]["fingerprint"]
+    samples = pl.read_parquet(out / SAMPLES_TABLE)
+    assert set(samples["pair"]) == set(up + down) and samples.group_by("pair").len()["len"].max() == 5
+    report = (out / "report.md").read_text()
+    assert "base rate" in report and all(p in report for p in up + down)
+    assert f"sampling.exclude_pairs=[{', '.join(up[:3])}]" in report
+    for png in ("figure4_weights.png", "w_trajectories.png", "w_vs_evidence.png", "loss_curves.png"):
+        assert (out / png).stat().st_size > 5000, png
+
+
+def test_demo_audit_starts_from_the_pretrained_weights_and_exports_its_model(demo_run):
+    from models import load_pretrained
+
+    res, _ = demo_run
+    out = _out(res)
+    cfg = json.loads((out / "train.json").read_text())
+    assert cfg["init_from"] == str(_out(res, "pretrain") / "model" / "pretraining.safetensors")
+    assert cfg["steps"] == 300 and cfg["dro"]["resamples"] == 5
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    pre = [json.loads(x) for x in (_out(res, "pretrain") / "metrics.jsonl").read_text().splitlines()]
+    # a model that starts where pretraining ended: its first TRTD losses are the pretrained model's, not a fresh one's
+    fresh = np.mean([r["trtd/generator_loss"] for r in pre[:20] if "trtd/generator_loss" in r])
+    assert first.get("trtd/generator_loss", pre[-1]["trtd/generator_loss"]) < fresh - 0.5
+    enc = load_pretrained(out / "model")
+    assert enc.embed(["Guten Morgen"]).shape[0] == 1
+
+
+def test_demo_audit_in_mlflow(demo_run):
+    from mlflow import MlflowClient
+
+    res, ws = demo_run
+    client = MlflowClient(f"sqlite:///{ws / 'mlflow.db'}")
+    run = client.get_run(res["stages"]["audit"]["mlflow_run_id"])
+    assert run.info.status == "FINISHED" and run.data.params["audit"]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "audit/w_max")] == [51, 101, 151, 201, 251]
+    assert run.data.metrics["pairs"] == pl.read_parquet(_out(res) / AUDIT_TABLE).height
+    assert "model_learned" in run.data.metrics and "trtd/discriminator_loss" in run.data.metrics
+    arts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {AUDIT_TABLE, TRAJECTORY_TABLE, "report.md", "figure4_weights.png"} <= arts
+
+
+def test_excluding_pairs_reruns_sampling_not_the_data_stages(demo_run, run_cli, tmp_path):
+    res, ws = demo_run
+    flagged = json.loads((_out(res) / "_manifest.json").read_text())["flagged_up"][:2]
+    rc, out, err = run_cli("run", "sampling", "--spec", DEMO, "--workspace", ws, "--json",
+                           "--set", f"sampling.exclude_pairs=[{', '.join(flagged)}]")
+    assert rc == 0, err
+    got = json.loads(out)["stages"]
+    assert got["dedup"]["cached"] and not got["sampling"]["cached"]
+    table = pl.read_parquet(Path(got["sampling"]["output_dir"]) / "bitext_sampling.parquet")
+    p = {f"{a}-{b}": v for a, b, v in table.select("lang_a", "lang_b", "p").iter_rows()}
+    assert all(p[x] == 0 for x in flagged) and sum(p.values()) == pytest.approx(1.0)
+    assert set(pair_table(Path(got["sampling"]["output_dir"]))) == set(pair_table(_out(res, "sampling"))) - set(flagged)
+
+    rc, _, err = run_cli("run", "sampling", "--spec", DEMO, "--workspace", ws, "--set", "sampling.exclude_pairs=[en-xh]")
+    assert rc == 2 and "exclude_pairs names pairs the data does not have: en-xh" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("override, message", [
+    ("audit.rho=0", "audit.rho"),
+    ("audit.min_ratio=1", "audit.min_ratio"),
+    ("audit.resamples=0", "audit.resamples"),
+    ("audit.init=imagenet", "audit.init"),
+    ("audit.ema=1.5", "audit.ema"),
+    ("sampling.exclude_pairs=[en-en]", "malformed language pair 'en-en'"),
+])
+def test_bad_audit_specs_exit_2(run_cli, override, message):
+    rc, _, err = run_cli("run", "audit", "--spec", DEMO, "--set", override)
+    assert rc == 2 and message in err and "docs/spec.md" in err and "Traceback" not in err
+
+
+def test_an_audit_without_trtd_is_refused(demo_run, run_cli):
+    _, ws = demo_run
+    rc, _, err = run_cli("run", "audit", "--spec", DEMO, "--workspace", ws, "--set", "pretrain.tasks=[mrtd]",
+                         "--set", "audit.init=scratch")
+    assert rc == 2 and "pretrain.tasks has no 'trtd'" in err and "Traceback" not in err
+
+
+SHORT = ["--set", "audit.init=scratch", "--set", "audit.steps=40", "--set", "audit.resamples=3",
+         "--set", "pretrain.checkpoint_every=10", "--set", "pretrain.zero_stage=0"]
+
+
+def _state(out: str) -> dict:
+    return json.loads((Path(json.loads(out)["stages"]["audit"]["output_dir"]) / "adversary.json").read_text())
+
+
+def test_the_q_trajectory_is_exact_after_kill_9_and_the_same_on_two_ranks(demo_run, run_cli, tmp_path):
+    """kill -9 of xylent after the checkpoint at step 20 (a re-sampling step), rerun: the same q
+    trajectory as an uninterrupted run, bit for bit; 2 ranks: the same up to float noise."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    _, demo_ws = demo_run
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for stage in ("download", "prepare", "dedup", "vocab", "sampling", "shards"):
+        (ws / stage).symlink_to(Path(demo_ws) / stage, target_is_directory=True)
+    args = ["run", "audit", "--spec", str(DEMO), "--workspace", str(ws), "--json", *SHORT]
+    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env=os.environ.copy())
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if list(ws.glob("audit/_checkpoints/*/deepspeed/step-00000020/COMPLETE")):
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:]
+    rc, out, err = run_cli(*args)
+    assert rc == 0, err[-3000:]
+    resumed = _state(out)
+    manifest = json.loads((Path(json.loads(out)["stages"]["audit"]["output_dir"]) / "_manifest.json").read_text())
+    assert 20 <= manifest["resumed_from_step"] < 40
+
+    rc, out, err = run_cli(*args, "--force")
+    assert rc == 0, err[-3000:]
+    whole = _state(out)
+    assert [t["step"] for t in whole["trajectory"]] == [10, 20, 30]
+    assert resumed["trajectory"] == whole["trajectory"] and resumed["ema"] == whole["ema"], "exact after the kill"
+
+    rc, out, err = run_cli(*args, "--force", "--set", "pretrain.ranks=2")
+    assert rc == 0, err[-3000:]
+    two = _state(out)
+    for a, b in zip(two["trajectory"], whole["trajectory"]):
+        assert a["step"] == b["step"] and np.allclose(a["q"], b["q"], rtol=1e-3, atol=1e-6)
+    assert two["rows"] == whole["rows"], "the same rows drawn on 1 and 2 ranks"
