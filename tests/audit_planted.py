@@ -74,9 +74,9 @@ def write_corpus(out: Path, *, seed: int = 0, steps: int = 600, max_pairs: int |
         "sampling": {"pair_method": "temperature", "pair_alpha": 0.3},
         "shards": {"seq_len": 128, "shard_mb": 64},
         "model": {"size": "tiny"},
-        "pretrain": {"tasks": ["trtd"], "steps": steps, "batch_size": 16, "trtd_max_tokens": 2048, "lr": 0.002,
+        "pretrain": {"tasks": ["trtd"], "steps": steps, "batch_size": 16, "trtd_max_tokens": 4096, "lr": 0.002,
                      "warmup_steps": 50, "zero_stage": 0, "checkpoint_every": steps, "ranks": 1, "log_every": 50},
-        "audit": {"resamples": 5, "top_n": 3},
+        "audit": {"resamples": 5, "top_n": 3, "ema": 0.03},  # ~5 rows of a pair per step: a longer EMA window
     }
     path = out / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True), encoding="utf-8")

@@ -131,16 +131,16 @@ def test_verdicts_name_the_defect(evidence):
     assert verdict(evidence["de-en"]) == "no defect in the evidence"
     assert verdict(evidence["en-fr"]) == "near copies: 80 % of targets equal their source"
     assert verdict(evidence["en-es"]) == ('hub-aligned: 55 % of targets shared by ≥ 5 sources '
-                                          '(e.g. "Error desconocido.")')
+                                          '(e.g. "Error desconocido."); dedup removed 33 % of the pair for hubs')
     assert verdict(evidence["en-it"]) == "length mismatch: 25 % of pairs differ in length by more than 3×"
     assert verdict(evidence["de-fr"]) == "duplicates: 25 % of pairs repeat an earlier pair exactly"
 
 
 def test_several_findings_most_severe_first():
-    row = {"rows": 100, "hub_min_sources": 5, "hub_side": "src", "top_hubs": [], "copy_rate": 0.1,
+    row = {"rows": 100, "hub_min_sources": 5, "hub_side": "src", "top_hubs": [], "copy_rate": 0.3,
            "hub_rate": 0.6, "length_outlier_rate": float("nan"), "duplicate_rate": 0.0, "langid_mismatch_rate": None}
     assert verdict(row) == ("hub-aligned: 60 % of sources shared by ≥ 5 targets; "
-                            "near copies: 10 % of targets equal their source")
+                            "near copies: 30 % of targets equal their source")
     assert verdict({"pair": "xx-yy", "rows": 0}) == "no rows: dedup kept none of this pair"
 
 

@@ -29,11 +29,13 @@ from tasks.dedup.stats import BITEXT_REASONS, HUBS_FILE, STATS_FILE
 from tasks.prepare import layout
 
 # Verdict thresholds: a rate above one of these is a finding.
-COPY_RATE_MAX = 0.05       # names, numbers and URLs are legitimately copied; beyond that the pair teaches copying
+COPY_RATE_MAX = 0.15       # names, numbers, URLs, "Email" are copied legitimately (Django's catalogs: 6-8 %)
 HUB_RATE_MAX = 0.05        # a translation has one source; many rows on shared targets is mined-alignment collapse
 LENGTH_OUTLIER_MAX = 0.05  # translations rarely differ 3x in length (OpusFilter); more means misaligned/truncated rows
 DUPLICATE_RATE_MAX = 0.05  # a few repeats are natural (short UI strings); more over-trains a handful of sentences
 LANGID_MISMATCH_MAX = 0.05  # lingua misjudges some placeholder-heavy text; beyond that a side is the wrong language
+REMOVED_RATE_MAX = 0.10    # what dedup already removed says how noisy the rest of the pair is likely to be
+RULE_WORDS = {"exact": "exact duplicates", "copy": "copies", "ratio": "length ratio", "hub": "hubs"}
 
 HUB_TEXT_CHARS = 80
 RULE_FLAGS = {"exact": "bitext_exact", "copy": "copies", "ratio": "length_ratio", "hub": "hubs", "langid": "langid"}
@@ -206,6 +208,9 @@ def verdict(row: dict) -> str:
         ("duplicate_rate", DUPLICATE_RATE_MAX,
          lambda r: f"duplicates: {_pct(r)} of pairs repeat an earlier pair exactly"),
     ]
+    checks += [(f"removed_{rule}_rate", REMOVED_RATE_MAX,
+                (lambda words: lambda r: f"dedup removed {_pct(r)} of the pair for {words}")(words))
+               for rule, words in RULE_WORDS.items()]
     findings = [(row[col] / limit, say(row[col])) for col, limit, say in checks
                 if row.get(col) is not None and not np.isnan(row[col]) and row[col] > limit]
     if not findings:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from xylent.markdown import markdown_table
@@ -22,6 +23,16 @@ def flagged(table: pl.DataFrame, n: int) -> tuple[list[str], list[str]]:
     ranked = table.sort("rank_up")["pair"].to_list()
     n = min(n, len(ranked) // 2) if len(ranked) > 1 else len(ranked)
     return ranked[:n], ranked[::-1][:n]
+
+
+def rank_stability(state: dict) -> float | None:
+    """Mean Spearman correlation of w between consecutive re-samplings: near 1, the adversary
+    ranks the pairs the same way each time; near 0, the ranking is the EMAs' noise."""
+    from scipy.stats import spearmanr
+
+    ws = [np.asarray(t["q"]) / np.asarray(state["prior"]) for t in state["trajectory"]]
+    rs = [spearmanr(a, b).statistic for a, b in zip(ws, ws[1:]) if np.ptp(a) > 0 and np.ptp(b) > 0]
+    return float(np.mean(rs)) if rs else None
 
 
 def learning_check(train: dict, table: pl.DataFrame) -> tuple[bool, list[str]]:
@@ -73,11 +84,19 @@ def write_output(state: dict, evidence: pl.DataFrame, dedup_dir: Path, spec, tra
         plots.w_against_evidence(table, plotted, out / "w_vs_evidence.png")
 
     learned, check = learning_check(train, table)
+    stability = rank_stability(state)
+    if stability is not None:
+        rows = int(table["rows_trained"].median())
+        check.append(f"Ranking stability: Spearman correlation of w between consecutive re-samplings "
+                     f"{stability:.2f} (median {rows} trained rows per pair)" +
+                     (" — low: the ranking is mostly the per-pair losses' noise; train longer (audit.steps) or "
+                      "lower audit.ema." if stability < 0.3 else "."))
     text = report(state, table, samples, up, down, check, a)
     (out / "report.md").write_text(text)
     metrics = {"pairs": float(len(table)), "resamples": float(len(state["trajectory"])),
                "w_final_max": float(table["w_final"].max()), "w_final_min": float(table["w_final"].min()),
                "pairs_left_base_rate": float(table["left_base_rate"].sum() or 0), "model_learned": float(learned),
+               **({"rank_stability": stability} if stability is not None else {}),
                **{k: v for k, v in train.items() if k.startswith("final.trtd/") or k in ("steps", "tokens_total")}}
     shown = table.head(200).select([c for c in table.columns if table[c].dtype != pl.List(pl.String)])
     rows = [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items()} for r in shown.to_dicts()]
