@@ -28,11 +28,10 @@ def test_planted_defects_rank_where_they_should(run_cli, tmp_path):
     table = read_audit(audit_dir)
     n = table.height
     by_mean = dict(zip(table["pair"], table["rank_up_mean"]))
-    by_final = dict(zip(table["pair"], table["rank_up"]))
     w = dict(zip(table["pair"], table["w_mean"]))
     msg = table.select("pair", "w_final", "w_mean", "loss_ema", "g_loss_ema", "d_loss_ema").to_dicts()
 
-    assert by_mean[COPY] == n and by_final[COPY] == n, msg  # the trivial pair: the most down-weighted
+    assert by_mean[COPY] == n and table["pair"][-1] == COPY, msg  # the trivial pair: the most down-weighted
     assert w[COPY] < 0.6 and table.filter(pl.col("pair") == COPY)["w_final"].item() < 0.6, msg
     # The shuffled and the hub pair are NOT asserted to rank high: at this size (a 64-wide model, 1 500
     # CPU steps) their losses sit inside the spread between languages (seeds 0 and 1: noisy ranks 3-4
@@ -41,7 +40,7 @@ def test_planted_defects_rank_where_they_should(run_cli, tmp_path):
     verdicts = dict(zip(table["pair"], table["verdict"]))
     assert verdicts[COPY].startswith("near copies: 100 %") and verdicts[HUB].startswith("hub-aligned")
     assert table.filter(pl.col("pair") == HUB)["hub_max_sources"].item() >= 5
-    assert by_mean[NOISY] >= 1 and by_final[HUB] >= 1
+    assert "dedup removed" in verdicts[NOISY] and "length ratio" in verdicts[NOISY], verdicts[NOISY]
     report = (audit_dir / "report.md").read_text()
     assert "below it: the model learned" in report, "an audit of a model stuck at its base rate ranks nothing"
     assert "Ranking stability" in report
