@@ -49,7 +49,7 @@ def planted_pairs(seed: int = 0, max_pairs: int | None = None
     return out, mono
 
 
-def write_corpus(out: Path, *, seed: int = 0, steps: int = 600, max_pairs: int | None = None) -> Path:
+def write_corpus(out: Path, *, seed: int = 0, steps: int = 1500, max_pairs: int | None = None) -> Path:
     """The tsv files and a spec that trains the audit on them; returns the spec's path."""
     out.mkdir(parents=True, exist_ok=True)
     sources = []
@@ -84,4 +84,4 @@ def write_corpus(out: Path, *, seed: int = 0, steps: int = 600, max_pairs: int |
 
 
 if __name__ == "__main__":
-    print(write_corpus(Path(sys.argv[1]), steps=int(sys.argv[2]) if len(sys.argv) > 2 else 600))
+    print(write_corpus(Path(sys.argv[1]), steps=int(sys.argv[2]) if len(sys.argv) > 2 else 1500))
