@@ -90,7 +90,7 @@ def test_demo_audit_in_mlflow(demo_run):
     res, ws = demo_run
     client = MlflowClient(f"sqlite:///{ws / 'mlflow.db'}")
     run = client.get_run(res["stages"]["audit"]["mlflow_run_id"])
-    assert run.info.status == "FINISHED" and run.data.params["audit"]
+    assert run.info.status == "FINISHED" and run.data.params["audit.rho"] == "0.05"
     assert [m.step for m in client.get_metric_history(run.info.run_id, "audit/w_max")] == [101, 201, 301, 401, 501]
     assert run.data.metrics["pairs"] == pl.read_parquet(_out(res) / AUDIT_TABLE).height
     assert "model_learned" in run.data.metrics and "trtd/discriminator_loss" in run.data.metrics
