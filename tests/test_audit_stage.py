@@ -107,9 +107,12 @@ def test_excluding_pairs_reruns_sampling_not_the_data_stages(demo_run, run_cli, 
     got = json.loads(out)["stages"]
     assert got["dedup"]["cached"] and not got["sampling"]["cached"]
     table = pl.read_parquet(Path(got["sampling"]["output_dir"]) / "bitext_sampling.parquet")
-    p = {f"{a}-{b}": v for a, b, v in table.select("lang_a", "lang_b", "p").iter_rows()}
-    assert all(p[x] == 0 for x in flagged) and sum(p.values()) == pytest.approx(1.0)
-    assert set(pair_table(Path(got["sampling"]["output_dir"]))) == set(pair_table(_out(res, "sampling"))) - set(flagged)
+    p = {"-".join(sorted((a, b))): v for a, b, v in table.select("lang_a", "lang_b", "p").iter_rows()}
+    assert all(p.get(x, 0) == 0 for x in flagged) and sum(p.values()) == pytest.approx(1.0)
+    def names(d):
+        return {"-".join(sorted(k.split("-"))) for k in pair_table(d)}
+
+    assert names(Path(got["sampling"]["output_dir"])) == names(_out(res, "sampling")) - set(flagged)
 
     rc, _, err = run_cli("run", "sampling", "--spec", DEMO, "--workspace", ws, "--set", "sampling.exclude_pairs=[en-xh]")
     assert rc == 2 and "exclude_pairs names pairs the data does not have: en-xh" in err and "Traceback" not in err
@@ -136,7 +139,8 @@ def test_an_audit_without_trtd_is_refused(demo_run, run_cli):
 
 
 SHORT = ["--set", "audit.init=scratch", "--set", "audit.steps=40", "--set", "audit.resamples=3",
-         "--set", "pretrain.checkpoint_every=10", "--set", "pretrain.zero_stage=0"]
+         "--set", "pretrain.checkpoint_every=10", "--set", "pretrain.zero_stage=0",
+         "--set", "model.dropout=0"]  # dropout draws from each rank's own stream: 1 and 2 ranks differ by more than rounding
 
 
 def _state(out: str) -> dict:

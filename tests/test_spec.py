@@ -34,7 +34,7 @@ def test_shipped_specs_validate():
     assert all(len(per_lang[lang]) >= 3 and all(Path(i.path).is_file() for i in per_lang[lang])
                for lang in demo.languages if lang != "en"), {k: len(v) for k, v in per_lang.items()}
     fps = stage_fingerprints(demo)
-    assert len(set(fps.values())) == 8 and all(len(f) == 16 and int(f, 16) >= 0 for f in fps.values())
+    assert len(set(fps.values())) == 9 and all(len(f) == 16 and int(f, 16) >= 0 for f in fps.values())
     base = load_spec(ROOT / "data_specs" / "xy-lent-base.yaml")
     assert base.model.size == "base" and {s.kind for s in base.sources} == {"cc100", "opus"}
     assert len(base.languages) >= 100

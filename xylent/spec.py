@@ -269,7 +269,10 @@ class SamplingConfig(Strict):
     def _pairs(cls, v):
         out = []
         for p in v:
-            a, b = parse_pair(p, where="spec field sampling.exclude_pairs")
+            try:
+                a, b = parse_pair(p, where="spec field sampling.exclude_pairs")
+            except XylentError as exc:  # reported with the field's path, like every spec error
+                raise ValueError(f"{exc.what}; {exc.fix}") from None
             out.append(pair_name(a, b))
         if len(set(out)) != len(out):
             raise ValueError("sampling.exclude_pairs lists a pair twice")
