@@ -83,8 +83,13 @@ class Stats:
 ROW_FIELDS = ("g_loss", "g_count", "d_loss", "d_count", "d_pos")  # Stats.rows, per row of the batch
 
 
-def _per_row(values: torch.Tensor, row_of: torch.Tensor, n_rows: int) -> torch.Tensor:
-    return torch.zeros(n_rows, dtype=torch.float32, device=values.device).index_add_(0, row_of, values.float())
+def _per_row(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+    """Sum per row of token values selected by the boolean (B, T) mask ``where`` (row-major order,
+    as boolean indexing returns them).  A scatter into a dense tensor, not index_add_: CUDA's
+    atomic adds would make the sums, hence the audit's q and the batches, differ run to run."""
+    dense = torch.zeros(where.shape, dtype=torch.float32, device=values.device)
+    dense[where] = values.float()
+    return dense.sum(1)
 
 
 def _zero(ref: torch.Tensor) -> torch.Tensor:
@@ -133,10 +138,9 @@ class ElectraModel(nn.Module):
         with torch.no_grad():
             pred = d_logits[real] > 0
             rows = None
-            if per_row:  # tokens come out of boolean indexing in row-major order: their row is nonzero()'s first index
-                n, g_row, d_row = ids.shape[0], masked.nonzero()[:, 0], real.nonzero()[:, 0]
-                rows = torch.stack([_per_row(g_tok.detach(), g_row, n), masked.sum(1).float(),
-                                    _per_row(d_tok.detach(), d_row, n), real.sum(1).float(), replaced.sum(1).float()])
+            if per_row:
+                rows = torch.stack([_per_row(g_tok.detach(), masked), masked.sum(1).float(),
+                                    _per_row(d_tok.detach(), real), real.sum(1).float(), replaced.sum(1).float()])
         return Stats(g_loss, d_loss, masked.sum(), g_correct, real.sum(), (pred == y).sum(), (pred & y).sum(),
                      pred.sum(), y.sum(), real.sum(), rows)
 
@@ -175,9 +179,8 @@ class MaskedLMModel(nn.Module):
             correct = (logits.argmax(-1) == target).sum()
             rows = None
             if per_row:
-                n, zeros = ids.shape[0], torch.zeros(ids.shape[0], device=ids.device)
-                rows = torch.stack([_per_row(tok.detach(), masked.nonzero()[:, 0], n), masked.sum(1).float(),
-                                    zeros, zeros, zeros])
+                zeros = torch.zeros(ids.shape[0], device=ids.device)
+                rows = torch.stack([_per_row(tok.detach(), masked), masked.sum(1).float(), zeros, zeros, zeros])
         z = _zero(ids)
         return Stats(loss, z, masked.sum(), correct, z, z, z, z, z, (~pad).sum(), rows)
 

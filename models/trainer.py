@@ -363,9 +363,10 @@ def make_adversary(cfg: TrainConfig, loaders: dict):
 def pair_totals(rows: torch.Tensor, pairs: list[str], index: dict[str, int], world: int) -> torch.Tensor:
     """Per-pair sums of a micro-batch's per-row losses and counts (+ a row count), summed over
     all ranks: a batch mixes pairs, and each rank holds a different share of them."""
-    per = torch.cat([rows.double(), rows.new_ones(1, rows.shape[1], dtype=torch.float64)]).T
-    idx = torch.tensor([index[p] for p in pairs], dtype=torch.long, device=rows.device)
-    out = torch.zeros(len(index), per.shape[1], dtype=torch.float64, device=rows.device).index_add_(0, idx, per)
+    # on the CPU (a few rows): index_add_ on CUDA adds atomically, in no fixed order
+    per = torch.cat([rows.detach().cpu().double(), torch.ones(1, rows.shape[1], dtype=torch.float64)]).T
+    idx = torch.tensor([index[p] for p in pairs], dtype=torch.long)
+    out = torch.zeros(len(index), per.shape[1], dtype=torch.float64).index_add_(0, idx, per).to(rows.device)
     if world > 1:
         dist.all_reduce(out)
     return out

@@ -124,3 +124,11 @@ def test_state_round_trips_through_json_and_feeds_the_output_tables():
     with pytest.raises(ValueError, match="other language pairs"):
         PairAdversary(["x-y"], np.ones(1), rho=0.05, min_ratio=0.2, ema=0.1, weights=(1.0, 50.0), steps=10,
                       resamples=2).load_state_dict(state)
+
+
+def test_a_step_without_a_weighted_component_gives_no_loss_not_a_smaller_one():
+    adv = _adversary(weights=(50.0, 1.0))  # L_D + λ·L_G: the generator term must be there
+    adv.observe(0, _sums({0: (0.0, 0, 4.0, 20, 5, 1), 1: (30.0, 10, 2.0, 20, 2, 1)}))
+    assert np.isnan(adv.ema["loss"][0]) and adv.ema["d"][0] == pytest.approx(0.2), "no masked token: L_G unknown"
+    assert adv.ema["loss"][1] == pytest.approx(50 * 3.0 + 0.1)
+    assert adv.rows[0] == 1, "the rows still count as trained"

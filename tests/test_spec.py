@@ -90,3 +90,15 @@ def test_fingerprints_change_only_downstream_of_what_changed(tmp_path):
     assert a["download"] == b["download"] and a["prepare"] != b["prepare"]
     assert a["download"] != c["download"] and a["prepare"] != c["prepare"]
     assert a == d, "knobs that do not change outputs do not invalidate them"
+
+
+def test_a_knob_added_later_at_its_default_keeps_existing_fingerprints():
+    """sampling.exclude_pairs came after workspaces existed: left at [] it is not part of the
+    sampling stage's identity (cached outputs and pretrain checkpoints stay valid); set, it is."""
+    from xylent.stage import section_identity
+
+    demo = load_spec(ROOT / "data_specs" / "demo.yaml")
+    assert "exclude_pairs" not in section_identity(demo.sampling)
+    fps = stage_fingerprints(demo)
+    changed = stage_fingerprints(load_spec(ROOT / "data_specs" / "demo.yaml", ["sampling.exclude_pairs=[de-en]"]))
+    assert {s for s in fps if fps[s] != changed[s]} == {"sampling", "pretrain", "audit", "evaluate"}

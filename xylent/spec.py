@@ -247,6 +247,8 @@ class ShardsConfig(Strict):
 
 
 class SamplingConfig(Strict):
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("exclude_pairs",)
+
     alpha: float = Field(default=0.7, gt=0, le=1, allow_inf_nan=False,
                          description="monolingual smoothing: p_j ∝ m_j^alpha")
     temperature: float = Field(default=5.0, gt=0, allow_inf_nan=False,

@@ -52,11 +52,17 @@ class StageContext:
 
 def section_identity(value: Any) -> Any:
     """The JSON form of a spec section for fingerprints and MLflow params; a
-    section's ``OPERATIONAL`` fields (how to run, not what) are left out."""
+    section's ``OPERATIONAL`` fields (how to run, not what) are left out, and its
+    ``ADDED_LATER`` fields while they hold their default (a new knob whose default
+    changes nothing must not invalidate every workspace's outputs)."""
     if isinstance(value, list):
         return [section_identity(v) for v in value]
     if hasattr(value, "model_dump"):
-        return value.model_dump(mode="json", exclude=set(getattr(value, "OPERATIONAL", ())))
+        # fields added later are left out while at their default, so existing outputs stay cache hits
+        fields = type(value).model_fields
+        later = {f for f in getattr(value, "ADDED_LATER", ())
+                 if getattr(value, f) == fields[f].get_default(call_default_factory=True)}
+        return value.model_dump(mode="json", exclude=set(getattr(value, "OPERATIONAL", ())) | later)
     return value
 
 

@@ -62,7 +62,9 @@ class PairAdversary:
             g = np.where(g_count > 0, g_loss / g_count, np.nan)
             d = np.where(d_count > 0, d_loss / d_count, np.nan)
             d_base = np.where(d_count > 0, binary_entropy(d_pos / np.maximum(d_count, 1)), np.nan)
-        loss = self.weights[0] * np.nan_to_num(g) + self.weights[1] * np.nan_to_num(d)
+        # a component with weight whose count is 0 makes the step's loss unknown, not smaller
+        loss = np.where((self.weights[0] > 0) & np.isnan(g) | (self.weights[1] > 0) & np.isnan(d), np.nan,
+                        self.weights[0] * np.nan_to_num(g) + self.weights[1] * np.nan_to_num(d))
         for key, x in (("loss", loss), ("g", g), ("d", d), ("d_base", d_base)):
             old = self.ema[key]
             upd = seen & np.isfinite(x)

@@ -21,7 +21,9 @@ EVIDENCE_PLOTTED = ("copy_rate", "hub_rate", "length_outlier_rate", "duplicate_r
 def flagged(table: pl.DataFrame, n: int) -> tuple[list[str], list[str]]:
     """(the n most up-weighted pairs, the n most down-weighted), by w_final; a pair is in one list only."""
     ranked = table.sort("rank_up")["pair"].to_list()
-    n = min(n, len(ranked) // 2) if len(ranked) > 1 else len(ranked)
+    if len(ranked) < 2:
+        return ranked, []
+    n = min(n, len(ranked) // 2)
     return ranked[:n], ranked[::-1][:n]
 
 
@@ -42,16 +44,19 @@ def learning_check(train: dict, table: pl.DataFrame) -> tuple[bool, list[str]]:
     left = table["left_base_rate"].drop_nulls()
     n_left, n = int(left.sum()), len(left)
     lines = []
-    learned = d is not None and base is not None and d < LEFT_BASE_RATE * base
+    g, uni = train.get("final.trtd/generator_loss"), train.get("final.trtd/generator_unigram_loss")
+    if d is None or base is None:  # the MLM ablation: no discriminator, the MLM loss against a unigram model
+        learned = g is not None and uni is not None and g < LEFT_BASE_RATE * uni
+    else:
+        learned = d < LEFT_BASE_RATE * base
     if d is not None and base is not None:
         lines.append(f"TRTD discriminator: final loss {d:.3f} against {base:.3f} for always answering the base rate "
                      f"('original') — {'below it: the model learned' if learned else 'NOT below it'}.")
-    g, uni = train.get("final.trtd/generator_loss"), train.get("final.trtd/generator_unigram_loss")
     if g is not None and uni is not None:
         lines.append(f"TRTD generator: final loss {g:.3f} against {uni:.3f} for a unigram model.")
     lines.append(f"{n_left} of {n} pairs have a discriminator loss EMA below {LEFT_BASE_RATE:.2f}× their own base "
                  "rate's.")
-    if not learned or n_left < max(1, n // 2):
+    if not learned or (n and n_left < max(1, n // 2)):
         lines.append("**The model has not left its base rate on most pairs: the ranking below reflects how hard "
                      "each pair's base rate is, not its quality. Train longer (audit.steps) before acting on it.**")
         learned = False

@@ -125,7 +125,7 @@ class TrainingLoader:
             raise XylentError(f"sampling weights must be {len(self.names)} finite non-negative numbers, not all 0",
                               where=f"{self.task} loader")
         self._state["weights"] = (w / w.sum()).tolist()
-        self.cdf = _cdf(w)
+        self.cdf = _cdf(np.asarray(self._state["weights"]))  # exactly what a resumed run rebuilds
 
     # -- drawing ---------------------------------------------------------------
     def _next_row(self, g: int, st: dict) -> int:
