@@ -24,8 +24,8 @@ from flows.vocab import vocab
 from tasks.audit.adversary import STATE_FILE
 from tasks.audit.evidence import pair_evidence
 from tasks.audit.report import write_output
-from tasks.audit.train import audit_train_config
 from tasks.pretrain import publish
+from tasks.pretrain.config import audit_train_config
 
 
 @task(name="audit-evidence", cache_policy=NO_CACHE)
