@@ -131,8 +131,8 @@ def load_bench_spec():
 def bench_config(spec, upstream: dict[str, Path], ckdir: Path, *, steps: int, tasks: list[str], audit: bool,
                  rho: float | None = None):
     """train.json as the pretrain stage writes it (tasks.pretrain.config.train_config); the audit
-    run differs only in ``dro``, taken from the audit stage's builder (tasks.audit.train)."""
-    from tasks.audit.train import audit_train_config
+    run differs only in ``dro``, taken from the audit stage's builder (tasks.pretrain.config.audit_train_config)."""
+    from tasks.pretrain.config import audit_train_config
     from tasks.pretrain.config import train_config
 
     cfg = train_config(spec, upstream, ckdir, None, None)
