@@ -32,6 +32,8 @@ The report keeps one key per section.
 
 from __future__ import annotations
 
+import contextlib
+
 import argparse
 import json
 import os
@@ -236,10 +238,8 @@ class Watch(threading.Thread):
             self.samples += 1
             self.contended += bool(foreign)
             for p in ours:
-                try:
+                with contextlib.suppress(psutil.Error):  # the process ended between listing and reading it
                     self.omp.add(p.environ().get("OMP_NUM_THREADS"))
-                except psutil.Error:
-                    pass
             _own_cpu_s(self.seen)
         self.foreign_cpu_s = max(0.0, (_busy_cpu_s() - self.busy0) - (_own_cpu_s(self.seen) - self.own0))
 

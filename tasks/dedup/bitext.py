@@ -29,7 +29,9 @@ REASONS = ["exact", "copy", "ratio", "hub", "langid"]
 HUB_TEXT_CHARS = 200
 
 
-def _lengths(col: pl.Series, unit: str, lang: str, char_languages: list[str]) -> np.ndarray:
+def side_lengths(col: pl.Series, unit: str, lang: str, char_languages: list[str]) -> np.ndarray:
+    """The length rule's unit per side: ``auto`` counts characters for char_languages, words
+    otherwise (as OpusFilter).  Public: the audit measures length outliers with the same rule."""
     if unit == "auto":
         unit = "chars" if lang in char_languages else "words"
     if unit == "words":
@@ -87,8 +89,8 @@ def map_part(part: Path, part_idx: int, work: Path, cfg: DedupConfig, languages:
             sim = process.cpdist(norm["s"].to_list(), norm["t"].to_list(), scorer=fuzz.ratio, workers=1)
             flags["copy"] = np.asarray(sim) >= cfg.copy_threshold * 100
         if cfg.length_ratio:
-            ls = _lengths(df["src"], cfg.length_unit, src_lang, cfg.char_languages)
-            lt = _lengths(df["tgt"], cfg.length_unit, tgt_lang, cfg.char_languages)
+            ls = side_lengths(df["src"], cfg.length_unit, src_lang, cfg.char_languages)
+            lt = side_lengths(df["tgt"], cfg.length_unit, tgt_lang, cfg.char_languages)
             flags["ratio"] = np.maximum(ls, lt) > cfg.max_length_ratio * np.maximum(np.minimum(ls, lt), 1)
         if cfg.langid:
             flags["langid"] = (_langid_mismatch(df["src"], src_lang, languages, cfg)
