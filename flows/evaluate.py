@@ -7,18 +7,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.dedup import dedup
 from flows.download import download
 from flows.kit import StageContext, StageOutcome, stage_flow
-from flows.pretrain import pretrain
+from flows.pretrain import checkpoint_dir, pretrain
 from flows.progress import Progress
 from tasks.evaluate.encoders import HuggingFaceEncoder, check_layers, load_xylent, random_init, subword_bag
-from tasks.evaluate.run import evaluate_model, sentences_to_embed
+from tasks.evaluate.run import FINETUNED, FineTuning, evaluate_model, sentences_to_embed
 from tasks.evaluate.scorecard import PRIMARY, mlflow_metrics, references, write_scorecard
 from tasks.evaluate.sources import EXCLUDED_FILE, task_dirs
+from tasks.finetune.run import TaskData
 
 VERSION = "1"
 
@@ -41,11 +42,15 @@ def load_encoder(model, spec, pipeline_dir: Path):
 
 
 @task(name="evaluate-model", task_run_name="evaluate {name}", cache_policy=NO_CACHE)
-def evaluate_model_task(name: str, model, spec, pipeline_dir: Path, data_dirs: dict, preds: Path, progress):
+def evaluate_model_task(name: str, model, spec, pipeline_dir: Path, data_dirs: dict, preds: Path, progress,
+                        finetune_data: dict, checkpoints: Path, labels: Path):
     enc = load_encoder(model, spec, pipeline_dir)
     cfg = spec.evaluate
+    logger = get_run_logger()
+    ft = FineTuning(load=lambda: load_encoder(model, spec, pipeline_dir), data=finetune_data,
+                    checkpoints=checkpoints / name, labels=labels, log=logger.info)
     return evaluate_model(enc, cfg.tasks, data_dirs, preds, batch_size=cfg.batch_size, max_length=cfg.max_length,
-                          on_batch=progress.advance)
+                          on_batch=progress.advance, finetuning=ft)
 
 
 def _model_params(model) -> dict:
@@ -62,6 +67,9 @@ def evaluate(ctx: StageContext) -> StageOutcome:
     cache = ctx.ws.stage_dir("evaluate") / "_cache"  # fetched archives outlive a failed run
     data_dirs = {t.name: task_dirs(t, ctx.spec, ctx.upstream, ctx.out / "data", cache) for t in cfg.tasks}
     per_model = sum(sentences_to_embed(t, *data_dirs[t.name]) for t in cfg.tasks)
+    # fine-tuned tasks' files are read (and so checked) before any model is trained
+    finetune_data = {t.name: TaskData(t, data_dirs[t.name][0]) for t in cfg.tasks if t.kind in FINETUNED}
+    checkpoints = checkpoint_dir(ctx) if finetune_data else ctx.out / "_unused"
     progress = Progress("evaluate: sentences embedded", per_model * len(cfg.models) or None, unit="sentences",
                         key="evaluate-progress")
     scores = {"models": {}, "tasks": {t.name: t.model_dump(mode="json") for t in cfg.tasks},
@@ -78,7 +86,8 @@ def evaluate(ctx: StageContext) -> StageOutcome:
                                        tags={"xylent.stage": "evaluate", "xylent.model": name})
             try:
                 result = evaluate_model_task.submit(name, model, ctx.spec, pipeline_dir, data_dirs,
-                                                    ctx.out / "predictions" / name, progress).result()
+                                                    ctx.out / "predictions" / name, progress, finetune_data,
+                                                    checkpoints, ctx.out / "labels").result()
             except BaseException:
                 tracker.end_run(run_id, "FAILED")
                 raise

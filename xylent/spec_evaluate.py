@@ -6,8 +6,11 @@ Other tools read these names (``evaluate.models``, ``evaluate.tasks`` with
 
 from __future__ import annotations
 
+from functools import lru_cache
+from pathlib import Path
 from typing import ClassVar, Literal, Union
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from xylent.languages import check_language
@@ -15,9 +18,6 @@ from xylent.languages import check_language
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False)
-
-
-
 
 
 class ModelRef(Strict):
@@ -33,11 +33,64 @@ class ModelRef(Strict):
 EvalModel = Union[Literal["pipeline", "random-init", "bag-of-subwords"], ModelRef]
 
 RETRIEVAL = ("tatoeba", "bucc")
+FINETUNED = ("classification", "qa", "tagging")
 FORMATS = {
     "tatoeba": ("auto", "tatoeba-raw", "tatoeba", "gettext", "holdout"),
     "bucc": ("auto", "bucc2018"),
     "probe": ("auto", "tsv", "holdout"),
+    "classification": ("auto", "xnli", "pawsx", "tsv", "holdout"),
+    "qa": ("auto", "squad"),
+    "tagging": ("auto", "conll"),
 }
+# the XTREME tasks each fine-tuned kind can stand for: their submission folder, metric and defaults
+XTREME_TASKS = {"classification": ("xnli", "pawsx"), "qa": ("xquad", "mlqa", "tydiqa"), "tagging": ("panx", "udpos")}
+HPARAMS_FILE = Path(__file__).with_name("finetune_hparams.yaml")
+
+
+@lru_cache(maxsize=1)
+def hparams_table() -> dict:
+    """The default fine-tuning hyperparameters per XTREME task, with their source."""
+    return yaml.safe_load(HPARAMS_FILE.read_text(encoding="utf-8"))
+
+
+class FineTune(Strict):
+    """How a ``classification``/``qa``/``tagging`` task fine-tunes each encoder.
+
+    Every value left out comes from :data:`HPARAMS_FILE` (XTREME's scripts) for
+    the task's ``xtreme_task``, or its kind's row; the resolved values are what
+    the stage's fingerprint sees.
+    """
+
+    protocol: Literal["zero-shot", "translate-train"] = Field(
+        default="zero-shot", description="zero-shot: train on train_language only; translate-train: also on every "
+        "language's translate-train-<lang> file")
+    lr: float | None = Field(default=None, gt=0)
+    epochs: int | None = Field(default=None, gt=0)
+    batch_size: int | None = Field(default=None, gt=0, description="examples per optimiser step")
+    warmup: float | None = Field(default=None, ge=0, lt=1, description="fraction of the steps with a rising lr")
+    weight_decay: float | None = Field(default=None, ge=0)
+    max_length: int | None = Field(default=None, ge=16, description="tokens per input, specials included")
+    selection: Literal["dev", "last"] | None = Field(
+        default=None, description="dev: keep the epoch with the best train-language dev score; last: the final one")
+    doc_stride: int | None = Field(default=None, gt=0, description="qa: tokens between window starts")
+    max_query_length: int | None = Field(default=None, gt=0, description="qa: question tokens kept")
+    max_answer_length: int | None = Field(default=None, gt=0, description="qa: longest answer span, in tokens")
+    seeds: list[int] = Field(default_factory=lambda: [1], min_length=1, description="one run per seed: mean ± sd")
+    max_train_examples: int | None = Field(default=None, gt=0, description="use at most this many (the first)")
+    dev_fraction: float = Field(default=0.1, gt=0, lt=0.5, description="share of the training examples held out "
+                                "as dev when the task has no dev file of its train language")
+    checkpoint_every: int = Field(default=200, gt=0, description="optimiser steps between resumable checkpoints")
+
+    OPERATIONAL: ClassVar[tuple[str, ...]] = ("checkpoint_every",)
+
+    def resolve(self, row: dict, kind: str) -> "FineTune":
+        for key, value in row.items():
+            if getattr(self, key) is None and (kind == "qa" or key not in ("doc_stride", "max_query_length",
+                                                                            "max_answer_length")):
+                setattr(self, key, value)
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"finetune.seeds must be distinct, got {self.seeds}")
+        return self
 
 
 class EvalTask(Strict):
@@ -52,8 +105,12 @@ class EvalTask(Strict):
     """
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
-    kind: Literal["tatoeba", "bucc", "bucc2018", "probe"]
-    format: Literal["auto", "tatoeba-raw", "tatoeba", "bucc2018", "tsv", "gettext", "holdout"] = "auto"
+    kind: Literal["tatoeba", "bucc", "bucc2018", "probe", "classification", "qa", "tagging"]
+    format: Literal["auto", "tatoeba-raw", "tatoeba", "bucc2018", "tsv", "gettext", "holdout", "xnli", "pawsx",
+                    "squad", "conll"] = "auto"
+    xtreme_task: Literal["xnli", "pawsx", "xquad", "mlqa", "tydiqa", "panx", "udpos"] | None = Field(
+        default=None, description="fine-tuned kinds: the XTREME task this is (submission folder, metric, defaults)")
+    finetune: FineTune | None = Field(default=None, description="fine-tuned kinds: hyperparameters and protocol")
     path: str | None = Field(default=None, description="local dir, or URL of a .tar.gz/.zip/.tar archive")
     labels: str | None = Field(default=None, description="tatoeba, XTREME's preprocessed layout: the dir of its "
                                "gold test-<xx>.tsv (the English side there is sorted)")
@@ -67,6 +124,8 @@ class EvalTask(Strict):
     exclude_seen: bool = Field(default=False, description="gettext: drop pairs either side of which is in the "
                                "pretraining corpus (dedup's output), so the task measures transfer, not memory")
 
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("xtreme_task", "finetune")
+
     @model_validator(mode="after")
     def _check(self):
         if self.kind == "bucc2018":
@@ -79,12 +138,33 @@ class EvalTask(Strict):
         need = {"gettext": "package", "holdout": "source"}.get(self.format, "path")
         if getattr(self, need) is None:
             raise ValueError(f"evaluate task {self.name!r} (format {self.format}) needs '{need}'")
-        if self.kind == "probe" and self.train_language not in self.languages:
+        if self.kind in FINETUNED:
+            self._check_finetune()
+        elif self.finetune is not None or self.xtreme_task is not None:
+            raise ValueError(f"evaluate task {self.name!r}: finetune/xtreme_task apply to the kinds "
+                             f"{', '.join(FINETUNED)} only, not {self.kind!r}")
+        if self.kind in ("probe", *FINETUNED) and self.train_language not in self.languages:
             raise ValueError(f"evaluate task {self.name!r}: train_language {self.train_language!r} must be one of "
                              "its languages (it is tested there too: the transfer gap starts from it)")
         if self.kind in RETRIEVAL and "en" in self.languages:
             raise ValueError(f"evaluate task {self.name!r}: list the non-English languages; English is the target")
         return self
+
+    def _check_finetune(self) -> None:
+        if self.xtreme_task is not None and self.xtreme_task not in XTREME_TASKS[self.kind]:
+            raise ValueError(f"evaluate task {self.name!r}: xtreme_task {self.xtreme_task!r} is not a {self.kind} "
+                             f"task; use one of {', '.join(XTREME_TASKS[self.kind])}")
+        if self.format == "holdout" and self.kind != "classification":
+            raise ValueError(f"evaluate task {self.name!r}: format holdout gives labelled sentences, a "
+                             "classification task; use kind: classification")
+        table = hparams_table()
+        row = dict(table["tasks"][self.xtreme_task or table["kinds"][self.kind]])
+        self.finetune = (self.finetune or FineTune()).resolve(row, self.kind)
+
+    @property
+    def submission_format(self) -> str:
+        """How a fine-tuned task's predictions are laid out (tasks.evaluate.submission's formats)."""
+        return {"classification": "lines", "qa": "qa", "tagging": "tags"}[self.kind]
 
 
 class EvaluateConfig(Strict):

@@ -62,7 +62,13 @@ def section_identity(value: Any) -> Any:
         fields = type(value).model_fields
         later = {f for f in getattr(value, "ADDED_LATER", ())
                  if getattr(value, f) == fields[f].get_default(call_default_factory=True)}
-        return value.model_dump(mode="json", exclude=set(getattr(value, "OPERATIONAL", ())) | later)
+        dumped = value.model_dump(mode="json", exclude=set(getattr(value, "OPERATIONAL", ())) | later)
+        for name in dumped:  # nested sections (evaluate.tasks[], their finetune) follow the same rules
+            inner = getattr(value, name)
+            if hasattr(inner, "model_dump") or (isinstance(inner, list) and any(hasattr(x, "model_dump")
+                                                                                for x in inner)):
+                dumped[name] = section_identity(inner)
+        return dumped
     return value
 
 

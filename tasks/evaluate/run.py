@@ -9,6 +9,7 @@ large).  The probe trains on the task's train language at its layer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -135,14 +136,46 @@ def _probe(emb: Embedder, task, data: Path, labels: Path | None, preds: Path) ->
 
 
 RUNNERS = {"tatoeba": _tatoeba, "bucc": _bucc, "probe": _probe}
+FINETUNED = ("classification", "qa", "tagging")
+
+
+@dataclass
+class FineTuning:
+    """What fine-tuned tasks need beyond an encoder: a fresh copy of it per seed,
+    the tasks' data (read and checked before any model runs), where checkpoints
+    and gold labels go."""
+
+    load: Callable[[], SentenceEncoder]
+    data: dict            # task name -> tasks.finetune.run.TaskData
+    checkpoints: Path     # <...>/_checkpoints/<fingerprint>/<model>
+    labels: Path          # gold test labels in the submission layout
+    log: Callable[[str], None] = lambda s: None
+
+
+def _finetuned(enc: SentenceEncoder, task, ft: FineTuning, preds: Path) -> dict:
+    from tasks.finetune.encoders import factory
+    from tasks.finetune.run import finetune_task
+
+    if enc.kind == "subwords":  # no weights to fine-tune; the random-init encoder is this kind's baseline
+        return {"kind": task.kind, "languages": {}, "avg": None, "not_applicable": "no weights to fine-tune"}
+    make = factory(ft.load, task.kind)
+    return finetune_task(ft.data[task.name], make, ft.checkpoints / task.name, preds, ft.labels,
+                         lambda msg: ft.log(f"{enc.name} / {task.name}: {msg}"))
 
 
 def evaluate_model(enc: SentenceEncoder, tasks: list, data_dirs: dict[str, tuple], preds: Path, *, batch_size: int,
-                   max_length: int, on_batch: Callable[[int], None] = lambda n: None) -> dict:
+                   max_length: int, on_batch: Callable[[int], None] = lambda n: None,
+                   finetuning: FineTuning | None = None) -> dict:
     """``data_dirs``: task name -> (data dir, labels dir or None).
     -> task name -> result (``languages`` -> lang -> metric -> value, ``avg``, ...)."""
     emb = Embedder(enc, batch_size, max_length, on_batch)
-    return {t.name: RUNNERS[t.kind](emb, t, *data_dirs[t.name], preds / t.name) for t in tasks}
+    out = {}
+    for t in tasks:
+        if t.kind in FINETUNED:
+            out[t.name] = _finetuned(enc, t, finetuning, preds / t.name)
+        else:
+            out[t.name] = RUNNERS[t.kind](emb, t, *data_dirs[t.name], preds / t.name)
+    return out
 
 
 def sentences_to_embed(task, data: Path, labels: Path | None) -> int:
@@ -153,4 +186,4 @@ def sentences_to_embed(task, data: Path, labels: Path | None) -> int:
     if task.kind == "probe":
         return sum(len(read_probe(data, lang, "test")[1]) for lang in task.languages) + len(
             read_probe(data, task.train_language, "train")[1])
-    return 0  # BUCC: its files are large; the bar counts without a total
+    return 0  # BUCC: its files are large; the bar counts without a total; fine-tuned tasks train, not embed

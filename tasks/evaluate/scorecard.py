@@ -23,7 +23,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 REFERENCES_FILE = Path(__file__).with_name("references.yaml")
-PRIMARY = {"tatoeba": "accuracy", "bucc": "f1", "probe": "accuracy"}
+PRIMARY = {"tatoeba": "accuracy", "bucc": "f1", "probe": "accuracy", "classification": "accuracy", "qa": "f1",
+           "tagging": "f1"}
+FINETUNED = ("classification", "qa", "tagging")
+MAJORITY = ("probe", "classification", "tagging")  # kinds whose trivial baseline is the commonest label
 
 
 def references() -> list[dict]:
@@ -46,7 +49,10 @@ def mlflow_metrics(result: dict) -> dict[str, float]:
             for m, v in metrics.items():
                 if m != "n":
                     out[f"eval/{task}/{lang}/{m}"] = v
-        out[f"eval/{task}/avg"] = r["avg"]
+        if r["avg"] is not None:
+            out[f"eval/{task}/avg"] = r["avg"]
+        if "avg_sd" in r:
+            out[f"eval/{task}/avg_sd"] = r["avg_sd"]
         if "transfer_gap" in r:
             out[f"eval/{task}/transfer_gap"] = r["transfer_gap"]
         for layer, v in r.get("by_layer", {}).items():
@@ -58,6 +64,31 @@ def mlflow_metrics(result: dict) -> dict[str, float]:
 
 def _fmt(v) -> str:
     return "–" if v is None else f"{v:.1f}"
+
+
+def _cell(vals: dict, metric: str) -> str:
+    """A score, with its sd over seeds when it was fine-tuned with several."""
+    if vals.get(f"{metric}_sd"):
+        return f"{vals[metric]:.1f} ± {vals[f'{metric}_sd']:.1f}"
+    return _fmt(vals.get(metric))
+
+
+def _finetune_notes(scores: dict, name: str, models: list[str]) -> list[str]:
+    lines = []
+    for m in models:
+        r = scores["models"][m][name]
+        if r.get("not_applicable"):
+            lines.append(f"- {m}: not applicable ({r['not_applicable']}).")
+            continue
+        seeds = ", ".join(f"seed {s}: avg {_fmt(v['avg'])}, epoch {v['selected_epoch']} kept (dev {_fmt(v['dev'])})"
+                          for s, v in r["per_seed"].items())
+        lines.append(f"- {m}: {_fmt(r['avg'])} ± {_fmt(r.get('avg_sd'))} over seeds ({seeds}).")
+    first = next((scores["models"][m][name] for m in models if "hyperparameters" in scores["models"][m][name]), None)
+    if first:
+        hp = first["hyperparameters"]
+        lines.append(f"- protocol {first['protocol']}; " + ", ".join(f"{k} {v}" for k, v in hp.items()
+                                                                      if v is not None and k != "protocol") + ".")
+    return ["Fine-tuning (mean ± sd over seeds; selected on the train language's dev set only):", "", *lines, ""]
 
 
 def render(scores: dict) -> str:
@@ -74,20 +105,29 @@ def render(scores: dict) -> str:
         for lang in langs:
             row = {"language": lang}
             for m in models:
-                row[m] = _fmt(scores["models"][m][name]["languages"].get(lang, {}).get(metric))
-            if t["kind"] == "probe":
-                first = scores["models"][models[0]][name]["languages"].get(lang, {})
+                row[m] = _cell(scores["models"][m][name]["languages"].get(lang, {}), metric)
+            if t["kind"] in MAJORITY:
+                first = next((scores["models"][m][name]["languages"][lang] for m in models
+                              if lang in scores["models"][m][name]["languages"]), {})
                 row["majority class"] = _fmt(first.get("majority_baseline"))
             rows.append(row)
         avg = {"language": "**average**", **{m: _fmt(scores["models"][m][name]["avg"]) for m in models}}
-        if t["kind"] == "probe":
-            avg["majority class"] = _fmt(scores["models"][models[0]][name].get("majority_baseline"))
+        if t["kind"] in MAJORITY:
+            avg["majority class"] = _fmt(next((scores["models"][m][name].get("majority_baseline") for m in models
+                                               if scores["models"][m][name].get("majority_baseline") is not None),
+                                              None))
         rows.append(avg)
         lines += [markdown_table(rows), ""]
         if t.get("excluded_seen"):
             ex = t["excluded_seen"]
             lines += [f"Left out because the pretraining corpus holds one side: {sum(ex.values())} pairs ("
                       + ", ".join(f"{k} {v}" for k, v in sorted(ex.items()) if v) + ").", ""]
+        if t["kind"] == "qa":
+            lines += ["Exact match (average): " + ", ".join(
+                f"{m} {_fmt(_mean([v.get('exact_match') for v in scores['models'][m][name]['languages'].values()]))}"
+                for m in models) + ".", ""]
+        if t["kind"] in FINETUNED:
+            lines += _finetune_notes(scores, name, models)
         if t["kind"] == "tatoeba":
             lines += ["en→xx acc@1 (average): " + ", ".join(
                 f"{m} {_fmt(scores['models'][m][name].get('avg_en_to_xx'))}" for m in models) + ".", ""]
@@ -120,6 +160,11 @@ def render(scores: dict) -> str:
                   "`tasks/evaluate/references.yaml`). The demo's tiny model and data are not comparable to these.", "",
                   markdown_table(rows), ""]
     return "\n".join(lines)
+
+
+def _mean(vals: list) -> float | None:
+    vals = [v for v in vals if v is not None]
+    return float(np.mean(vals)) if vals else None
 
 
 def plot_languages(scores: dict, task: str, path: Path) -> None:

@@ -108,9 +108,10 @@ def _check_tag_lengths(pred: Path, gold: Path, pred_starts: list[int], gold_star
             )
 
 
-def score_language(pred: Path, gold: Path, task: str, lang: str) -> dict[str, float]:
-    """The metrics of one task in one language, from its prediction and gold files."""
-    fmt = task_format(task)
+def score_language(pred: Path, gold: Path, task: str, lang: str, fmt: str | None = None) -> dict[str, float]:
+    """The metrics of one task in one language, from its prediction and gold files
+    (``fmt``: the layout of a task that is not one of XTREME's)."""
+    fmt = fmt or task_format(task)
     if fmt in ("lines", "jsonl"):
         read = read_lines if fmt == "lines" else read_jsonl_labels
         predicted, labels = read(pred), read(gold)

@@ -35,8 +35,9 @@ def task_format(task: str) -> str:
     return TASK_FORMATS[task]
 
 
-def submission_file(root: str | os.PathLike, task: str, lang: str) -> Path:
-    return Path(root) / task / f"test-{lang}.{_SUFFIX[task_format(task)]}"
+def submission_file(root: str | os.PathLike, task: str, lang: str, fmt: str | None = None) -> Path:
+    """``fmt``: the layout of a task that is not one of XTREME's (a fine-tuned task of the user's)."""
+    return Path(root) / task / f"test-{lang}.{_SUFFIX[fmt or task_format(task)]}"
 
 
 # -- readers -------------------------------------------------------------------
@@ -176,7 +177,8 @@ def _render(path: Path, fmt: str, predictions: Any) -> str:
     return "".join(_line_safe(path, p, "prediction") + "\n" for p in predictions)
 
 
-def write_predictions(root: str | os.PathLike, task: str, lang: str, predictions: Iterable | Mapping) -> Path:
+def write_predictions(root: str | os.PathLike, task: str, lang: str, predictions: Iterable | Mapping,
+                      fmt: str | None = None) -> Path:
     """Write ``<root>/<task>/test-<lang>.<suffix>`` atomically and return its path.
 
     ``predictions`` is, by task: labels (pawsx, xnli, tatoeba, xcopa), tag
@@ -184,8 +186,9 @@ def write_predictions(root: str | os.PathLike, task: str, lang: str, predictions
     strings (bucc2018), ``{question id: answer}`` (xquad, mlqa, tydiqa) or
     ``{example id: [entity ids best first]}`` (mewslix).
     """
-    path = submission_file(root, task, lang)
-    text = _render(path, task_format(task), predictions)
+    fmt = fmt or task_format(task)
+    path = submission_file(root, task, lang, fmt)
+    text = _render(path, fmt, predictions)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Same-directory temp file + os.replace: a reader never sees half a file.
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

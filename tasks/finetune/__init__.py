@@ -1,0 +1,1 @@
+"""finetune stage: task heads and their data plumbing (extractive QA: :mod:`tasks.finetune.qa`)."""

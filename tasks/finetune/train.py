@@ -1,0 +1,158 @@
+"""The fine-tuning loop: AdamW, linear warmup then linear decay, gradient
+clipping at 1.0 (XTREME's run_*.py), the model scored on the train language's
+dev set after every epoch, the best (or last) weights kept.
+
+Resumable exactly: every ``checkpoint_every`` steps and at each epoch's end,
+``state.pt`` (weights, optimiser, schedule, position in the epoch, the RNG that
+draws dropout) is written atomically; the epoch order is a function of (seed,
+epoch), so a rerun after kill -9 continues the same run step for step.
+Checkpoints are loaded with ``weights_only=True``: a tampered file cannot run code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from models.heads import IGNORE, TaskModel
+from tasks.finetune.features import Feature
+
+STATE, BEST = "state.pt", "best.pt"
+
+
+@dataclass
+class LoopConfig:
+    lr: float
+    epochs: int
+    batch_size: int
+    warmup: float
+    weight_decay: float
+    selection: str
+    checkpoint_every: int
+    seed: int
+
+
+def collate(features: list[Feature], pad_id: int, device) -> dict:
+    width = max(len(f.ids) for f in features)
+    ids = torch.full((len(features), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(features), width), dtype=torch.long)
+    for k, f in enumerate(features):
+        ids[k, : len(f.ids)] = torch.tensor(f.ids)
+        mask[k, : len(f.ids)] = 1
+    batch = {"ids": ids, "mask": mask}
+    keys = features[0].target.keys()
+    if "labels" in keys:
+        labels = torch.full((len(features), width), IGNORE, dtype=torch.long)
+        for k, f in enumerate(features):
+            labels[k, : len(f.ids)] = torch.tensor(f.target["labels"])
+        batch["labels"] = labels
+    for key in ("label", "start", "end"):
+        if key in keys:
+            batch[key] = torch.tensor([f.target[key] for f in features], dtype=torch.long)
+    return {k: v.to(device) for k, v in batch.items()}
+
+
+def _autocast(device: torch.device):
+    # bf16 on GPUs as pretrain runs; CPUs stay in fp32 (bf16 there is slow and changes scores)
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+
+@torch.no_grad()
+def logits_of(model: TaskModel, features: list[Feature], pad_id: int, batch_size: int = 64) -> list[np.ndarray]:
+    """Per feature, its logits without padding: (labels,), (L, labels) or (L, 2)."""
+    model.eval()
+    device = next(model.parameters()).device
+    order = sorted(range(len(features)), key=lambda i: len(features[i].ids))  # little padding
+    out: list[np.ndarray | None] = [None] * len(features)
+    for b in range(0, len(order), batch_size):
+        idx = order[b: b + batch_size]
+        batch = collate([features[i] for i in idx], pad_id, device)
+        with _autocast(device):
+            logits = model(batch["ids"], batch["mask"]).float().cpu().numpy()
+        for row, i in enumerate(idx):
+            out[i] = logits[row] if logits.ndim == 2 else logits[row, : len(features[i].ids)]
+    return out
+
+
+def _atomic_save(obj, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _schedule(step: int, total: int, warmup_steps: int) -> float:
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    return max(0.0, (total - step) / max(1, total - warmup_steps))
+
+
+def train(model: TaskModel, features: list[Feature], dev_score: Callable[[TaskModel], float], cfg: LoopConfig,
+          ckdir: Path, pad_id: int, log: Callable[[str], None] = lambda s: None) -> dict:
+    """Fine-tune ``model`` in place and leave it holding the selected weights.
+    -> {"history": [{epoch, loss, dev}], "selected_epoch", "dev", "steps", "resumed_from"}."""
+    ckdir.mkdir(parents=True, exist_ok=True)
+    device = next(model.parameters()).device
+    per_epoch = math.ceil(len(features) / cfg.batch_size)
+    total = per_epoch * cfg.epochs
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]  # biases and LayerNorms, as run_*.py
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, eps=1e-8)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _schedule(s, total, int(cfg.warmup * total)))
+    torch.manual_seed(cfg.seed)
+    state = {"epoch": 0, "step_in_epoch": 0, "step": 0, "history": [], "best": None, "best_epoch": None,
+             "epoch_loss": 0.0}
+    resumed_from = None
+    if (ckdir / STATE).is_file():
+        saved = torch.load(ckdir / STATE, map_location="cpu", weights_only=True)
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        sched.load_state_dict(saved["scheduler"])
+        torch.set_rng_state(saved["rng"])
+        state = json.loads(saved["progress"])
+        resumed_from = state["step"]
+        log(f"resumed at step {state['step']} of {total}")
+
+    def checkpoint():
+        _atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                      "rng": torch.get_rng_state(), "progress": json.dumps(state)}, ckdir / STATE)
+
+    while state["epoch"] < cfg.epochs:
+        model.train()
+        order = torch.randperm(len(features), generator=torch.Generator().manual_seed(
+            cfg.seed * 100_003 + state["epoch"])).tolist()
+        for b in range(state["step_in_epoch"], per_epoch):
+            batch = collate([features[i] for i in order[b * cfg.batch_size: (b + 1) * cfg.batch_size]], pad_id,
+                            device)
+            with _autocast(device):
+                logits = model(batch["ids"], batch["mask"])
+            loss = model.loss(logits, batch)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            state["epoch_loss"] += loss.item()
+            state["step"] += 1
+            state["step_in_epoch"] = b + 1
+            if state["step"] % cfg.checkpoint_every == 0 and b + 1 < per_epoch:
+                checkpoint()
+        dev = dev_score(model)
+        state["history"].append({"epoch": state["epoch"] + 1, "loss": state["epoch_loss"] / per_epoch, "dev": dev})
+        log(f"epoch {state['epoch'] + 1}/{cfg.epochs}: loss {state['epoch_loss'] / per_epoch:.4f}, dev {dev:.2f}")
+        if cfg.selection == "last" or state["best"] is None or dev > state["best"]:
+            state["best"], state["best_epoch"] = dev, state["epoch"] + 1
+            _atomic_save(model.state_dict(), ckdir / BEST)
+        state.update(epoch=state["epoch"] + 1, step_in_epoch=0, epoch_loss=0.0)
+        checkpoint()
+    model.load_state_dict(torch.load(ckdir / BEST, map_location="cpu", weights_only=True))
+    return {"history": state["history"], "selected_epoch": state["best_epoch"], "dev": state["best"],
+            "steps": state["step"], "resumed_from": resumed_from}
