@@ -94,7 +94,7 @@ def task_dir(task, spec, upstream: dict[str, Path], data_root: Path, cache: Path
         langs = sorted({*task.languages, "en"})
         msgs = holdout_messages(upstream["download"], source.name, source.holdout.model_dump(), source.plurals, langs,
                                 source.source_language)
-        if task.kind == "probe":
+        if task.kind in ("probe", "classification"):  # labelled sentences: a probe, or fine-tuned end to end
             return write_probe(data_root / task.name, {k: v for k, v in msgs.items() if k in task.languages},
                                task.train_language)
         english = {row[3]: row[2] for row in msgs["en"]}
