@@ -64,9 +64,11 @@ def test_models_take_only_the_loader_and_the_adversary_from_tasks():
 def test_only_pretrain_and_evaluate_use_models_and_evaluate_only_loads_exports():
     uses = {(str(p.relative_to(ROOT)), name) for p in _modules("tasks") for name in _imports(p)
             if _top(name) == "models"}
-    assert uses and all(u.startswith(("tasks/pretrain/", "tasks/evaluate/")) for u, _ in uses), uses
+    assert uses and all(u.startswith(("tasks/pretrain/", "tasks/evaluate/", "tasks/finetune/")) for u, _ in uses), uses
     evaluate = {name for u, name in uses if u.startswith("tasks/evaluate/")}
     assert evaluate and evaluate <= {"models.pretrained", "models.config"}, evaluate
+    finetune = {name for u, name in uses if u.startswith("tasks/finetune/")}  # evaluate's fine-tuning: heads only
+    assert finetune and finetune <= {"models.heads"}, finetune
 
 
 def test_nothing_imports_the_cli_and_nobody_patches_sys_path():

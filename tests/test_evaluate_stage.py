@@ -22,7 +22,8 @@ from xylent.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"
-TASKS = {"django-topics": "probe", "django-holdout": "tatoeba", "allauth": "tatoeba"}
+TASKS = {"django-topics": "probe", "django-topics-ft": "classification", "django-holdout": "tatoeba",
+         "allauth": "tatoeba"}
 
 
 def _scores(res: dict) -> tuple[Path, dict]:
@@ -40,6 +41,9 @@ def test_demo_scorecard_contract(demo_run):
         for name, kind in TASKS.items():
             r = tasks[name]
             task = next(t for t in spec.evaluate.tasks if t.name == name)
+            if kind == "classification":
+                _check_finetuned(out, model, name, task, r)
+                continue
             assert set(r["languages"]) == set(task.languages) - ({"en"} if kind == "tatoeba" else set()) | (
                 {"en"} if kind == "probe" else set()), (model, name)
             metric = "accuracy"
@@ -75,6 +79,7 @@ def test_demo_scorecard_contract(demo_run):
     assert bag["languages"]["de"]["n"] == pipe["languages"]["de"]["n"] and bag["avg"] > 5
     card = (out / "scorecard.md").read_text()
     for needle in ("## allauth (tatoeba, accuracy)", "| random-init |", "majority class", "Transfer gap",
+                   "## django-topics-ft (classification, accuracy)", "mean ± sd over seeds", "not applicable",
                    "Published reference scores", "XY-LENT Base"):
         assert needle in card, needle
     for png in ("allauth_languages.png", "allauth_layers.png", "django-topics_languages.png", "transfer_gap.png"):
@@ -303,12 +308,32 @@ def test_malformed_task_files_exit_2_naming_file_and_line(demo_run, run_cli, tmp
     assert rc == 2 and "test-en.tsv:2" in err, err
 
 
+def _check_finetuned(out: Path, model: str, name: str, task, r: dict) -> None:
+    if model == "bag-of-subwords":
+        assert r["avg"] is None and r["not_applicable"] and r["languages"] == {}
+        return
+    assert set(r["languages"]) == set(task.languages) and r["seeds"] == task.finetune.seeds
+    per_seed = {s: [] for s in r["per_seed"]}
+    for lang, v in r["languages"].items():
+        assert v["n"] > 50 and 0 <= v["majority_baseline"] <= 100
+        for seed in per_seed:  # every seed's submission, read back by the XTREME scorer
+            pred = out / "predictions" / model / name / f"seed-{seed}" / name / f"test-{lang}.tsv"
+            per_seed[seed].append(score_language(pred, out / "labels" / name / f"test-{lang}.tsv", name, lang,
+                                                 "lines")["accuracy"])
+    accs = np.array(list(per_seed.values()))  # seeds x languages
+    assert [v["accuracy"] for v in r["languages"].values()] == pytest.approx(accs.mean(0).tolist())
+    assert [v["accuracy_sd"] for v in r["languages"].values()] == pytest.approx(accs.std(0, ddof=1).tolist())
+    assert r["avg"] == pytest.approx(accs.mean()) and r["avg_sd"] == pytest.approx(accs.mean(1).std(ddof=1))
+    for seed in r["per_seed"].values():
+        assert 1 <= seed["selected_epoch"] <= task.finetune.epochs and len(seed["history"]) == task.finetune.epochs
+
+
 def test_demo_spec_evaluates_only_held_out_text():
     spec = yaml.safe_load(DEMO.read_text())
     assert spec["sources"][0]["holdout"]["fraction"] > 0
     kinds = {t["name"]: (t["kind"], t["format"]) for t in spec["evaluate"]["tasks"]}
-    assert kinds == {"django-topics": ("probe", "holdout"), "django-holdout": ("tatoeba", "holdout"),
-                     "allauth": ("tatoeba", "gettext")}
+    assert kinds == {"django-topics": ("probe", "holdout"), "django-topics-ft": ("classification", "holdout"),
+                     "django-holdout": ("tatoeba", "holdout"), "allauth": ("tatoeba", "gettext")}
     assert all(s["package"] != "allauth" for s in spec["sources"]), "allauth never reaches pretraining"
 
 
