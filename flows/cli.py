@@ -39,6 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("stages", help="list the stages in pipeline order")
     status = sub.add_parser("status", help="per stage: fingerprint, cached or not, output folder, MLflow run")
     spec_args(status)
+    hf = sub.add_parser("export-hf", help="write an exported xylent model/ dir as a Hugging Face transformers dir "
+                        "(AutoModel & co. with trust_remote_code=True; fast tokenizer)")
+    hf.add_argument("model_dir", help="an xylent model/ dir, e.g. workspace/pretrain/<fingerprint>/model")
+    hf.add_argument("out_dir", help="the folder to write (replaced whole)")
     return p
 
 
@@ -143,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(result, indent=2))
             else:
                 _print_summary(result, ran=False)
+            return 0
+        if args.command == "export-hf":
+            from models.hf_export import export_hf
+
+            print(export_hf(args.model_dir, args.out_dir))
             return 0
         result = _run(args)
         if args.json:

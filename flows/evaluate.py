@@ -38,7 +38,9 @@ def load_encoder(model, spec, pipeline_dir: Path):
     if model == "bag-of-subwords":
         return subword_bag("bag-of-subwords", pipeline_dir)
     path = spec.resolve_path(model.path)
-    return load_xylent(model.name, path) if model.kind == "xylent" else HuggingFaceEncoder(model.name, path)
+    if model.kind == "xylent":
+        return load_xylent(model.name, path)
+    return HuggingFaceEncoder(model.name, path, trust_remote_code=model.trust_remote_code)
 
 
 @task(name="evaluate-model", task_run_name="evaluate {name}", cache_policy=NO_CACHE)

@@ -235,3 +235,21 @@ def test_original_headered_xnli_and_pawsx_files_are_read_by_column_name(tmp_path
     conll.write_text("-DOCSTART-\tO\n\nen:Paris\tB-LOC\nen:is\tO\n\nRome B-LOC\n")
     assert [(e.tokens, e.tags) for e in read_tagging(conll, "en")] == [(["Paris", "is"], ["B-LOC", "O"]),
                                                                        (["Rome"], ["B-LOC"])]
+
+
+def test_a_hugging_face_tokenizer_joins_segments_as_its_own_post_processor_does(tmp_path):
+    from transformers import BertTokenizerFast
+
+    from tasks.finetune.tokens import HuggingFaceTokenizer
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefgh", *(f"##{c}" for c in "abcdefgh")]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    hf = BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt"))
+    tok = HuggingFaceTokenizer(hf)
+    a, spans = tok.encode("a  b c")
+    assert [(s, e) for s, e in spans] == [(0, 1), (3, 4), (5, 6)]  # character offsets per piece
+    b = tok.ids("f g")
+    ids, seg = tok.build(a, b)
+    assert ids == hf("a  b c", "f g")["input_ids"]  # what the tokenizer itself gives for the pair
+    assert seg == [-1, *[0] * len(a), -1, *[1] * len(b), -1]
+    assert tok.build(a)[0] == hf("a  b c")["input_ids"]

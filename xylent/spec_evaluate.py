@@ -26,6 +26,10 @@ class ModelRef(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
     path: str
     kind: Literal["xylent", "hf"]
+    trust_remote_code: bool = Field(default=False, description="hf: run the dir's own modeling file (needed for "
+                                     "`xylent export-hf` dirs); only for dirs you trust, it is code")
+
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("trust_remote_code",)
 
 
 # pipeline: this spec's pretrain output; random-init: the same architecture and tokenizer, untrained;

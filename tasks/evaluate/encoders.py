@@ -99,15 +99,16 @@ class XylentEncoder(SentenceEncoder):
 class HuggingFaceEncoder(SentenceEncoder):
     kind = "hf"
 
-    def __init__(self, name: str, path: Path):
+    def __init__(self, name: str, path: Path, trust_remote_code: bool = False):
         from transformers import AutoModel, AutoTokenizer
 
         self.name = name
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            self.tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True,
+                                                           trust_remote_code=trust_remote_code)
             # fp32 whatever the checkpoint's dtype: half precision on a CPU is slow and changes the scores
-            self.model = AutoModel.from_pretrained(str(path), local_files_only=True,
-                                                   dtype=torch.float32).to(device()).eval()
+            self.model = AutoModel.from_pretrained(str(path), local_files_only=True, dtype=torch.float32,
+                                                   trust_remote_code=trust_remote_code).to(device()).eval()
         except Exception as exc:  # transformers raises many kinds for a dir that is not a model
             raise XylentError(f"cannot load Hugging Face encoder {name!r}: {exc}", where=str(path),
                               fix="point evaluate.models[].path at a local dir with config.json, the weights and "

@@ -72,19 +72,34 @@ class HuggingFaceTokenizer(TextTokenizer):
         self.tok = tokenizer
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.unk_id = tokenizer.unk_token_id if tokenizer.unk_token_id is not None else self.pad_id
+        self.templates = {False: self._template(False), True: self._template(True)}
+
+    def _template(self, pair: bool) -> list:
+        """The specials the tokenizer's post-processor puts around one or two
+        segments: special ids, and ("seq", k) where segment k goes.  Read from a real
+        call because ``build_inputs_with_special_tokens`` adds nothing for a
+        generic fast tokenizer (an exported xylent one, many others)."""
+        enc = self.tok("a", "b") if pair else self.tok("a")
+        out: list = []
+        for tid, sid in zip(enc["input_ids"], enc.sequence_ids()):
+            if sid is None:
+                out.append(tid)
+            elif not out or out[-1] != ("seq", sid):
+                out.append(("seq", sid))
+        return out
 
     def encode(self, text):
         enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
         return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
 
     def build(self, a, b=None):
-        ids = self.tok.build_inputs_with_special_tokens(a, b)
-        special = self.tok.get_special_tokens_mask(a, b)
-        seg, seen = [], 0
-        for s in special:
-            if s:
-                seg.append(-1)
+        ids, seg = [], []
+        for item in self.templates[b is not None]:
+            if isinstance(item, tuple):
+                part = a if item[1] == 0 else b
+                ids += part
+                seg += [item[1]] * len(part)
             else:
-                seg.append(0 if seen < len(a) else 1)
-                seen += 1
+                ids.append(item)
+                seg.append(-1)
         return ids, seg

@@ -1,0 +1,162 @@
+"""finetune: throughput (examples/s) of xylent's fine-tuning loop for the
+classification head against transformers' ``Trainer``, same model, batch and
+sequence length, in one run.
+
+Both sides train the same Hugging Face encoder (an XLM-R-shaped
+``XLMRobertaModel``, random weights, the same seed), the same RoBERTa-style
+first-token head (dense -> tanh -> labels), AdamW with a linear schedule and
+gradient clipping at 1.0, on the same synthetic batches: ``batch`` sequences of
+exactly ``length`` tokens (no padding, so neither side saves on it), fp32 on the
+CPU.  xylent: ``tasks.finetune.train.train`` (its epoch-end dev pass is a no-op
+here; its checkpoint writes are counted); peer: ``Trainer.train()`` with saving,
+logging and evaluation off, ``dataloader_num_workers=0``.  Both use the same
+torch thread count.  One warm-up run per side, then ``repeats`` runs
+alternating sides; the statistic is examples/s of the whole ``train`` call,
+best and median.  Target: xylent ≥ 1.0 × Trainer.
+
+On a GPU (when torch sees one) a second section runs XNLI-sized batches (32 x
+128) of the base model (12 x 768) in bf16 through xylent's loop and records
+examples/s and peak memory.
+
+    .venv/bin/python benchmarks/finetune.py [--quick] [--out benchmarks/results/finetune.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere  # noqa: E402
+
+from models.heads import Body, TaskModel  # noqa: E402
+from tasks.finetune.features import Feature  # noqa: E402
+from tasks.finetune.train import LoopConfig, train  # noqa: E402
+
+SIZES = {"small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
+         "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)}
+
+
+def config(size: str, vocab: int = 8000, **extra):
+    from transformers import XLMRobertaConfig
+
+    return XLMRobertaConfig(vocab_size=vocab, max_position_embeddings=514, pad_token_id=1, bos_token_id=0,
+                            eos_token_id=2, **SIZES[size], **extra)
+
+
+def data(n: int, length: int, vocab: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, vocab, size=(n, length))
+    ids[:, 0], ids[:, -1] = 0, 2  # <s> … </s>
+    return ids, rng.integers(0, 3, size=n)
+
+
+def run_xylent(size: str, ids, labels, batch: int, device: str = "cpu", bf16: bool = False) -> dict:
+    from transformers import XLMRobertaModel
+
+    torch.manual_seed(0)
+    cfg = config(size)
+    body = Body(XLMRobertaModel(cfg, add_pooling_layer=False), cfg.hidden_size, True)
+    model = TaskModel(body, "classification", 3).to(device).train()
+    feats = [Feature(ids=row.tolist(), target={"label": int(y)}, example=i) for i, (row, y) in
+             enumerate(zip(ids, labels))]
+    loop = LoopConfig(lr=2e-5, epochs=1, batch_size=batch, warmup=0.0, weight_decay=0.0, selection="last",
+                      checkpoint_every=10**9, seed=1)
+    with tempfile.TemporaryDirectory() as ck:
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        train(model, feats, lambda m: 0.0, loop, Path(ck), pad_id=1)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    out = {"seconds": wall, "examples_per_s": len(feats) / wall}
+    if device == "cuda":
+        out["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return out
+
+
+def run_trainer(size: str, ids, labels, batch: int) -> dict:
+    from transformers import Trainer, TrainingArguments, XLMRobertaForSequenceClassification
+
+    torch.manual_seed(0)
+    model = XLMRobertaForSequenceClassification(config(size, num_labels=3))
+    # a plain list of examples is a map-style dataset to the Trainer (no `datasets` dependency)
+    ds = [{"input_ids": torch.tensor(row), "attention_mask": torch.ones(len(row), dtype=torch.long),
+           "labels": int(y)} for row, y in zip(ids, labels)]
+    with tempfile.TemporaryDirectory() as out:
+        args = TrainingArguments(output_dir=out, per_device_train_batch_size=batch, num_train_epochs=1,
+                                 learning_rate=2e-5, lr_scheduler_type="linear", max_grad_norm=1.0,
+                                 save_strategy="no", eval_strategy="no", logging_strategy="no", report_to=[],
+                                 dataloader_num_workers=0, use_cpu=True, disable_tqdm=True, seed=1)
+        trainer = Trainer(model=model, args=args, train_dataset=ds)
+        t = time.perf_counter()
+        trainer.train()
+        wall = time.perf_counter() - t
+    return {"seconds": wall, "examples_per_s": len(ids) / wall}
+
+
+def cpu_section(size: str, batch: int, length: int, steps: int, repeats: int) -> dict:
+    ids, labels = data(batch * steps, length, 8000)
+    warm_ids, warm_labels = ids[: batch * 2], labels[: batch * 2]
+    run_xylent(size, warm_ids, warm_labels, batch)
+    run_trainer(size, warm_ids, warm_labels, batch)
+    runs = {"xylent": [], "trainer": []}
+    for r in range(repeats):
+        order = ("xylent", "trainer") if r % 2 == 0 else ("trainer", "xylent")  # alternate: drift hits both
+        for side in order:
+            fn = run_xylent if side == "xylent" else run_trainer
+            runs[side].append(fn(size, ids, labels, batch))
+            print(json.dumps({side: runs[side][-1]}), flush=True)
+    stat = {side: {"best": max(r["examples_per_s"] for r in rs),
+                   "median": statistics.median(r["examples_per_s"] for r in rs)} for side, rs in runs.items()}
+    ratio = stat["xylent"]["median"] / stat["trainer"]["median"]
+    return {"model": {"size": size, **SIZES[size], "vocab": 8000}, "batch": batch, "length": length,
+            "steps": steps, "repeats": repeats, "torch_threads": torch.get_num_threads(), "runs": runs,
+            "examples_per_s": stat, "ratio_median": ratio, "target": ">= 1.0 x Trainer", "pass": ratio >= 1.0}
+
+
+def gpu_section(steps: int) -> dict:
+    if not torch.cuda.is_available():
+        return {"skipped": "no GPU on this machine: not measured (never estimated)"}
+    ids, labels = data(32 * steps, 128, 8000)
+    run_xylent("base", ids[:64], labels[:64], 32, device="cuda")  # warm-up
+    r = run_xylent("base", ids, labels, 32, device="cuda")
+    return {"device": torch.cuda.get_device_name(0), "model": "base (12 x 768), bf16 autocast", "batch": 32,
+            "length": 128, "steps": steps, **r}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 4 steps, 1 repeat")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "finetune.json"))
+    args = ap.parse_args()
+    import transformers
+
+    report = {"benchmark": "finetune",
+              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                          "python": platform.python_version()},
+              "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+              "cpu": cpu_section("small", batch=32, length=128, steps=4 if args.quick else 20,
+                                 repeats=1 if args.quick else 3),
+              "gpu": gpu_section(steps=10 if args.quick else 100)}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(json.dumps({"ratio_median": report["cpu"]["ratio_median"], "pass": report["cpu"]["pass"],
+                      "out": str(out)}))
+
+
+if __name__ == "__main__":
+    main()
