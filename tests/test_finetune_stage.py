@@ -79,3 +79,32 @@ def test_a_malformed_fine_tuning_file_exits_2_naming_it_before_training(demo_run
                          "--set", f"evaluate.tasks={json.dumps([task])}")
     assert rc == 2 and "test-de.tsv:2" in err and "Traceback" not in err, err
     assert not list((Path(ws) / "evaluate" / "_checkpoints").glob("*/random-init/bad-xnli")), "nothing trained"
+
+
+def test_an_exported_hugging_face_dir_is_evaluated_and_fine_tuned_like_the_xylent_model(demo_run, run_cli, tmp_path):
+    res, ws = demo_run
+    model_dir = Path(res["stages"]["pretrain"]["output_dir"]) / "model"
+    rc, out, err = run_cli("export-hf", str(model_dir), str(tmp_path / "hf"))
+    assert rc == 0 and (tmp_path / "hf" / "config.json").is_file(), err
+    dirs = xtreme_dirs(tmp_path / "tasks")
+    models = ["pipeline", {"name": "pipeline-hf", "kind": "hf", "path": str(tmp_path / "hf"),
+                           "trust_remote_code": True}]
+    tasks = [{"name": "allauth", "kind": "tatoeba", "format": "gettext", "package": "allauth",
+              "languages": ["de", "ja", "th"]},
+             {"name": "my-xnli", "kind": "classification", "xtreme_task": "xnli", "path": str(dirs["xnli"]),
+              "languages": ["en", "de"], "finetune": HP}]
+    rc, out, err = run_cli("run", "evaluate", "--spec", DEMO, "--workspace", ws, "--json",
+                           "--set", f"evaluate.models={json.dumps(models)}",
+                           "--set", f"evaluate.tasks={json.dumps(tasks)}")
+    assert rc == 0, err
+    stage = Path(json.loads(out)["stages"]["evaluate"]["output_dir"])
+    scores = json.loads((stage / "scores.json").read_text())["models"]
+    # the same weights and ids through transformers: the same hidden states, so the same retrieval scores
+    for lang in ("de", "ja", "th"):
+        ours, theirs = scores["pipeline"]["allauth"]["languages"][lang], scores["pipeline-hf"]["allauth"]["languages"][
+            lang]
+        assert theirs["accuracy"] == pytest.approx(ours["accuracy"], abs=0.5) and theirs["n"] == ours["n"]
+    assert scores["pipeline-hf"]["allauth"]["by_layer"] == pytest.approx(scores["pipeline"]["allauth"]["by_layer"],
+                                                                         abs=0.5)
+    ft = scores["pipeline-hf"]["my-xnli"]
+    assert set(ft["languages"]) == {"en", "de"} and ft["per_seed"]["1"]["steps"] > 0
