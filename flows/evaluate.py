@@ -43,6 +43,16 @@ def load_encoder(model, spec, pipeline_dir: Path):
     return HuggingFaceEncoder(model.name, path, trust_remote_code=model.trust_remote_code)
 
 
+def model_ref(model, name: str, spec, pipeline_dir: Path) -> dict:
+    """The model as plain data, for fine-tuning ranks in other processes to load it."""
+    if model == "random-init":
+        return {"kind": "random-init", "name": name, "path": str(pipeline_dir), "seed": spec.evaluate.random_init_seed}
+    if isinstance(model, str):
+        return {"kind": "xylent", "name": name, "path": str(pipeline_dir)}
+    return {"kind": model.kind, "name": name, "path": str(spec.resolve_path(model.path)),
+            "trust_remote_code": model.trust_remote_code}
+
+
 @task(name="evaluate-model", task_run_name="evaluate {name}", cache_policy=NO_CACHE)
 def evaluate_model_task(name: str, model, spec, pipeline_dir: Path, data_dirs: dict, preds: Path, progress,
                         finetune_data: dict, checkpoints: Path, labels: Path):
@@ -50,7 +60,8 @@ def evaluate_model_task(name: str, model, spec, pipeline_dir: Path, data_dirs: d
     cfg = spec.evaluate
     logger = get_run_logger()
     ft = FineTuning(load=lambda: load_encoder(model, spec, pipeline_dir), data=finetune_data,
-                    checkpoints=checkpoints / name, labels=labels, log=logger.info)
+                    checkpoints=checkpoints / name, labels=labels, log=logger.info,
+                    model_ref=model_ref(model, name, spec, pipeline_dir))
     return evaluate_model(enc, cfg.tasks, data_dirs, preds, batch_size=cfg.batch_size, max_length=cfg.max_length,
                           on_batch=progress.advance, finetuning=ft)
 

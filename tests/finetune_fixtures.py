@@ -92,3 +92,18 @@ def write_conll(path: Path, examples: list[Example], lang: str) -> Path:
     path.write_text("".join("".join(f"{lang}:{t}\t{g}\n" for t, g in zip(e.tokens, e.tags)) + "\n"
                             for e in examples), encoding="utf-8")
     return path
+
+
+def tiny_export(root: Path, sp, seed: int = 0) -> Path:
+    """``tiny_encoder``'s weights as an exported xylent ``model/`` dir (what other processes load)."""
+    from models.pretrained import export
+
+    tok_dir = root / "vocab"
+    tok_dir.mkdir(parents=True, exist_ok=True)
+    (tok_dir / "spm.model").write_bytes(sp.serialized_model_proto())
+    (tok_dir / "spm.vocab").write_text("".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i)}\n"
+                                               for i in range(sp.get_piece_size())), encoding="utf-8")
+    model = tiny_encoder(sp, seed).model
+    state = model.state_dict()
+    export(root / "model", state, state, model.config, tok_dir, {"objective": "electra"})
+    return root / "model"

@@ -84,8 +84,14 @@ class FineTune(Strict):
     dev_fraction: float = Field(default=0.1, gt=0, lt=0.5, description="share of the training examples held out "
                                 "as dev when the task has no dev file of its train language")
     checkpoint_every: int = Field(default=200, gt=0, description="optimiser steps between resumable checkpoints")
+    launcher: Literal["process", "deepspeed"] = Field(
+        default="process", description="process: in the evaluate task (GPU when torch sees one); deepspeed: "
+        "`ranks` ranks through pretrain's DeepSpeed launcher (bf16 on GPUs)")
+    ranks: int = Field(default=1, gt=0, description="deepspeed: ranks (GPUs; CPU ranks over gloo without one)")
+    zero_stage: int = Field(default=2, ge=0, le=2, description="deepspeed: ZeRO stage")
+    master_port: int | None = Field(default=None, description="deepspeed: rendezvous port (default: a free one)")
 
-    OPERATIONAL: ClassVar[tuple[str, ...]] = ("checkpoint_every",)
+    OPERATIONAL: ClassVar[tuple[str, ...]] = ("checkpoint_every", "launcher", "ranks", "zero_stage", "master_port")
 
     def resolve(self, row: dict, kind: str) -> "FineTune":
         for key, value in row.items():
@@ -94,6 +100,9 @@ class FineTune(Strict):
                 setattr(self, key, value)
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"finetune.seeds must be distinct, got {self.seeds}")
+        if self.launcher == "deepspeed" and self.batch_size % self.ranks:
+            raise ValueError(f"finetune.batch_size {self.batch_size} must be a multiple of finetune.ranks "
+                             f"{self.ranks}: every rank takes an equal slice of each batch")
         return self
 
 

@@ -150,6 +150,7 @@ class FineTuning:
     checkpoints: Path     # <...>/_checkpoints/<fingerprint>/<model>
     labels: Path          # gold test labels in the submission layout
     log: Callable[[str], None] = lambda s: None
+    model_ref: dict | None = None  # what DeepSpeed ranks rebuild the model from (finetune.launcher: deepspeed)
 
 
 def _finetuned(enc: SentenceEncoder, task, ft: FineTuning, preds: Path) -> dict:
@@ -160,7 +161,7 @@ def _finetuned(enc: SentenceEncoder, task, ft: FineTuning, preds: Path) -> dict:
         return {"kind": task.kind, "languages": {}, "avg": None, "not_applicable": "no weights to fine-tune"}
     make = factory(ft.load, task.kind)
     return finetune_task(ft.data[task.name], make, ft.checkpoints / task.name, preds, ft.labels,
-                         lambda msg: ft.log(f"{enc.name} / {task.name}: {msg}"))
+                         lambda msg: ft.log(f"{enc.name} / {task.name}: {msg}"), ft.model_ref)
 
 
 def evaluate_model(enc: SentenceEncoder, tasks: list, data_dirs: dict[str, tuple], preds: Path, *, batch_size: int,

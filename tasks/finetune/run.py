@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
 
 from tasks.evaluate.metrics import accuracy, tag_f1
 from tasks.evaluate.qa_metrics import mlqa_scores, squad_scores
@@ -35,7 +36,7 @@ from tasks.finetune.features import (
     tagging_predictions,
 )
 from tasks.finetune.qa import best_span, char_span_of_answer, qa_windows
-from tasks.finetune.train import LoopConfig, logits_of, train
+from tasks.finetune.train import BEST, LoopConfig, logits_of, train
 from xylent.errors import XylentError
 
 PRIMARY = {"classification": "accuracy", "qa": "f1", "tagging": "f1"}
@@ -48,7 +49,7 @@ class TaskData:
 
     def __init__(self, task, root: Path):
         ft, kind, lang = task.finetune, task.kind, task.train_language
-        self.task, self.kind = task, kind
+        self.task, self.kind, self.root = task, kind, Path(root)
         fmt = task.format if task.format != "holdout" else "tsv"
         train = read_examples(root, kind, fmt, "train", lang)
         if ft.protocol == "translate-train":
@@ -157,8 +158,9 @@ def write_gold(data: TaskData, labels_root: Path) -> None:
 
 
 def run_seed(data: TaskData, make_model: Callable[[int, int], tuple], seed: int, ckdir: Path, preds_root: Path,
-             labels_root: Path, log: Callable[[str], None]) -> dict:
-    """Train one seed (or read its finished result) -> {lang: metrics}, plus its training record."""
+             labels_root: Path, log: Callable[[str], None], model_ref: dict | None = None) -> dict:
+    """Train one seed (or read its finished result) -> {lang: metrics}, plus its training record.
+    ``model_ref`` (kind, name, path, ...) lets the DeepSpeed ranks rebuild the same model."""
     if (ckdir / RESULT).is_file():
         return json.loads((ckdir / RESULT).read_text())
     task, ft = data.task, data.task.finetune
@@ -168,14 +170,19 @@ def run_seed(data: TaskData, make_model: Callable[[int, int], tuple], seed: int,
     if not feats:
         raise XylentError(f"task {task.name!r}: no usable training example", where="its train file",
                           fix="check that answers occur in their contexts / lines have labels")
+    if ft.launcher == "deepspeed":
+        from tasks.finetune.distributed import train_on_ranks
 
-    def dev_score(m) -> float:
-        return runner.score(data.dev, runner.predict(m, data.dev), task.train_language)[PRIMARY[data.kind]]
+        record = train_on_ranks(task, data.root, model_ref, seed, ckdir, log)
+        model.load_state_dict(torch.load(ckdir / BEST, map_location="cpu", weights_only=True))
+    else:
+        def dev_score(m) -> float:
+            return runner.score(data.dev, runner.predict(m, data.dev), task.train_language)[PRIMARY[data.kind]]
 
-    cfg = LoopConfig(lr=ft.lr, epochs=ft.epochs, batch_size=ft.batch_size, warmup=ft.warmup,
-                     weight_decay=ft.weight_decay, selection=ft.selection, checkpoint_every=ft.checkpoint_every,
-                     seed=seed)
-    record = train(model, feats, dev_score, cfg, ckdir, tok.pad_id, log)
+        cfg = LoopConfig(lr=ft.lr, epochs=ft.epochs, batch_size=ft.batch_size, warmup=ft.warmup,
+                         weight_decay=ft.weight_decay, selection=ft.selection, checkpoint_every=ft.checkpoint_every,
+                         seed=seed)
+        record = train(model, feats, dev_score, cfg, ckdir, tok.pad_id, log)
     folder, fmt = task.xtreme_task or task.name, task.submission_format
     langs = {}
     for lang, examples in data.tests.items():
@@ -188,6 +195,9 @@ def run_seed(data: TaskData, make_model: Callable[[int, int], tuple], seed: int,
     tmp.write_text(json.dumps(result, indent=2))
     os.replace(tmp, ckdir / RESULT)
     (ckdir / "state.pt").unlink(missing_ok=True)  # the optimiser state is dead weight once a seed is done
+    shutil.rmtree(ckdir / "ds", ignore_errors=True)
+    for rng in ckdir.glob("rng-step*.pt"):
+        rng.unlink()
     return result
 
 
@@ -217,7 +227,7 @@ def summarise(data: TaskData, per_seed: dict[int, dict]) -> dict:
            "per_seed": {str(s): {k: r[k] for k in ("selected_epoch", "dev", "steps", "history", "resumed_from")}
                         | {"avg": float(np.mean([v[primary] for v in r["languages"].values()]))}
                         for s, r in per_seed.items()},
-           "hyperparameters": task.finetune.model_dump(mode="json", exclude={"checkpoint_every"})}
+           "hyperparameters": task.finetune.model_dump(mode="json", exclude=set(task.finetune.OPERATIONAL))}
     avgs = [v["avg"] for v in out["per_seed"].values()]
     out["avg_sd"] = float(np.std(avgs, ddof=1)) if len(avgs) > 1 else 0.0
     if "majority_baseline" in next(iter(langs.values())):
@@ -229,9 +239,10 @@ def summarise(data: TaskData, per_seed: dict[int, dict]) -> dict:
 
 
 def finetune_task(data: TaskData, make_model: Callable[[int, int], tuple], ckroot: Path, preds_root: Path,
-                  labels_root: Path, log: Callable[[str], None] = lambda s: None) -> dict:
+                  labels_root: Path, log: Callable[[str], None] = lambda s: None, model_ref: dict | None = None
+                  ) -> dict:
     """``make_model(seed, n_labels) -> (TaskModel, TextTokenizer)``, a fresh model per seed."""
     write_gold(data, labels_root)
-    per_seed = {s: run_seed(data, make_model, s, ckroot / f"seed-{s}", preds_root, labels_root, log)
+    per_seed = {s: run_seed(data, make_model, s, ckroot / f"seed-{s}", preds_root, labels_root, log, model_ref)
                 for s in data.task.finetune.seeds}
     return summarise(data, per_seed)

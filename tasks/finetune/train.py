@@ -88,71 +88,103 @@ def _atomic_save(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def _schedule(step: int, total: int, warmup_steps: int) -> float:
+def schedule(step: int, total: int, warmup_steps: int) -> float:
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     return max(0.0, (total - step) / max(1, total - warmup_steps))
 
 
+class Stepper:
+    """One process's optimiser steps and resumable state (the in-process path);
+    :class:`tasks.finetune.distributed.DeepSpeedStepper` is the same for ranks."""
+
+    rank, world = 0, 1
+
+    def __init__(self, model: TaskModel, cfg: LoopConfig, total: int):
+        self.model = model
+        decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+        no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]  # biases and LayerNorms, as run_*.py
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                      {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, eps=1e-8)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: schedule(s, total, int(cfg.warmup * total)))
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        with _autocast(next(self.model.parameters()).device):
+            logits = self.model(batch["ids"], batch["mask"])
+        return self.model.loss(logits, batch)
+
+    def step(self, loss: torch.Tensor) -> None:
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.sched.step()
+
+    def save(self, ckdir: Path, progress: dict) -> None:
+        _atomic_save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                      "scheduler": self.sched.state_dict(), "rng": torch.get_rng_state(),
+                      "progress": json.dumps(progress)}, ckdir / STATE)
+
+    def load(self, ckdir: Path) -> dict | None:
+        if not (ckdir / STATE).is_file():
+            return None
+        saved = torch.load(ckdir / STATE, map_location="cpu", weights_only=True)
+        self.model.load_state_dict(saved["model"])
+        self.opt.load_state_dict(saved["optimizer"])
+        self.sched.load_state_dict(saved["scheduler"])
+        torch.set_rng_state(saved["rng"])
+        return json.loads(saved["progress"])
+
+
+def optimiser_steps(n_features: int, cfg: LoopConfig) -> tuple[int, int]:
+    """(steps per epoch, steps in all)."""
+    per_epoch = math.ceil(n_features / cfg.batch_size)
+    return per_epoch, per_epoch * cfg.epochs
+
+
 def train(model: TaskModel, features: list[Feature], dev_score: Callable[[TaskModel], float], cfg: LoopConfig,
-          ckdir: Path, pad_id: int, log: Callable[[str], None] = lambda s: None) -> dict:
+          ckdir: Path, pad_id: int, log: Callable[[str], None] = lambda s: None,
+          stepper: Stepper | None = None) -> dict:
     """Fine-tune ``model`` in place and leave it holding the selected weights.
+    With several ranks (``stepper.world``), each step's batch is the same global
+    batch split across them; rank 0 scores dev and writes the selected weights.
     -> {"history": [{epoch, loss, dev}], "selected_epoch", "dev", "steps", "resumed_from"}."""
     ckdir.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
-    per_epoch = math.ceil(len(features) / cfg.batch_size)
-    total = per_epoch * cfg.epochs
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]  # biases and LayerNorms, as run_*.py
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, eps=1e-8)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _schedule(s, total, int(cfg.warmup * total)))
-    torch.manual_seed(cfg.seed)
+    per_epoch, total = optimiser_steps(len(features), cfg)
+    torch.manual_seed(cfg.seed + 7919 * (stepper.rank if stepper else 0))  # each rank its own dropout stream
+    stepper = stepper or Stepper(model, cfg, total)
     state = {"epoch": 0, "step_in_epoch": 0, "step": 0, "history": [], "best": None, "best_epoch": None,
              "epoch_loss": 0.0}
     resumed_from = None
-    if (ckdir / STATE).is_file():
-        saved = torch.load(ckdir / STATE, map_location="cpu", weights_only=True)
-        model.load_state_dict(saved["model"])
-        opt.load_state_dict(saved["optimizer"])
-        sched.load_state_dict(saved["scheduler"])
-        torch.set_rng_state(saved["rng"])
-        state = json.loads(saved["progress"])
+    if (saved := stepper.load(ckdir)) is not None:
+        state = saved
         resumed_from = state["step"]
         log(f"resumed at step {state['step']} of {total}")
-
-    def checkpoint():
-        _atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                      "rng": torch.get_rng_state(), "progress": json.dumps(state)}, ckdir / STATE)
 
     while state["epoch"] < cfg.epochs:
         model.train()
         order = torch.randperm(len(features), generator=torch.Generator().manual_seed(
             cfg.seed * 100_003 + state["epoch"])).tolist()
         for b in range(state["step_in_epoch"], per_epoch):
-            batch = collate([features[i] for i in order[b * cfg.batch_size: (b + 1) * cfg.batch_size]], pad_id,
-                            device)
-            with _autocast(device):
-                logits = model(batch["ids"], batch["mask"])
-            loss = model.loss(logits, batch)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
+            mine = order[b * cfg.batch_size: (b + 1) * cfg.batch_size][stepper.rank::stepper.world]
+            loss = stepper.forward(collate([features[i] for i in mine], pad_id, device))
+            stepper.step(loss)
             state["epoch_loss"] += loss.item()
             state["step"] += 1
             state["step_in_epoch"] = b + 1
             if state["step"] % cfg.checkpoint_every == 0 and b + 1 < per_epoch:
-                checkpoint()
-        dev = dev_score(model)
+                stepper.save(ckdir, state)
+        dev = dev_score(model) if stepper.rank == 0 else 0.0
         state["history"].append({"epoch": state["epoch"] + 1, "loss": state["epoch_loss"] / per_epoch, "dev": dev})
         log(f"epoch {state['epoch'] + 1}/{cfg.epochs}: loss {state['epoch_loss'] / per_epoch:.4f}, dev {dev:.2f}")
         if cfg.selection == "last" or state["best"] is None or dev > state["best"]:
             state["best"], state["best_epoch"] = dev, state["epoch"] + 1
-            _atomic_save(model.state_dict(), ckdir / BEST)
+            if stepper.rank == 0:
+                _atomic_save(model.state_dict(), ckdir / BEST)
         state.update(epoch=state["epoch"] + 1, step_in_epoch=0, epoch_loss=0.0)
-        checkpoint()
-    model.load_state_dict(torch.load(ckdir / BEST, map_location="cpu", weights_only=True))
+        stepper.save(ckdir, state)
+    if stepper.rank == 0:
+        model.load_state_dict(torch.load(ckdir / BEST, map_location="cpu", weights_only=True))
     return {"history": state["history"], "selected_epoch": state["best_epoch"], "dev": state["best"],
             "steps": state["step"], "resumed_from": resumed_from}

@@ -46,8 +46,10 @@ def gpu_available() -> bool:
     return torch.cuda.is_available()
 
 
-def deepspeed_command(config: Path, *, ranks: int, hostfile: str | None = None, master_port: int | None = None
-                      ) -> list[str]:
+def deepspeed_command(config: Path, *, ranks: int, hostfile: str | None = None, master_port: int | None = None,
+                      module: str = TRAINER_MODULE) -> list[str]:
+    """The launcher's command line; ``module`` is the rank's entry point (pretrain's
+    trainer, or fine-tuning's ``tasks.finetune.distributed``)."""
     exe = shutil.which("deepspeed", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
     if exe is None:
         raise XylentError("the deepspeed launcher is not installed", where=sys.executable,
@@ -60,7 +62,7 @@ def deepspeed_command(config: Path, *, ranks: int, hostfile: str | None = None, 
         cmd += ["--hostfile", str(hostfile)]
     else:
         cmd += ["--num_gpus", str(ranks)]
-    cmd += ["--master_port", str(master_port or free_port()), "--module", TRAINER_MODULE, "--config", str(config)]
+    cmd += ["--master_port", str(master_port or free_port()), "--module", module, "--config", str(config)]
     return cmd
 
 

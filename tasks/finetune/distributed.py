@@ -1,0 +1,167 @@
+"""Fine-tuning on several ranks through pretrain's DeepSpeed launcher.
+
+``finetune.launcher: deepspeed`` runs each seed's training as
+``deepspeed --num_gpus N --module tasks.finetune.distributed --config job.json``
+(``tasks.pretrain.launch``: the same launcher, log streaming, death messages and
+orphan protection as pretrain).  Each rank takes its slice of every global batch;
+DeepSpeed averages the gradients, clips at 1.0, steps AdamW (ZeRO stage
+``finetune.zero_stage``, bf16 on GPUs) and saves resumable checkpoints
+(``ds/``; the epoch position and every rank's RNG in its client state).  Rank 0
+scores dev after each epoch and writes the selected weights to ``best.pt`` and
+the training record to ``record.json``; the stage then predicts the test sets
+in its own process with those weights, as the in-process path does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from tasks.finetune.train import LoopConfig, optimiser_steps, schedule
+
+RECORD = "record.json"
+MODULE = "tasks.finetune.distributed"
+
+
+class DeepSpeedStepper:
+    def __init__(self, model, cfg: LoopConfig, total: int, zero_stage: int, world: int):
+        import deepspeed
+
+        decay = [p for p in model.parameters() if p.ndim >= 2]
+        no_decay = [p for p in model.parameters() if p.ndim < 2]
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, eps=1e-8)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: schedule(s, total, int(cfg.warmup * total)))
+        config = {"train_batch_size": cfg.batch_size // world * world,
+                  "train_micro_batch_size_per_gpu": cfg.batch_size // world, "gradient_accumulation_steps": 1,
+                  "gradient_clipping": 1.0, "bf16": {"enabled": torch.cuda.is_available()},
+                  "zero_optimization": {"stage": zero_stage}, "steps_per_print": 10**9}
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=config)
+        self.model = model
+        self.rank, self.world = self.engine.global_rank, self.engine.world_size
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return self.model.loss(self.engine(batch["ids"], batch["mask"]), batch)
+
+    def step(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)
+        self.engine.step()
+
+    def save(self, ckdir: Path, progress: dict) -> None:
+        tag = f"step{progress['step']}"
+        rng = {"cpu": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available()
+                                                else {})}
+        torch.save(rng, ckdir / f".rng-{tag}-rank{self.rank}.pt")
+        os.replace(ckdir / f".rng-{tag}-rank{self.rank}.pt", ckdir / f"rng-{tag}-rank{self.rank}.pt")
+        # DeepSpeed writes the tag's folder, then its `latest` pointer: a cut-short save is never loaded
+        self.engine.save_checkpoint(str(ckdir / "ds"), tag=tag, client_state={"progress": json.dumps(progress),
+                                                                            "world": self.world})
+        # only the newest checkpoint is ever resumed from: older ones are dead weight (a base model's is GBs)
+        for old in ckdir.glob(f"rng-step*-rank{self.rank}.pt"):
+            if old.name != f"rng-{tag}-rank{self.rank}.pt":
+                old.unlink(missing_ok=True)
+        if self.rank == 0:
+            for old in (ckdir / "ds").glob("step*"):
+                if old.name != tag and old.is_dir():
+                    shutil.rmtree(old, ignore_errors=True)
+
+    def load(self, ckdir: Path) -> dict | None:
+        if not (ckdir / "ds" / "latest").is_file():
+            return None
+        _, client = self.engine.load_checkpoint(str(ckdir / "ds"))
+        if client.get("world") != self.world:
+            raise RuntimeError(f"the checkpoint in {ckdir} was written by {client.get('world')} ranks, not "
+                               f"{self.world}: fine-tune with the same finetune.ranks, or --force")
+        progress = json.loads(client["progress"])
+        rng = torch.load(ckdir / f"rng-step{progress['step']}-rank{self.rank}.pt", weights_only=True)
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng:
+            torch.cuda.set_rng_state(rng["cuda"])
+        print(f"xylent: resumed from {ckdir} at step {progress['step']}", flush=True)
+        return progress
+
+
+def job(task, data_dir: Path, model: dict, seed: int, ckdir: Path) -> Path:
+    """Write what every rank needs to rebuild the same model and data -> job.json."""
+    path = ckdir / "job.json"
+    ckdir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(".job.json.tmp")
+    tmp.write_text(json.dumps({"task": task.model_dump(mode="json"), "data_dir": str(data_dir), "model": model,
+                               "seed": seed, "ckdir": str(ckdir)}, indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+def train_on_ranks(task, data_dir: Path, model: dict, seed: int, ckdir: Path, log) -> dict:
+    """Launch the ranks for one seed, wait, and return rank 0's training record."""
+    from tasks.pretrain.launch import deepspeed_command, launch
+
+    ft = task.finetune
+    cmd = deepspeed_command(job(task, data_dir, model, seed, ckdir), ranks=ft.ranks, master_port=ft.master_port,
+                            module=MODULE)
+    launch(cmd, ckdir / "train.log", on_line=lambda line: log(line.split("] ", 1)[-1]) if "epoch " in line else None,
+           resume_hint=lambda: f"run it again: it resumes from the last checkpoint in {ckdir / 'ds'}",
+           ranks=ft.ranks)
+    return json.loads((ckdir / RECORD).read_text())
+
+
+def _load_encoder(model: dict):
+    from tasks.evaluate.encoders import HuggingFaceEncoder, load_xylent, random_init
+
+    if model["kind"] == "random-init":
+        return random_init(model["name"], Path(model["path"]), model["seed"])
+    if model["kind"] == "hf":
+        return HuggingFaceEncoder(model["name"], Path(model["path"]), model.get("trust_remote_code", False))
+    return load_xylent(model["name"], Path(model["path"]))
+
+
+def main() -> None:
+    import deepspeed
+
+    from tasks.finetune.encoders import task_model
+    from tasks.finetune.run import PRIMARY, Runner, TaskData
+    from tasks.finetune.train import train
+    from xylent.spec_evaluate import EvalTask
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--local_rank", type=int, default=0)
+    args = ap.parse_args()
+    spec = json.loads(Path(args.config).read_text())
+    cuda = torch.cuda.is_available()
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    if cuda:
+        torch.cuda.set_device(args.local_rank)
+    task = EvalTask(**spec["task"])
+    ft, data = task.finetune, TaskData(task, Path(spec["data_dir"]))
+    seed, ckdir = spec["seed"], Path(spec["ckdir"])
+    model, tok = task_model(_load_encoder(spec["model"]), task.kind, max(1, len(data.labels)), seed)
+    runner = Runner(data, tok)
+    feats = runner.features(data.train, training=True)
+    cfg = LoopConfig(lr=ft.lr, epochs=ft.epochs, batch_size=ft.batch_size, warmup=ft.warmup,
+                     weight_decay=ft.weight_decay, selection=ft.selection, checkpoint_every=ft.checkpoint_every,
+                     seed=seed)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if ft.batch_size % world:
+        raise SystemExit(f"finetune.batch_size {ft.batch_size} is not a multiple of the {world} ranks")
+    stepper = DeepSpeedStepper(model, cfg, optimiser_steps(len(feats), cfg)[1], ft.zero_stage, world)
+
+    def dev_score(m) -> float:
+        return runner.score(data.dev, runner.predict(m, data.dev), task.train_language)[PRIMARY[task.kind]]
+
+    record = train(model, feats, dev_score, cfg, ckdir, tok.pad_id,
+                   lambda msg: print(f"[rank{stepper.rank}] {msg}", flush=True) if stepper.rank == 0 else None,
+                   stepper=stepper)
+    if stepper.rank == 0:
+        tmp = ckdir / f".{RECORD}.tmp"
+        tmp.write_text(json.dumps({**record, "train_features": len(feats), "world": stepper.world}))
+        os.replace(tmp, ckdir / RECORD)
+
+
+if __name__ == "__main__":
+    main()
