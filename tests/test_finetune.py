@@ -253,3 +253,22 @@ def test_a_hugging_face_tokenizer_joins_segments_as_its_own_post_processor_does(
     assert ids == hf("a  b c", "f g")["input_ids"]  # what the tokenizer itself gives for the pair
     assert seg == [-1, *[0] * len(a), -1, *[1] * len(b), -1]
     assert tok.build(a)[0] == hf("a  b c")["input_ids"]
+
+
+def test_a_task_in_all_of_xtremes_languages_is_also_scored_by_score_submission(sp, tmp_path):
+    from tasks.evaluate.scoring import XTREME_TASK_LANGS
+
+    langs = XTREME_TASK_LANGS["pawsx"]
+    rng = random.Random(3)
+    root = tmp_path / "data"
+    root.mkdir()
+    write_xnli(root / "train-en.tsv", pair_examples(rng, 64))
+    write_xnli(root / "dev-en.tsv", pair_examples(rng, 16))
+    for lang in langs:
+        write_xnli(root / f"test-{lang}.tsv", pair_examples(rng, 12))
+    task = EvalTask(name="paws", kind="classification", xtreme_task="pawsx", path=str(root), languages=langs,
+                    finetune={"lr": 1e-3, "epochs": 1, "batch_size": 16, "max_length": 48})
+    result = finetune_task(TaskData(task, root), factory(lambda: tiny_encoder(sp), "classification"),
+                           tmp_path / "ck", tmp_path / "preds", tmp_path / "labels")
+    # the leaderboard's avg_metric over its 7 languages, from the same submission files
+    assert result["xtreme_avg_metric"] == pytest.approx(result["avg"])

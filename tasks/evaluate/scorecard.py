@@ -82,7 +82,9 @@ def _finetune_notes(scores: dict, name: str, models: list[str]) -> list[str]:
             continue
         seeds = ", ".join(f"seed {s}: avg {_fmt(v['avg'])}, epoch {v['selected_epoch']} kept (dev {_fmt(v['dev'])})"
                           for s, v in r["per_seed"].items())
-        lines.append(f"- {m}: {_fmt(r['avg'])} ± {_fmt(r.get('avg_sd'))} over seeds ({seeds}).")
+        xtreme = (f"; the XTREME scorer's avg_metric over all its languages: {_fmt(r['xtreme_avg_metric'])}"
+                  if "xtreme_avg_metric" in r else "")
+        lines.append(f"- {m}: {_fmt(r['avg'])} ± {_fmt(r.get('avg_sd'))} over seeds ({seeds}){xtreme}.")
     first = next((scores["models"][m][name] for m in models if "hyperparameters" in scores["models"][m][name]), None)
     if first:
         hp = first["hyperparameters"]
