@@ -50,6 +50,9 @@ _FIX = "point export_hf at a pretrain output's model/ folder (workspace/pretrain
 def export_hf(model_dir: Path, out_dir: Path) -> Path:
     """Write the HF folder for ``model_dir`` at ``out_dir`` (replacing it whole) and return it."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
+    if out_dir.resolve() == model_dir.resolve() or out_dir.resolve() in model_dir.resolve().parents:
+        raise XylentError("the Hugging Face dir would replace the model it is exported from", where=str(out_dir),
+                          fix="write it to a new folder, e.g. <model dir>-hf")
     meta = read_export(model_dir)
     enc = meta["encoder"]
     specials = enc.get("specials") or meta["specials"]  # older exports keep them at the top level

@@ -272,3 +272,36 @@ def test_a_task_in_all_of_xtremes_languages_is_also_scored_by_score_submission(s
                            tmp_path / "ck", tmp_path / "preds", tmp_path / "labels")
     # the leaderboard's avg_metric over its 7 languages, from the same submission files
     assert result["xtreme_avg_metric"] == pytest.approx(result["avg"])
+
+
+def test_on_several_ranks_a_last_batch_too_small_to_share_is_left_out():
+    from tasks.finetune.train import LoopConfig, optimiser_steps
+
+    cfg = LoopConfig(lr=1e-3, epochs=3, batch_size=16, warmup=0.0, weight_decay=0.0, selection="dev",
+                     checkpoint_every=10, seed=1)
+    assert optimiser_steps(33, cfg) == (3, 9)  # one process: the last batch of 1 is a step
+    assert optimiser_steps(33, cfg, world=2) == (2, 6)  # 2 ranks: 1 example can't feed both
+    assert optimiser_steps(34, cfg, world=2) == (3, 9)
+    assert optimiser_steps(32, cfg, world=4) == (2, 6)
+
+
+def test_a_qa_test_question_without_an_answer_is_refused_before_training(tmp_path):
+    root = task_dir(tmp_path / "data", "qa", 20)
+    doc = json.loads((root / "test-de.json").read_text())
+    doc["data"][3]["paragraphs"][0]["qas"][0]["answers"] = []  # a SQuAD 2.0 unanswerable question
+    (root / "test-de.json").write_text(json.dumps(doc))
+    with pytest.raises(XylentError, match=r"(?s)no answer.*test-de\.json"):
+        TaskData(make_task("qa", root), root)
+
+
+def test_translate_train_holds_dev_out_of_the_train_language_only(tmp_path):
+    root = task_dir(tmp_path / "data", "classification", 200)
+    (root / "dev-en.tsv").unlink()
+    write_xnli(root / "translate-train-de.tsv", pair_examples(random.Random(9), 50))
+    data = TaskData(make_task("classification", root, protocol="translate-train", dev_fraction=0.2,
+                              max_train_examples=120), root)
+    english = {e.texts for e in read_classification(root / "train-en.tsv", "xnli")}
+    german = {e.texts for e in read_classification(root / "translate-train-de.tsv", "xnli")}
+    assert data.dev and all(e.texts in english for e in data.dev)
+    assert len([e for e in data.train if e.texts in german]) == 50  # the cap is per file
+    assert len([e for e in data.train if e.texts in english]) == 120

@@ -91,7 +91,8 @@ class FineTune(Strict):
     zero_stage: int = Field(default=2, ge=0, le=2, description="deepspeed: ZeRO stage")
     master_port: int | None = Field(default=None, description="deepspeed: rendezvous port (default: a free one)")
 
-    OPERATIONAL: ClassVar[tuple[str, ...]] = ("checkpoint_every", "launcher", "ranks", "zero_stage", "master_port")
+    # launcher and ranks change the numbers (per-rank dropout streams, bf16 weights on GPU ranks): not here
+    OPERATIONAL: ClassVar[tuple[str, ...]] = ("checkpoint_every", "zero_stage", "master_port")
 
     def resolve(self, row: dict, kind: str) -> "FineTune":
         for key, value in row.items():

@@ -149,7 +149,7 @@ def main() -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if ft.batch_size % world:
         raise SystemExit(f"finetune.batch_size {ft.batch_size} is not a multiple of the {world} ranks")
-    stepper = DeepSpeedStepper(model, cfg, optimiser_steps(len(feats), cfg)[1], ft.zero_stage, world)
+    stepper = DeepSpeedStepper(model, cfg, optimiser_steps(len(feats), cfg, world)[1], ft.zero_stage, world)
 
     def dev_score(m) -> float:
         return runner.score(data.dev, runner.predict(m, data.dev), task.train_language)[PRIMARY[task.kind]]

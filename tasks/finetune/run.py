@@ -36,7 +36,7 @@ from tasks.finetune.features import (
     tagging_predictions,
 )
 from tasks.finetune.qa import best_span, char_span_of_answer, qa_windows
-from tasks.finetune.train import BEST, LoopConfig, logits_of, train
+from tasks.finetune.train import LoopConfig, logits_of, train
 from xylent.errors import XylentError
 
 PRIMARY = {"classification": "accuracy", "qa": "f1", "tagging": "f1"}
@@ -51,17 +51,21 @@ class TaskData:
         ft, kind, lang = task.finetune, task.kind, task.train_language
         self.task, self.kind, self.root = task, kind, Path(root)
         fmt = task.format if task.format != "holdout" else "tsv"
+        cap = slice(ft.max_train_examples)  # per file: translated sets never crowd out the train language
         train = read_examples(root, kind, fmt, "train", lang)
+        if split_file(root, kind, "dev", lang).is_file():
+            self.dev = read_examples(root, kind, fmt, "dev", lang)
+        else:  # carved from the train language alone: nothing is selected on a language it is tested on
+            train, self.dev = carve_dev(train, ft.dev_fraction)
+        train = train[cap]
         if ft.protocol == "translate-train":
             for other in task.languages:
                 if other != lang:
-                    train += read_examples(root, kind, fmt, "translate-train", other)
-        if split_file(root, kind, "dev", lang).is_file():
-            self.dev = read_examples(root, kind, fmt, "dev", lang)
-        else:
-            train, self.dev = carve_dev(train, ft.dev_fraction)
-        self.train = train[: ft.max_train_examples] if ft.max_train_examples else train
+                    train += read_examples(root, kind, fmt, "translate-train", other)[cap]
+        self.train = train
         self.tests = {other: read_examples(root, kind, fmt, "test", other) for other in task.languages}
+        if kind == "qa":
+            self._check_answers(lang)
         self.test_files = {other: split_file(root, kind, "test", other) for other in task.languages}
         if kind == "classification":
             names = sorted({e.label for e in self.train})
@@ -82,6 +86,18 @@ class TaskData:
             return Counter(t for e in self.train for t in e.tags).most_common(1)[0][0]
         return None
 
+    def _check_answers(self, lang: str) -> None:
+        """Dev and test questions are scored against their answers: one without any
+        (a SQuAD 2.0 file) would stop the run after training; refuse it now."""
+        for split, examples in (("dev", self.dev), *(("test", ex) for ex in self.tests.values())):
+            for e in examples:
+                if not e.answers:
+                    where = next((str(split_file(self.root, "qa", split, code)) for code, ex in
+                                  ({lang: self.dev} if split == "dev" else self.tests).items() if e in ex), split)
+                    raise XylentError(f"question {e.qid!r} has no answer; SQuAD v1.1 scoring needs at least one "
+                                      "per question", where=where,
+                                      fix="use SQuAD v1.1-style files (unanswerable SQuAD 2.0 questions removed)")
+
 
 class Runner:
     """Features, predictions and scores of one task for one tokenizer."""
@@ -89,20 +105,22 @@ class Runner:
     def __init__(self, data: TaskData, tok):
         self.data, self.tok, self.ft = data, tok, data.task.finetune
         self.index = {name: i for i, name in enumerate(data.labels)}
+        # never more positions than the model has (a 384-token QA default on a 128-position model)
+        self.max_length = min(self.ft.max_length, tok.max_positions or self.ft.max_length)
 
     def features(self, examples: list[Example], training: bool) -> list:
         kind, ft = self.data.kind, self.ft
         if kind == "classification":
-            return classification_features(examples, self.tok, self.index, ft.max_length)
+            return classification_features(examples, self.tok, self.index, self.max_length)
         if kind == "tagging":
-            return tagging_features(examples, self.tok, self.index, ft.max_length)
+            return tagging_features(examples, self.tok, self.index, self.max_length)
         out = []
         for i, e in enumerate(examples):
             span = char_span_of_answer(e.context, *e.answers[0]) if training and e.answers else None
             if training and span is None:
                 continue  # an answer not in its context can't be a target (counted by the caller's n)
             for w in qa_windows(e.qid, e.question, e.context, self.tok.encode, self.tok.build,
-                                max_length=ft.max_length, doc_stride=ft.doc_stride,
+                                max_length=self.max_length, doc_stride=ft.doc_stride,
                                 max_query_length=ft.max_query_length, answer=span):
                 out.append(Feature(ids=w.input_ids, target={"start": w.start_position, "end": w.end_position},
                                    example=i, window=w))
@@ -164,6 +182,11 @@ def run_seed(data: TaskData, make_model: Callable[[int, int], tuple], seed: int,
     if (ckdir / RESULT).is_file():
         return json.loads((ckdir / RESULT).read_text())
     task, ft = data.task, data.task.finetune
+    if ft.launcher == "deepspeed":
+        from tasks.finetune.distributed import train_on_ranks
+
+        # the ranks build their own models: this process loads one only afterwards (GPU memory)
+        record = train_on_ranks(task, data.root, model_ref, seed, ckdir, log)
     model, tok = make_model(seed, max(1, len(data.labels)))
     runner = Runner(data, tok)
     feats = runner.features(data.train, training=True)
@@ -171,10 +194,7 @@ def run_seed(data: TaskData, make_model: Callable[[int, int], tuple], seed: int,
         raise XylentError(f"task {task.name!r}: no usable training example", where="its train file",
                           fix="check that answers occur in their contexts / lines have labels")
     if ft.launcher == "deepspeed":
-        from tasks.finetune.distributed import train_on_ranks
-
-        record = train_on_ranks(task, data.root, model_ref, seed, ckdir, log)
-        model.load_state_dict(torch.load(ckdir / BEST, map_location="cpu", weights_only=True))
+        model.load_state_dict(torch.load(ckdir / record["best_file"], map_location="cpu", weights_only=True))
     else:
         def dev_score(m) -> float:
             return runner.score(data.dev, runner.predict(m, data.dev), task.train_language)[PRIMARY[data.kind]]
@@ -200,6 +220,7 @@ def run_seed(data: TaskData, make_model: Callable[[int, int], tuple], seed: int,
     tmp.write_text(json.dumps(result, indent=2))
     os.replace(tmp, ckdir / RESULT)
     (ckdir / "state.pt").unlink(missing_ok=True)  # the optimiser state is dead weight once a seed is done
+    (ckdir / record["best_file"]).unlink(missing_ok=True)  # its predictions and scores are written
     shutil.rmtree(ckdir / "ds", ignore_errors=True)
     for rng in ckdir.glob("rng-step*.pt"):
         rng.unlink()

@@ -16,6 +16,7 @@ from itertools import accumulate
 class TextTokenizer(ABC):
     pad_id: int
     unk_id: int
+    max_positions: int | None = None  # the model's input limit, set by whoever pairs it with a model
 
     @abstractmethod
     def encode(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:

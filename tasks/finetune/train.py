@@ -25,7 +25,7 @@ import torch
 from models.heads import IGNORE, TaskModel
 from tasks.finetune.features import Feature
 
-STATE, BEST = "state.pt", "best.pt"
+STATE = "state.pt"
 
 
 @dataclass
@@ -123,6 +123,8 @@ class Stepper:
     def save(self, ckdir: Path, progress: dict) -> None:
         _atomic_save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                       "scheduler": self.sched.state_dict(), "rng": torch.get_rng_state(),
+                      # dropout on a GPU draws from CUDA's generators, not the CPU's
+                      "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
                       "progress": json.dumps(progress)}, ckdir / STATE)
 
     def load(self, ckdir: Path) -> dict | None:
@@ -133,12 +135,18 @@ class Stepper:
         self.opt.load_state_dict(saved["optimizer"])
         self.sched.load_state_dict(saved["scheduler"])
         torch.set_rng_state(saved["rng"])
+        if saved.get("cuda_rng") and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(saved["cuda_rng"])
         return json.loads(saved["progress"])
 
 
-def optimiser_steps(n_features: int, cfg: LoopConfig) -> tuple[int, int]:
-    """(steps per epoch, steps in all)."""
+def optimiser_steps(n_features: int, cfg: LoopConfig, world: int = 1) -> tuple[int, int]:
+    """(steps per epoch, steps in all).  On several ranks a last batch too small
+    to give every rank an example is left out (another one each epoch: the order
+    is reshuffled), since every rank must take part in each step."""
     per_epoch = math.ceil(n_features / cfg.batch_size)
+    if world > 1 and 0 < n_features % cfg.batch_size < world:
+        per_epoch -= 1
     return per_epoch, per_epoch * cfg.epochs
 
 
@@ -151,7 +159,7 @@ def train(model: TaskModel, features: list[Feature], dev_score: Callable[[TaskMo
     -> {"history": [{epoch, loss, dev}], "selected_epoch", "dev", "steps", "resumed_from"}."""
     ckdir.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
-    per_epoch, total = optimiser_steps(len(features), cfg)
+    per_epoch, total = optimiser_steps(len(features), cfg, stepper.world if stepper else 1)
     torch.manual_seed(cfg.seed + 7919 * (stepper.rank if stepper else 0))  # each rank its own dropout stream
     stepper = stepper or Stepper(model, cfg, total)
     state = {"epoch": 0, "step_in_epoch": 0, "step": 0, "history": [], "best": None, "best_epoch": None,
@@ -167,9 +175,10 @@ def train(model: TaskModel, features: list[Feature], dev_score: Callable[[TaskMo
         order = torch.randperm(len(features), generator=torch.Generator().manual_seed(
             cfg.seed * 100_003 + state["epoch"])).tolist()
         for b in range(state["step_in_epoch"], per_epoch):
-            mine = order[b * cfg.batch_size: (b + 1) * cfg.batch_size][stepper.rank::stepper.world]
+            batch = order[b * cfg.batch_size: (b + 1) * cfg.batch_size]
+            mine = batch[stepper.rank::stepper.world]
             loss = stepper.forward(collate([features[i] for i in mine], pad_id, device))
-            stepper.step(loss)
+            stepper.step(loss * batch_share(features, mine, batch, stepper.world))
             state["epoch_loss"] += loss.item()
             state["step"] += 1
             state["step_in_epoch"] = b + 1
@@ -178,13 +187,37 @@ def train(model: TaskModel, features: list[Feature], dev_score: Callable[[TaskMo
         dev = dev_score(model) if stepper.rank == 0 else 0.0
         state["history"].append({"epoch": state["epoch"] + 1, "loss": state["epoch_loss"] / per_epoch, "dev": dev})
         log(f"epoch {state['epoch'] + 1}/{cfg.epochs}: loss {state['epoch_loss'] / per_epoch:.4f}, dev {dev:.2f}")
+        before = state.get("best_file")
         if cfg.selection == "last" or state["best"] is None or dev > state["best"]:
+            # named by epoch and recorded in the state saved next: a best file written by a run killed
+            # before that save is never mistaken for the selected weights
             state["best"], state["best_epoch"] = dev, state["epoch"] + 1
+            state["best_file"] = best_file(state["best_epoch"])
             if stepper.rank == 0:
-                _atomic_save(model.state_dict(), ckdir / BEST)
+                _atomic_save(model.state_dict(), ckdir / state["best_file"])
         state.update(epoch=state["epoch"] + 1, step_in_epoch=0, epoch_loss=0.0)
         stepper.save(ckdir, state)
+        if stepper.rank == 0 and before and before != state["best_file"]:
+            (ckdir / before).unlink(missing_ok=True)
     if stepper.rank == 0:
-        model.load_state_dict(torch.load(ckdir / BEST, map_location="cpu", weights_only=True))
+        model.load_state_dict(torch.load(ckdir / state["best_file"], map_location="cpu", weights_only=True))
     return {"history": state["history"], "selected_epoch": state["best_epoch"], "dev": state["best"],
-            "steps": state["step"], "resumed_from": resumed_from}
+            "steps": state["step"], "resumed_from": resumed_from, "best_file": state["best_file"]}
+
+
+def best_file(epoch: int) -> str:
+    return f"best-epoch{epoch}.pt"
+
+
+def batch_share(features: list[Feature], mine: list[int], batch: list[int], world: int) -> float:
+    """This rank's weight in a step: DeepSpeed averages the ranks' losses equally,
+    so a rank's mean loss is scaled by its share of the step's examples (tagging:
+    of its labelled tokens) times the ranks; the sum then is the global batch's mean."""
+    if world == 1:
+        return 1.0
+
+    def units(idx: list[int]) -> int:
+        return sum(sum(t != IGNORE for t in features[i].target["labels"]) if "labels" in features[i].target
+                   else 1 for i in idx)
+    total = units(batch)
+    return units(mine) * world / total if total else 0.0
