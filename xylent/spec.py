@@ -8,6 +8,7 @@ Every field can be overridden from the CLI with ``--set dotted.path=value``
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
@@ -139,6 +140,16 @@ class GettextSource(SourceBase):
     )
     holdout: HoldoutConfig | None = Field(default=None, description="reserve messages for evaluation")
 
+    @field_validator("locales")
+    @classmethod
+    def _locale_names(cls, value: dict[str, str]) -> dict[str, str]:
+        # a locale is one folder name inside the package (pt_BR, sr@latin): it becomes part of a workspace path
+        for lang, locale in value.items():
+            if not re.fullmatch(r"[A-Za-z0-9_@.+-]+", locale) or locale in (".", ".."):
+                raise ValueError(f"locales[{lang!r}] = {locale!r} is not a locale folder name (like pt_BR or "
+                                 "sr@latin): no path separators or '..'")
+        return value
+
 
 Source = Annotated[
     Union[Cc100Source, OpusSource, UrlSource, LocalSource, GettextSource], Field(discriminator="kind")
@@ -172,6 +183,13 @@ class PrepareConfig(Strict):
     min_chars: int = Field(default=1, ge=0, description="drop segments shorter than this (after cleaning)")
     max_chars: int = Field(default=20000, gt=0, description="drop segments longer than this")
     part_rows: int = Field(default=500_000, gt=0, description="rows per output Parquet part")
+
+    @model_validator(mode="after")
+    def _bounds(self):
+        if self.min_chars > self.max_chars:
+            raise ValueError(f"prepare.min_chars ({self.min_chars}) is above prepare.max_chars ({self.max_chars}): "
+                             "every segment would be dropped")
+        return self
 
 
 class DedupConfig(Strict):
@@ -497,12 +515,31 @@ def spec_from_dict(data: dict, *, source: str = "<spec>", base_dir: str = ".") -
         raise _format_validation_error(exc, source) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an
+    error: PyYAML would keep the last one silently, and half a spec would be ignored."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} appears twice in one mapping (only one would be used)",
+                    key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
     p = Path(path)
     if not p.is_file():
         raise XylentError(f"spec file not found: {p}", fix="pass --spec with a YAML file, e.g. data_specs/demo.yaml")
     try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except UnicodeDecodeError as exc:
+        raise XylentError(f"the spec is not UTF-8 text ({exc.reason} at byte {exc.start})", where=str(p),
+                          fix="save the spec as UTF-8") from None
     except yaml.YAMLError as exc:
         raise XylentError(f"the spec is not valid YAML: {exc}", where=str(p)) from None
     if not isinstance(data, dict):

@@ -32,8 +32,22 @@ class FetchItem:
     max_bytes: int | None = None
     copy: bool = False  # copy a local file into the workspace (small package catalogs)
 
+    def __post_init__(self):
+        check_relative(self.filename, f"source {self.source!r}")
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def check_relative(name: str, where: str) -> str:
+    """``name`` must stay inside the folder it is joined to: every file name that
+    comes from a spec field, a URL or a server lands in the workspace or nowhere."""
+    parts = name.replace("\\", "/").split("/")
+    if not name or name.startswith("/") or any(p in ("", ".", "..") for p in parts) or ":" in parts[0]:
+        raise XylentError(f"the file name {name!r} would land outside its folder in the workspace",
+                          where=where, fix="use plain names: no '..', '.', empty or absolute path parts "
+                          "(for a URL, one that ends in a file name)")
+    return name
 
 
 def opus_list_pairs(api_url: str, corpus: str, version: str, *, timeout: float = 60.0) -> list[str]:

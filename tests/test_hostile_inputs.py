@@ -1,0 +1,53 @@
+"""Hostile but realistic inputs through the real CLI: each ends in exit 2, one
+message that says what, where and what to do, no traceback, and nothing written
+outside the workspace (issue 19's findings, one test each)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import write_spec
+
+ENTRIES = [{"msgid": "Hello", "msgstr": "Hallo"}, {"msgid": "World", "msgstr": "Welt"}]
+
+
+def _gettext_spec(tmp_path: Path, package: str, **source) -> Path:
+    return write_spec(tmp_path / "spec.yaml", {
+        "name": "hostile", "languages": ["en", "de"], "workspace": str(tmp_path / "ws"),
+        "sources": [{"name": "cat", "kind": "gettext", "package": package, **source}]})
+
+
+def test_a_locale_that_climbs_out_of_the_workspace_is_refused(tmp_path, catalog_package, run_cli):
+    catalog_package("hostpkg", {"de": {"django.po": ENTRIES}})
+    outside = tmp_path / "outside"
+    climb = "../" * 12 + str(outside).lstrip("/")
+    spec = _gettext_spec(tmp_path, "hostpkg", locales={"de": climb})
+    rc, _, err = run_cli("run", "download", "--spec", spec)
+    assert rc == 2 and "locales" in err and "Traceback" not in err, err
+    assert not outside.exists(), "nothing may be written outside the workspace"
+
+
+def test_a_url_without_a_file_name_is_refused_before_anything_is_fetched(tmp_path, http_corpus, run_cli):
+    http_corpus.files["/data/x.txt"] = b"hello\n"
+    for url in (f"{http_corpus.base}/data/x.txt/..", f"{http_corpus.base}/data/."):
+        spec = write_spec(tmp_path / "spec.yaml", {
+            "name": "hostile", "languages": ["en"], "workspace": str(tmp_path / "ws"),
+            "sources": [{"name": "web", "kind": "url", "url": url, "format": "text", "lang": "en"}]})
+        rc, _, err = run_cli("run", "download", "--spec", spec)
+        assert rc == 2 and "outside its folder" in err and "source 'web'" in err and "Traceback" not in err, err
+        assert not list((tmp_path / "ws").glob("download/*/_manifest.json")), "nothing published"
+    assert not http_corpus.requests, "refused before any request"
+
+
+@pytest.mark.parametrize("text,message", [
+    (b"name: x\nlanguages: [en]\n\xff\xfe\n", "not UTF-8"),
+    (b"name: x\nlanguages: [en]\nprepare: {min_chars: 5, min_chars: 1}\n", "appears twice"),
+    (b"name: x\nlanguages: [en]\nprepare: {min_chars: 50, max_chars: 10}\n", "min_chars"),
+])
+def test_a_broken_spec_file_is_one_clear_message(tmp_path, run_cli, text, message):
+    spec = tmp_path / "spec.yaml"
+    spec.write_bytes(text)
+    rc, _, err = run_cli("run", "download", "--spec", spec, "--workspace", tmp_path / "ws")
+    assert rc == 2 and message in err and "spec.yaml" in err and "Traceback" not in err, err
