@@ -51,3 +51,27 @@ def test_a_broken_spec_file_is_one_clear_message(tmp_path, run_cli, text, messag
     spec.write_bytes(text)
     rc, _, err = run_cli("run", "download", "--spec", spec, "--workspace", tmp_path / "ws")
     assert rc == 2 and message in err and "spec.yaml" in err and "Traceback" not in err, err
+
+
+def test_a_password_in_a_url_is_used_but_never_recorded(tmp_path, http_corpus, run_cli):
+    http_corpus.files["/corpus/en.txt"] = "".join(f"line {i}\n" for i in range(50)).encode()
+    secret = "s3cret-Pa55"
+    url = http_corpus.base.replace("http://", f"http://alice:{secret}@") + "/corpus/en.txt"
+    spec = write_spec(tmp_path / "spec.yaml", {
+        "name": "secret", "languages": ["en"], "workspace": str(tmp_path / "ws"),
+        "sources": [{"name": "web", "kind": "url", "url": url, "format": "text", "lang": "en"}]})
+    rc, out, err = run_cli("run", "download", "--spec", spec, "--json")
+    assert rc == 0, err
+    assert any(h.get("Authorization", "").startswith("Basic ") for _, h in http_corpus.requests), "credentials used"
+    leaks = [p for p in (tmp_path / "ws").rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert not leaks, f"the password is recorded in {leaks}"
+    assert secret not in out + err
+    records = next((tmp_path / "ws").glob("download/*/records.json")).read_text()
+    assert "alice:***@" in records  # who it was stays readable
+    # a failing URL's error message masks it too
+    bad = url.replace("en.txt", "missing.txt")
+    spec = write_spec(tmp_path / "spec2.yaml", {
+        "name": "secret2", "languages": ["en"], "workspace": str(tmp_path / "ws"),
+        "sources": [{"name": "web", "kind": "url", "url": bad, "format": "text", "lang": "en"}]})
+    rc, out, err = run_cli("run", "download", "--spec", spec)
+    assert rc == 2 and "404" in err and secret not in err and "alice:***@" in err, err

@@ -15,9 +15,11 @@ class XylentError(Exception):
     """
 
     def __init__(self, what: str, *, where: str | None = None, fix: str | None = None):
-        self.what = what
-        self.where = where
-        self.fix = fix
+        from xylent.redact import redact_text  # a URL's password is never printed or logged
+
+        self.what = redact_text(what)
+        self.where = redact_text(where) if where else where
+        self.fix = redact_text(fix) if fix else fix
         super().__init__(self.render())
 
     def render(self) -> str:

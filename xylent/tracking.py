@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from xylent.errors import XylentError
+from xylent.redact import redact
 
 
 def tracking_uri_for(workspace_root: Path, configured: str | None = None) -> str:
@@ -83,7 +84,7 @@ class Tracker:
     def log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
 
-        flat = flatten(params)
+        flat = flatten(redact(dict(params)))
         items = [Param(k, v) for k, v in sorted(flat.items())]
         for i in range(0, len(items), 100):  # MLflow's batch limit
             self.client.log_batch(run_id, params=items[i : i + 100])

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from xylent.errors import XylentError
+from xylent.redact import redact
 
 MANIFEST = "_manifest.json"
 TMP_MARK = ".tmp-"
@@ -142,7 +143,7 @@ class Workspace:
                 files.append({**known_files[rel], "path": rel})
             else:
                 files.append(describe_file(path, tmp))
-        manifest = {**manifest, "files": files}
+        manifest = redact({**manifest, "files": files})
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
         _fsync_dir(tmp)
         if final.exists():  # --force: move the old output aside first, then drop it

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from xylent.redact import redact
 from xylent.stage import StageOutcome
 from xylent.workspace import Workspace, link_or_copy
 
@@ -23,7 +24,7 @@ def assemble(records: list[dict], ws: Workspace, out: Path) -> StageOutcome:
             rel = f"{rec['source']}/{rec['filename']}"
             link_or_copy(ws.unit_dir("download", rec["unit"]) / rec["file"], out / rel)
             known[rel] = {"bytes": rec["bytes"], "sha256": rec["sha256"]}
-    (out / RECORDS_FILE).write_text(json.dumps(records, indent=1, sort_keys=True))
+    (out / RECORDS_FILE).write_text(json.dumps(redact(records), indent=1, sort_keys=True))
     by_source: dict[str, dict] = {}
     for rec in records:
         s = by_source.setdefault(rec["source"], {"source": rec["source"], "files": 0, "bytes": 0, "truncated": 0})
