@@ -9,6 +9,7 @@ continue pretraining), ``config.json`` and the SentencePiece tokenizer.
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from torch import nn
 from models.config import EncoderConfig
 from models.encoder import Embeddings, Encoder
 from models.init import init_weights
+from xylent.errors import XylentError
 
 FORMAT = "xylent-encoder/1"
 
@@ -35,7 +37,14 @@ def consolidate(checkpoint_root: Path, tag: str) -> dict[str, torch.Tensor]:
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
         sd = get_fp32_state_dict_from_zero_checkpoint(str(checkpoint_root), tag=tag)
     else:
-        sd = torch.load(tag_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+        path = tag_dir / "mp_rank_00_model_states.pt"
+        try:  # tensors and plain data only: a tampered checkpoint cannot run code here
+            sd = torch.load(path, map_location="cpu", weights_only=True)["module"]
+        except pickle.UnpicklingError as exc:
+            raise XylentError(f"the checkpoint holds more than tensors and plain data; refusing to unpickle it "
+                              f"({str(exc).splitlines()[0]})", where=str(path),
+                              fix="a checkpoint from somewhere else may run code when loaded: rerun the stage "
+                              "with --force to train it again here") from None
     return {k: v.detach().float().contiguous() for k, v in sd.items()}
 
 

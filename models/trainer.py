@@ -253,7 +253,7 @@ def train(cfg: TrainConfig) -> None:
                   "generator_unigram_loss restarts from add-one counts", flush=True)
         rng = done[-1] / f"rng-rank{rank}.pt"
         if rng.exists() and client.get("world_size") == world:
-            state = torch.load(rng, weights_only=False)
+            state = torch.load(rng, weights_only=True)  # tensors only: a tampered file cannot run code
             torch.set_rng_state(state["cpu"])
             if cuda and state.get("cuda") is not None:
                 torch.cuda.set_rng_state(state["cuda"])

@@ -19,8 +19,15 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import yaml
 
-os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# The suite never writes to a user's real servers or homes: every variable that
+# changes where MLflow, Prefect or the Hugging Face hub put things is dropped
+# before anything is imported (each test then names its own workspace and store).
+ISOLATED = ("MLFLOW_", "PREFECT_", "HF_", "XYLENT_")
+for _name in [n for n in os.environ if n.startswith(ISOLATED)]:
+    del os.environ[_name]
+os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is ever fetched from the hub
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -75,3 +75,45 @@ def test_a_password_in_a_url_is_used_but_never_recorded(tmp_path, http_corpus, r
         "sources": [{"name": "web", "kind": "url", "url": bad, "format": "text", "lang": "en"}]})
     rc, out, err = run_cli("run", "download", "--spec", spec)
     assert rc == 2 and "404" in err and secret not in err and "alice:***@" in err, err
+
+
+class _Payload:
+    """Unpickling this runs code: what a tampered checkpoint would carry."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_a_tampered_checkpoint_cannot_run_code_when_loaded(tmp_path):
+    import torch
+
+    from models.pretrained import consolidate
+    from xylent.errors import XylentError
+
+    marker = tmp_path / "pwned"
+    tag = tmp_path / "deepspeed" / "step-00000010"
+    tag.mkdir(parents=True)
+    torch.save({"module": {"w": torch.zeros(2)}, "extra": _Payload(str(marker))}, tag / "mp_rank_00_model_states.pt")
+    with pytest.raises(XylentError, match="refusing to unpickle"):
+        consolidate(tmp_path / "deepspeed", "step-00000010")
+    assert not marker.exists(), "loading the checkpoint ran code"
+    # a plain one loads
+    torch.save({"module": {"w": torch.ones(2)}, "ds_version": "0.x"}, tag / "mp_rank_00_model_states.pt")
+    assert consolidate(tmp_path / "deepspeed", "step-00000010")["w"].tolist() == [1.0, 1.0]
+
+
+def test_the_suite_ignores_the_callers_tracking_and_prefect_settings():
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**__import__("os").environ, "MLFLOW_TRACKING_URI": "http://127.0.0.1:9/not-yours",
+           "PREFECT_API_URL": "http://127.0.0.1:9/api", "MLFLOW_EXPERIMENT_NAME": "prod"}
+    probe = ("import os, sys; sys.path.insert(0, 'tests'); import conftest; "
+             "print(sorted(k for k in os.environ if k.startswith(('MLFLOW_', 'PREFECT_API'))))")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=root, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]", out  # a user's real server is never written to by the tests
