@@ -117,3 +117,37 @@ def test_the_suite_ignores_the_callers_tracking_and_prefect_settings():
     out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=root, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]", out  # a user's real server is never written to by the tests
+
+
+def _parquet_spec(tmp_path: Path, table, name: str = "bad.parquet") -> Path:
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, tmp_path / name)
+    return write_spec(tmp_path / "spec.yaml", {
+        "name": "pq", "languages": ["en"], "workspace": str(tmp_path / "ws"),
+        "sources": [{"name": "loc", "kind": "local", "path": str(tmp_path / name), "format": "parquet",
+                     "lang": "en"}]})
+
+
+@pytest.mark.parametrize("column", ["list", "ints", "bytes"])
+def test_a_parquet_text_column_that_is_not_text_is_refused(tmp_path, run_cli, column):
+    import pyarrow as pa
+
+    values = {"list": pa.array([["a", "b"], ["c"]]), "ints": pa.array([1, 2]),
+              "bytes": pa.array([b"ok", b"\xff\xfe"], pa.binary())}[column]
+    spec = _parquet_spec(tmp_path, pa.table({"text": values}))
+    rc, _, err = run_cli("run", "prepare", "--spec", spec)
+    assert rc == 2 and "'text'" in err and "not text" in err and "bad.parquet" in err and "Traceback" not in err, err
+
+
+def test_a_parquet_file_with_a_damaged_data_page_is_refused(tmp_path, run_cli):
+    import pyarrow as pa
+
+    texts = [f"sentence number {i} with some words" for i in range(5000)]
+    spec = _parquet_spec(tmp_path, pa.table({"text": texts}))
+    raw = bytearray((tmp_path / "bad.parquet").read_bytes())
+    for i in range(64, len(raw) // 2, 97):  # scribble over the data pages, keep the footer intact
+        raw[i] ^= 0x5A
+    (tmp_path / "bad.parquet").write_bytes(bytes(raw))
+    rc, _, err = run_cli("run", "prepare", "--spec", spec)
+    assert rc == 2 and "bad.parquet" in err and "Traceback" not in err, err

@@ -227,6 +227,21 @@ def _prepare_tsv(path: Path, rec: dict, out: Path, cfg: PrepareConfig, max_lines
     return [pw.close()]
 
 
+def _read_batches(pf, columns: list[str], path: Path):
+    """The file's batches; a damaged page behind an intact footer is the file's
+    fault and says so (errors while writing the output are not caught here)."""
+    batches = pf.iter_batches(columns=columns, batch_size=65536)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+            raise XylentError(f"the Parquet file's data cannot be read: {str(exc).splitlines()[0]}",
+                              where=str(path), fix="the file is damaged: download or write it again") from None
+        yield batch
+
+
 def _prepare_parquet(path: Path, rec: dict, out: Path, cfg: PrepareConfig, max_lines: int | None, key: str,
                      on_bytes) -> list[dict]:
     try:
@@ -239,12 +254,17 @@ def _prepare_parquet(path: Path, rec: dict, out: Path, cfg: PrepareConfig, max_l
     if missing:
         raise XylentError(f"the Parquet file lacks column(s) {missing}; it has {cols}", where=str(path),
                           fix="monolingual Parquet needs a 'text' column, bitext Parquet 'src' and 'tgt'")
+    for name in need:  # ints, lists or bytes would crash deep in Arrow, or be turned into text silently
+        kind = pf.schema_arrow.field(name).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise XylentError(f"the Parquet column {name!r} holds {kind}, not text", where=str(path),
+                              fix=f"write {name!r} as a string column (UTF-8 text, one segment per row)")
     seen = 0
     if rec.get("lang"):
         lang = rec["lang"]
         st = _Stats(rec["source"], "mono", lang)
         writer = PartWriter(out, partition(MONO, lang), key, MONO_SCHEMA, cfg.part_rows)
-        for batch in pf.iter_batches(columns=need, batch_size=65536):
+        for batch in _read_batches(pf, need, path):
             arr = batch.column(0).cast(pa.large_string())
             if max_lines is not None:
                 arr = arr.slice(0, max(0, max_lines - seen))
@@ -265,7 +285,7 @@ def _prepare_parquet(path: Path, rec: dict, out: Path, cfg: PrepareConfig, max_l
         return [st.row]
     a, b = rec["pair"].split("-")
     pw = _PairWriter(out, rec["source"], a, b, key, cfg)
-    for batch in pf.iter_batches(columns=need, batch_size=65536):
+    for batch in _read_batches(pf, need, path):
         sa, sb = (batch.column(i).cast(pa.large_string()) for i in (0, 1))
         if max_lines is not None:
             sa, sb = sa.slice(0, max(0, max_lines - seen)), sb.slice(0, max(0, max_lines - seen))
