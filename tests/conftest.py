@@ -54,6 +54,7 @@ class Corpus:
         self.drop_after: dict[str, int] = {}  # path -> cut the connection after N body bytes, once
         self.requests: list[tuple[str, dict]] = []
         self.opus: dict[tuple[str, str], list[dict]] = {}  # (corpus, version) -> API listing
+        self.redirects: dict[str, str] = {}  # path -> where a 302 sends it
         self.lock = threading.Lock()
 
     def count(self, path: str) -> int:
@@ -76,6 +77,8 @@ def _handler(corpus: Corpus):
                     corpus.fail_first[url.path] = fails - 1
             if fails:
                 return self._send(500, b"boom")
+            if url.path in corpus.redirects:
+                return self._send(302, b"", extra={"Location": corpus.redirects[url.path]})
             if url.path == "/opusapi/":
                 q = parse_qs(url.query)
                 listing = corpus.opus.get((q["corpus"][0], q["version"][0]), [])

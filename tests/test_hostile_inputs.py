@@ -151,3 +151,25 @@ def test_a_parquet_file_with_a_damaged_data_page_is_refused(tmp_path, run_cli):
     (tmp_path / "bad.parquet").write_bytes(bytes(raw))
     rc, _, err = run_cli("run", "prepare", "--spec", spec)
     assert rc == 2 and "bad.parquet" in err and "Traceback" not in err, err
+
+
+def test_a_redirect_loop_is_one_clear_error(tmp_path, http_corpus, run_cli):
+    http_corpus.redirects["/a"] = "/b"
+    http_corpus.redirects["/b"] = "/a"
+    spec = write_spec(tmp_path / "spec.yaml", {
+        "name": "loop", "languages": ["en"], "workspace": str(tmp_path / "ws"),
+        "sources": [{"name": "web", "kind": "url", "url": f"{http_corpus.base}/a", "format": "text", "lang": "en"}]})
+    rc, _, err = run_cli("run", "download", "--spec", spec)
+    assert rc == 2 and "redirects in a loop" in err and "/a" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_a_workspace_that_is_a_file_is_one_clear_error(tmp_path, run_cli, inside):
+    blocker = tmp_path / "ws.txt"
+    blocker.write_text("not a folder\n")
+    (tmp_path / "en.txt").write_text("hello\n")
+    spec = write_spec(tmp_path / "spec.yaml", {"name": "x", "languages": ["en"], "sources": [
+        {"name": "loc", "kind": "local", "path": str(tmp_path / "en.txt"), "format": "text", "lang": "en"}]})
+    rc, _, err = run_cli("run", "download", "--spec", spec, "--workspace", blocker / "sub" if inside else blocker)
+    assert rc == 2 and "ws.txt" in err and "is a file" in err and "Traceback" not in err, err
+    assert blocker.read_text() == "not a folder\n"

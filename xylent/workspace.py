@@ -92,6 +92,10 @@ class Workspace:
                 fix="use a local or network-mounted directory for --workspace",
             )
         self.root = Path(root_s.removeprefix("file://")).expanduser().resolve()
+        taken = next((p for p in (self.root, *self.root.parents) if p.exists()), None)
+        if taken is not None and not taken.is_dir():  # the workspace, or a folder it would go in, is a file
+            raise XylentError(f"the workspace {self.root} cannot be a folder: {taken} is a file", where=str(taken),
+                              fix="pass --workspace a folder (new or existing), not a file")
 
     # -- paths -------------------------------------------------------------
     def stage_dir(self, stage: str) -> Path:

@@ -57,6 +57,10 @@ def _stream_http(
             headers["If-Range"] = meta["etag"]
     try:
         resp = session.get(url, headers=headers, stream=True, timeout=timeout)
+    except requests.TooManyRedirects:
+        raise XylentError("the server redirects in a loop (more than 30 redirects)", where=url,
+                          fix="open the URL in a browser to see where it leads, and put the final URL in the spec"
+                          ) from None
     except (requests.ConnectionError, requests.Timeout) as exc:
         raise _Retry(f"connection failed: {exc}") from None
     with resp:
