@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("stages", help="list the stages in pipeline order")
     status = sub.add_parser("status", help="per stage: fingerprint, cached or not, output folder, MLflow run")
     spec_args(status)
+    verify = sub.add_parser("verify", help="check every published stage output against its manifest "
+                            "(each file's size and sha256); exit 2 naming what changed")
+    spec_args(verify)
     hf = sub.add_parser("export-hf", help="write an exported xylent model/ dir as a Hugging Face transformers dir "
                         "(AutoModel & co. with trust_remote_code=True; fast tokenizer)")
     hf.add_argument("model_dir", help="an xylent model/ dir, e.g. workspace/pretrain/<fingerprint>/model")
@@ -57,6 +60,22 @@ def _status(args) -> dict:
         manifest = read_manifest(out)
         stages[name] = {"output_dir": str(out), "fingerprint": fp, "cached": manifest is not None,
                         "mlflow_run_id": manifest.get("mlflow_run_id") if manifest else None}
+    return {"stages": stages}
+
+
+def _verify(args) -> dict:
+    from xylent.spec import load_spec
+    from xylent.workspace import check_files
+
+    spec = load_spec(args.spec, args.overrides)
+    ws = workspace_for(spec, args.workspace)
+    stages = {}
+    for name, fp in stage_fingerprints(STAGES, spec).items():
+        out = ws.output_dir(name, fp)
+        manifest = read_manifest(out)
+        problems = check_files(out, manifest, full=True) if manifest is not None else []
+        stages[name] = {"output_dir": str(out), "published": manifest is not None,
+                        "files": len(manifest.get("files", [])) if manifest else 0, "problems": problems}
     return {"stages": stages}
 
 
@@ -147,6 +166,23 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(result, indent=2))
             else:
                 _print_summary(result, ran=False)
+            return 0
+        if args.command == "verify":
+            result = _verify(args)
+            bad = {k: v for k, v in result["stages"].items() if v["problems"]}
+            if args.json:
+                print(json.dumps(result, indent=2))
+            else:
+                for name, r in result["stages"].items():
+                    state = ("not built" if not r["published"] else
+                             f"{len(r['problems'])} problem(s)" if r["problems"] else f"ok ({r['files']} files)")
+                    print(f"{name:<9} {state}")
+                    for problem in r["problems"]:
+                        print(f"          {problem}")
+            if bad:
+                raise XylentError(f"{len(bad)} stage output(s) changed after they were published: "
+                                  f"{', '.join(bad)}", where=", ".join(r["output_dir"] for r in bad.values()),
+                                  fix="rebuild each: xylent run <stage> --force (same --spec/--workspace)")
             return 0
         if args.command == "export-hf":
             from models.hf_export import export_hf

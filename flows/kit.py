@@ -26,7 +26,7 @@ import xylent
 from xylent.spec import Spec, load_spec
 from xylent.stage import StageContext, StageDef, StageOutcome, stage_fingerprints, workspace_for
 from xylent.tracking import Tracker, tracking_uri_for
-from xylent.workspace import Workspace, read_manifest
+from xylent.workspace import Workspace, read_manifest, verified_manifest
 
 __all__ = ["Invocation", "StageContext", "StageOutcome", "stage_flow"]
 
@@ -115,7 +115,7 @@ class Invocation:
         dirs = {}
         for up in stage.upstream_of(self.spec):
             out = self.ws.output_dir(up, self.fingerprints[up])
-            manifest = read_manifest(out)
+            manifest = verified_manifest(out, up)
             if manifest is None:
                 self.record(self.flows[up](**self.flow_kwargs()))
             else:
@@ -155,7 +155,7 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
     tags = {"xylent.stage": stage.name, "xylent.fingerprint": fp, "xylent.output_dir": str(out), **_prefect_tags()}
     with inv.ws.lock():
         upstream = inv.upstream_dirs(stage)
-        manifest = read_manifest(out)
+        manifest = read_manifest(out) if force else verified_manifest(out, stage.name)
         if manifest is not None and not force:
             run_id = inv.tracker.start_run(
                 stage.name, parent_run_id=inv.parent_run_id, params=config,

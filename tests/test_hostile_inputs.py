@@ -173,3 +173,32 @@ def test_a_workspace_that_is_a_file_is_one_clear_error(tmp_path, run_cli, inside
     rc, _, err = run_cli("run", "download", "--spec", spec, "--workspace", blocker / "sub" if inside else blocker)
     assert rc == 2 and "ws.txt" in err and "is a file" in err and "Traceback" not in err, err
     assert blocker.read_text() == "not a folder\n"
+
+
+def test_a_published_output_changed_afterwards_is_never_a_cache_hit(tmp_path, run_cli):
+    import json
+
+    (tmp_path / "en.txt").write_text("".join(f"sentence {i} of the corpus\n" for i in range(200)))
+    spec = write_spec(tmp_path / "spec.yaml", {"name": "v", "languages": ["en"], "workspace": str(tmp_path / "ws"),
+                                               "sources": [{"name": "loc", "kind": "url", "format": "text",
+                                                            "lang": "en", "url": (tmp_path / "en.txt").as_uri()}]})
+    rc, out, err = run_cli("run", "prepare", "--spec", spec, "--json")
+    assert rc == 0, err
+    stages = json.loads(out)["stages"]
+    part = next(Path(stages["prepare"]["output_dir"]).rglob("*.parquet"))
+    part.write_bytes(part.read_bytes()[:-100])  # truncated after it was published
+    rc, _, err = run_cli("run", "prepare", "--spec", spec)
+    assert rc == 2 and "prepare output was changed" in err and part.name in err and "--force" in err, err
+    rc, out, err = run_cli("verify", "--spec", spec, "--json")
+    assert rc == 2 and "prepare" in err
+    report = json.loads(out)["stages"]
+    assert report["prepare"]["problems"] and not report["download"]["problems"]
+    rc, _, err = run_cli("run", "prepare", "--spec", spec, "--force")
+    assert rc == 0, err
+    assert run_cli("verify", "--spec", spec)[0] == 0
+    # a downloaded file edited in place (one more line) must not flow into prepare
+    fetched = next(p for p in Path(stages["download"]["output_dir"]).rglob("*.txt"))
+    with open(fetched, "a") as f:
+        f.write("a line nobody downloaded\n")
+    rc, _, err = run_cli("run", "prepare", "--spec", spec, "--force")
+    assert rc == 2 and "download output was changed" in err, err

@@ -65,6 +65,36 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
         return None
 
 
+def check_files(directory: Path, manifest: dict[str, Any], *, full: bool = False) -> list[str]:
+    """What differs between a published output and its manifest: missing files
+    and sizes (cheap: every cache hit), checksums too with ``full`` (``xylent verify``)."""
+    problems = []
+    for entry in manifest.get("files", []):
+        path = Path(directory) / entry["path"]
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            problems.append(f"{entry['path']}: missing")
+            continue
+        if size != entry["bytes"]:
+            problems.append(f"{entry['path']}: {size} bytes, published with {entry['bytes']}")
+        elif full and sha256_file(path) != entry["sha256"]:
+            problems.append(f"{entry['path']}: content changed (sha256 differs from the manifest's)")
+    return problems
+
+
+def verified_manifest(directory: Path, stage: str) -> dict[str, Any] | None:
+    """The manifest of a complete output whose files still match it (sizes);
+    a damaged one is an error, never a cache hit a later stage reads."""
+    manifest = read_manifest(directory)
+    if manifest is not None and (problems := check_files(directory, manifest)):
+        raise XylentError(f"the {stage} output was changed after it was published ({len(problems)} file(s)): "
+                          + "; ".join(problems[:5]), where=str(directory),
+                          fix=f"rebuild it: xylent run {stage} --force (same --spec/--workspace); "
+                          "`xylent verify` checks every stage's checksums")
+    return manifest
+
+
 def _fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
