@@ -49,34 +49,30 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _status(args) -> dict:
+def _outputs(args):
+    """(stage, fingerprint, output folder, manifest or None) for every stage of the spec."""
     from xylent.spec import load_spec
 
     spec = load_spec(args.spec, args.overrides)
     ws = workspace_for(spec, args.workspace)
-    stages = {}
     for name, fp in stage_fingerprints(STAGES, spec).items():
         out = ws.output_dir(name, fp)
-        manifest = read_manifest(out)
-        stages[name] = {"output_dir": str(out), "fingerprint": fp, "cached": manifest is not None,
-                        "mlflow_run_id": manifest.get("mlflow_run_id") if manifest else None}
-    return {"stages": stages}
+        yield name, fp, out, read_manifest(out)
+
+
+def _status(args) -> dict:
+    return {"stages": {name: {"output_dir": str(out), "fingerprint": fp, "cached": manifest is not None,
+                              "mlflow_run_id": manifest.get("mlflow_run_id") if manifest else None}
+                       for name, fp, out, manifest in _outputs(args)}}
 
 
 def _verify(args) -> dict:
-    from xylent.spec import load_spec
     from xylent.workspace import check_files
 
-    spec = load_spec(args.spec, args.overrides)
-    ws = workspace_for(spec, args.workspace)
-    stages = {}
-    for name, fp in stage_fingerprints(STAGES, spec).items():
-        out = ws.output_dir(name, fp)
-        manifest = read_manifest(out)
-        problems = check_files(out, manifest, full=True) if manifest is not None else []
-        stages[name] = {"output_dir": str(out), "published": manifest is not None,
-                        "files": len(manifest.get("files", [])) if manifest else 0, "problems": problems}
-    return {"stages": stages}
+    return {"stages": {name: {"output_dir": str(out), "published": manifest is not None,
+                              "files": len(manifest.get("files", [])) if manifest else 0,
+                              "problems": check_files(out, manifest, full=True) if manifest else []}
+                       for name, _, out, manifest in _outputs(args)}}
 
 
 def _run(args) -> dict:
