@@ -55,6 +55,8 @@ class Corpus:
         self.requests: list[tuple[str, dict]] = []
         self.opus: dict[tuple[str, str], list[dict]] = {}  # (corpus, version) -> API listing
         self.redirects: dict[str, str] = {}  # path -> where a 302 sends it
+        self.ignore_if_range: set[str] = set()  # paths answered with the range even after the file changed
+        self.gzip: set[str] = set()  # paths sent with Content-Encoding: gzip whatever the client asked
         self.lock = threading.Lock()
 
     def count(self, path: str) -> int:
@@ -86,10 +88,14 @@ def _handler(corpus: Corpus):
             body = corpus.files.get(url.path)
             if body is None:
                 return self._send(404, b"not found")
+            if url.path in corpus.gzip:
+                import gzip
+
+                body = gzip.compress(body, mtime=0)
             etag = '"' + hashlib.md5(body).hexdigest() + '"'
             start, status = 0, 200
             rng = self.headers.get("Range")
-            if rng and (self.headers.get("If-Range") in (None, etag)):
+            if rng and (self.headers.get("If-Range") in (None, etag) or url.path in corpus.ignore_if_range):
                 a, b = rng.removeprefix("bytes=").split("-")
                 start = int(a)
                 end = int(b) if b else len(body) - 1
@@ -105,6 +111,8 @@ def _handler(corpus: Corpus):
             self.send_header("Content-Length", str(len(chunk)))
             self.send_header("ETag", etag)
             self.send_header("Accept-Ranges", "bytes")
+            if url.path in corpus.gzip:
+                self.send_header("Content-Encoding", "gzip")
             for k, v in extra.items():
                 self.send_header(k, v)
             self.end_headers()

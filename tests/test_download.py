@@ -120,3 +120,29 @@ def test_opus_api_listing(http_corpus):
     assert opus_list_pairs(http_corpus.base + "/opusapi/", "CCMatrix", "v1") == ["de-en", "en-sw"]
     with pytest.raises(XylentError, match="no moses files"):
         opus_list_pairs(http_corpus.base + "/opusapi/", "CCMatrix", "v9")
+
+
+def test_a_server_ignoring_if_range_after_the_file_changed_never_splices_two_files(http_corpus, tmp_path):
+    old, new = BODY, bytes(reversed(BODY))
+    http_corpus.files["/a.bin"] = old
+    http_corpus.drop_after["/a.bin"] = 10_000  # the first attempt is cut short ...
+    http_corpus.ignore_if_range.add("/a.bin")
+
+    def change_after_first_request(n):  # ... and the file changes on the server before the resume
+        if http_corpus.count("/a.bin") == 1:
+            http_corpus.files["/a.bin"] = new
+
+    rec = fetch(http_corpus.base + "/a.bin", tmp_path / "x.part", retries=3, backoff_s=0, chunk_bytes=4096,
+                on_bytes=change_after_first_request)
+    ranges = [h.get("Range") for p, h in http_corpus.requests]
+    assert ranges[1] is not None and ranges[1].startswith("bytes=8192-"), "the second request resumed ..."
+    assert ranges[2] is None, "... and the changed ETag sent the third back to byte 0"
+    assert (tmp_path / "x.part").read_bytes() == new, "the resumed file must be one version, not a splice"
+    assert rec["sha256"] == hashlib.sha256(new).hexdigest()
+
+
+def test_a_body_gzip_encoded_against_our_request_is_decoded_and_complete(http_corpus, tmp_path):
+    http_corpus.files["/a.txt"] = BODY
+    http_corpus.gzip.add("/a.txt")
+    rec = fetch(http_corpus.base + "/a.txt", tmp_path / "x.part", retries=1, backoff_s=0)
+    assert (tmp_path / "x.part").read_bytes() == BODY and rec["bytes"] == len(BODY)

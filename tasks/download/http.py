@@ -44,7 +44,8 @@ def _stream_http(
 ) -> dict:
     have = part.stat().st_size if part.exists() else 0
     meta = _load_meta(meta_path)
-    if meta.get("url") not in (None, url):  # a partial file of another URL is never reused
+    if meta.get("url") not in (None, url) or meta.get("encoded"):
+        # a partial file of another URL, or of decoded bytes (no server range matches them), is never reused
         part.unlink(missing_ok=True)
         have, meta = 0, {}
     if max_bytes is not None and have >= max_bytes:
@@ -78,6 +79,7 @@ def _stream_http(
         if status not in (200, 206):
             raise XylentError(f"unexpected HTTP {status} {resp.reason}", where=url)
         mode = "ab"
+        encoded = resp.headers.get("Content-Encoding", "identity").lower() not in ("identity", "")
         if status == 200:
             mode, have = "wb", 0  # the server ignored the range: start over
         else:
@@ -85,15 +87,24 @@ def _stream_http(
             if not crange.startswith(f"bytes {have}-"):
                 part.unlink(missing_ok=True)
                 raise _Retry(f"server answered a different range ({crange!r}); restarting from 0")
+            etag = resp.headers.get("ETag")
+            if have and meta.get("etag") and etag and etag != meta["etag"]:
+                # the file changed on the server and it ignored If-Range: appending would splice two files
+                part.unlink(missing_ok=True)
+                meta_path.unlink(missing_ok=True)
+                raise _Retry(f"the file changed on the server (ETag {meta['etag']} -> {etag}); restarting from 0")
         length = resp.headers.get("Content-Length")
-        expected = int(length) if length is not None and length.isdigit() else None
+        # requests decodes a Content-Encoding the server sent anyway: the length then counts other bytes
+        expected = int(length) if length is not None and length.isdigit() and not encoded else None
         total = None
         crange = resp.headers.get("Content-Range", "")
         if "/" in crange and crange.rsplit("/", 1)[1].isdigit():
             total = int(crange.rsplit("/", 1)[1])
         elif expected is not None and status == 200:
             total = expected
-        meta = {"url": url, "etag": resp.headers.get("ETag"), "total": total}
+        if encoded:
+            total = None  # decoded bytes: no range of them can be resumed against the server's
+        meta = {"url": url, "etag": resp.headers.get("ETag"), "total": total, "encoded": encoded}
         meta_path.write_text(json.dumps(meta))
         got = 0
         try:
