@@ -79,7 +79,8 @@ class Invocation:
         spec = load_spec(spec_file, overrides or [])
         ws = workspace_for(spec, workspace)
         uri = tracking_uri_for(ws.root, spec.tracking.tracking_uri)
-        tracker = Tracker(uri, spec.tracking.experiment, artifact_root=ws.root / "mlartifacts")
+        tracker = Tracker(uri, spec.tracking.experiment, artifact_root=ws.root / "mlartifacts", workspace=ws.root)
+        tracker.end_orphaned_runs()  # runs of invocations killed with -9 would say RUNNING forever
         owns = parent_run_id is None
         if owns:
             parent_run_id = tracker.start_run(

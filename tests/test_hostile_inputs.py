@@ -202,3 +202,34 @@ def test_a_published_output_changed_afterwards_is_never_a_cache_hit(tmp_path, ru
         f.write("a line nobody downloaded\n")
     rc, _, err = run_cli("run", "prepare", "--spec", spec, "--force")
     assert rc == 2 and "download output was changed" in err, err
+
+
+def test_runs_of_a_killed_invocation_are_marked_killed_by_the_next_run(tmp_path, run_cli):
+    import subprocess
+    import sys
+
+    import psutil
+    from mlflow import MlflowClient
+
+    from xylent.tracking import Tracker, owner
+
+    ws = (tmp_path / "ws").resolve()
+    (tmp_path / "en.txt").write_text("hello\n")
+    spec = write_spec(tmp_path / "spec.yaml", {"name": "k", "languages": ["en"], "workspace": str(ws),
+                                               "tracking": {"experiment": "kill-test"},
+                                               "sources": [{"name": "loc", "kind": "local", "format": "text",
+                                                            "lang": "en", "path": str(tmp_path / "en.txt")}]})
+    tracker = Tracker(f"sqlite:///{ws}/mlflow.db", "kill-test", artifact_root=ws / "mlartifacts", workspace=ws)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    start = psutil.Process(dead.pid).create_time()
+    dead.wait()
+    host = owner().rsplit(":", 2)[0]
+    runs = {"dead": tracker.start_run("killed", tags={"xylent.owner": f"{host}:{dead.pid}:{start:.3f}"}),
+            "elsewhere": tracker.start_run("other host", tags={"xylent.owner": f"not-{host}:1:1.000"}),
+            "alive": tracker.start_run("this process")}
+    rc, _, err = run_cli("run", "download", "--spec", spec)
+    assert rc == 0, err
+    client = MlflowClient(f"sqlite:///{ws}/mlflow.db")
+    status = {k: client.get_run(r).info.status for k, r in runs.items()}
+    assert status == {"dead": "KILLED", "elsewhere": "RUNNING", "alive": "RUNNING"}, status
+    assert "found its process gone" in client.get_run(runs["dead"]).data.tags["xylent.ended_by"]

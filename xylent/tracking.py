@@ -37,12 +37,47 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+def owner() -> str:
+    """``host:pid:start``: this process, told apart from a later one with the same pid."""
+    import socket
+
+    import psutil
+
+    me = psutil.Process()
+    return f"{socket.gethostname()}:{me.pid}:{me.create_time():.3f}"
+
+
+def owner_is_gone(tag: str) -> bool:
+    """Whether the process an ``owner()`` tag names has ended (False when unknowable: another host)."""
+    import socket
+
+    import psutil
+
+    try:
+        host, pid, start = tag.rsplit(":", 2)
+        pid, start = int(pid), float(start)
+    except ValueError:
+        return False
+    if host != socket.gethostname():
+        return False
+    try:
+        return abs(psutil.Process(pid).create_time() - start) > 0.01
+    except psutil.NoSuchProcess:
+        return True
+
+
 class Tracker:
     """Thin wrapper over ``MlflowClient`` bound to one tracking store and experiment."""
 
-    def __init__(self, tracking_uri: str, experiment: str, artifact_root: Path | None = None):
+    def __init__(self, tracking_uri: str, experiment: str, artifact_root: Path | None = None,
+                 workspace: Path | None = None):
         import mlflow
         from mlflow import MlflowClient
+
+        # every run says whose it is, so a later run can tell one whose process died from a live one
+        self.owner_tags = {"xylent.owner": owner()}
+        if workspace is not None:
+            self.owner_tags["xylent.workspace"] = str(workspace)
 
         # MLflow logs its sqlite migrations at INFO on first use; they are noise to our users.
         logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -72,7 +107,7 @@ class Tracker:
         tags: Mapping[str, str] | None = None,
         params: Mapping[str, Any] | None = None,
     ) -> str:
-        all_tags = dict(tags or {})
+        all_tags = {**self.owner_tags, **(tags or {})}
         if parent_run_id:
             all_tags["mlflow.parentRunId"] = parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
@@ -112,6 +147,25 @@ class Tracker:
 
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
+
+    def end_orphaned_runs(self) -> list[str]:
+        """Mark KILLED the RUNNING runs of this workspace whose process is gone
+        (a kill -9 never lets a run end itself) -> their ids.  Runs started on
+        another host are left alone: whether they live cannot be told from here."""
+        where = self.owner_tags.get("xylent.workspace")
+        if where is None:
+            return []
+        runs = self.client.search_runs([self.experiment_id], "attributes.status = 'RUNNING' and "
+                                       f"tags.`xylent.workspace` = '{where}'", max_results=1000)
+        ended = []
+        for run in runs:
+            tag = run.data.tags.get("xylent.owner", "")
+            if tag and owner_is_gone(tag):
+                self.client.set_tag(run.info.run_id, "xylent.ended_by", f"a later run ({owner()}) found its "
+                                    "process gone")
+                self.client.set_terminated(run.info.run_id, status="KILLED")
+                ended.append(run.info.run_id)
+        return ended
 
     def run_url(self, run_id: str) -> str:
         """The run's page: on the tracking server, or where ``mlflow ui`` serves a
