@@ -233,3 +233,14 @@ def test_runs_of_a_killed_invocation_are_marked_killed_by_the_next_run(tmp_path,
     status = {k: client.get_run(r).info.status for k, r in runs.items()}
     assert status == {"dead": "KILLED", "elsewhere": "RUNNING", "alive": "RUNNING"}, status
     assert "found its process gone" in client.get_run(runs["dead"]).data.tags["xylent.ended_by"]
+
+
+def test_a_tsv_bitext_without_tabs_is_an_error_not_zero_pairs(tmp_path, run_cli):
+    (tmp_path / "de-en.tsv").write_text("".join(f"Satz {i} sentence {i}\n" for i in range(100)))
+    spec = write_spec(tmp_path / "spec.yaml", {"name": "t", "languages": ["de", "en"], "workspace": str(tmp_path / "ws"),
+                                               "sources": [{"name": "bt", "kind": "local", "format": "tsv",
+                                                            "pair": "de-en", "path": str(tmp_path / "de-en.tsv")}]})
+    rc, _, err = run_cli("run", "prepare", "--spec", spec)
+    assert rc == 2 and "100 of 100 lines" in err and "de-en.tsv" in err and "max_malformed_rate" in err, err
+    rc, _, err = run_cli("run", "prepare", "--spec", spec, "--set", "prepare.max_malformed_rate=1.0")
+    assert rc == 0, err  # the user's explicit choice: keep what is well formed (here nothing)

@@ -183,6 +183,10 @@ class PrepareConfig(Strict):
     min_chars: int = Field(default=1, ge=0, description="drop segments shorter than this (after cleaning)")
     max_chars: int = Field(default=20000, gt=0, description="drop segments longer than this")
     part_rows: int = Field(default=500_000, gt=0, description="rows per output Parquet part")
+    max_malformed_rate: float = Field(default=0.5, ge=0, le=1, description="tsv bitext: a file with a larger "
+                                      "share of lines that are not 'src<TAB>tgt' is an error, not a silent drop")
+
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("max_malformed_rate",)
 
     @model_validator(mode="after")
     def _bounds(self):

@@ -224,7 +224,13 @@ def _prepare_tsv(path: Path, rec: dict, out: Path, cfg: PrepareConfig, max_lines
         pw.write(sa, sb)
         if max_lines is not None and seen >= max_lines:
             break
-    return [pw.close()]
+    row = pw.close()
+    if row["malformed"] > cfg.max_malformed_rate * max(1, row["lines_in"]):  # e.g. no tabs at all: 0 pairs
+        raise XylentError(f"{row['malformed']} of {row['lines_in']} lines are not 'src<TAB>tgt' "
+                          f"(more than prepare.max_malformed_rate = {cfg.max_malformed_rate:g})", where=str(path),
+                          fix="check the file's layout (one tab per line: source text, tab, target text), or "
+                          "raise prepare.max_malformed_rate to keep only its well-formed lines")
+    return [row]
 
 
 def _read_batches(pf, columns: list[str], path: Path):
