@@ -15,7 +15,7 @@ from flows.download import download
 from flows.kit import StageContext, StageOutcome, stage_flow
 from flows.pretrain import checkpoint_dir, pretrain
 from flows.progress import Progress
-from tasks.evaluate.encoders import HuggingFaceEncoder, check_layers, load_xylent, random_init, subword_bag
+from tasks.evaluate.encoders import check_layers, load_ref
 from tasks.evaluate.run import FINETUNED, FineTuning, evaluate_model, sentences_to_embed
 from tasks.evaluate.scorecard import PRIMARY, mlflow_metrics, references, write_scorecard
 from tasks.evaluate.sources import EXCLUDED_FILE, task_dirs
@@ -30,27 +30,19 @@ def _model_dir(model, spec, pipeline_dir: Path) -> tuple[str, Path]:
     return model.kind, spec.resolve_path(model.path)
 
 
-def load_encoder(model, spec, pipeline_dir: Path):
-    if model == "pipeline":
-        return load_xylent("pipeline", pipeline_dir)
-    if model == "random-init":
-        return random_init("random-init", pipeline_dir, spec.evaluate.random_init_seed)
-    if model == "bag-of-subwords":
-        return subword_bag("bag-of-subwords", pipeline_dir)
-    path = spec.resolve_path(model.path)
-    if model.kind == "xylent":
-        return load_xylent(model.name, path)
-    return HuggingFaceEncoder(model.name, path, trust_remote_code=model.trust_remote_code)
-
-
 def model_ref(model, name: str, spec, pipeline_dir: Path) -> dict:
-    """The model as plain data, for fine-tuning ranks in other processes to load it."""
-    if model == "random-init":
-        return {"kind": "random-init", "name": name, "path": str(pipeline_dir), "seed": spec.evaluate.random_init_seed}
+    """The model as plain data: what this process and fine-tuning ranks in others load it from."""
+    if model in ("random-init", "bag-of-subwords"):
+        return {"kind": model, "name": name, "path": str(pipeline_dir), "seed": spec.evaluate.random_init_seed}
     if isinstance(model, str):
         return {"kind": "xylent", "name": name, "path": str(pipeline_dir)}
     return {"kind": model.kind, "name": name, "path": str(spec.resolve_path(model.path)),
             "trust_remote_code": model.trust_remote_code}
+
+
+def load_encoder(model, spec, pipeline_dir: Path):
+    name = model if isinstance(model, str) else model.name
+    return load_ref(model_ref(model, name, spec, pipeline_dir))
 
 
 @task(name="evaluate-model", task_run_name="evaluate {name}", cache_policy=NO_CACHE)

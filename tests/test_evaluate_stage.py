@@ -314,8 +314,16 @@ def _check_finetuned(out: Path, model: str, name: str, task, r: dict) -> None:
         return
     assert set(r["languages"]) == set(task.languages) and r["seeds"] == task.finetune.seeds
     per_seed = {s: [] for s in r["per_seed"]}
+    from collections import Counter
+
+    from tasks.finetune.run import TaskData
+
+    # the trivial baseline: always answer the commonest label of what was trained on (train-en minus the dev share)
+    commonest = Counter(e.label for e in TaskData(task, out / "data" / name).train).most_common(1)[0][0]
     for lang, v in r["languages"].items():
-        assert v["n"] > 50 and 0 <= v["majority_baseline"] <= 100
+        gold = (out / "labels" / name / f"test-{lang}.tsv").read_text().splitlines()
+        assert v["n"] == len(gold) > 50
+        assert v["majority_baseline"] == pytest.approx(100 * gold.count(commonest) / len(gold))
         for seed in per_seed:  # every seed's submission, read back by the XTREME scorer
             pred = out / "predictions" / model / name / f"seed-{seed}" / name / f"test-{lang}.tsv"
             per_seed[seed].append(score_language(pred, out / "labels" / name / f"test-{lang}.tsv", name, lang,

@@ -215,3 +215,17 @@ def check_layers(models: dict[str, tuple[str, Path]], tasks: list) -> None:
                 raise XylentError(f"evaluate task {t.name!r} asks for layer {t.layer}, but model {name!r} has "
                                   f"hidden states 0..{n} (0 = embeddings)", where="spec field evaluate.tasks[].layer",
                                   fix=f"pick a layer in 0..{n}, or leave it out for the middle layer")
+
+
+def load_ref(ref: dict) -> SentenceEncoder:
+    """An encoder from its plain-data description (``kind``: xylent, hf, random-init,
+    bag-of-subwords; ``name``, ``path``, ...): the stage and fine-tuning ranks in
+    other processes load models the same way."""
+    kind, name, path = ref["kind"], ref["name"], Path(ref["path"])
+    if kind == "random-init":
+        return random_init(name, path, ref["seed"])
+    if kind == "bag-of-subwords":
+        return subword_bag(name, path)
+    if kind == "hf":
+        return HuggingFaceEncoder(name, path, trust_remote_code=ref.get("trust_remote_code", False))
+    return load_xylent(name, path)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from tasks.finetune.train import LoopConfig, optimiser_steps, schedule
+from tasks.finetune.train import LoopConfig, loop_config, optimiser, optimiser_steps
 
 RECORD = "record.json"
 MODULE = "tasks.finetune.distributed"
@@ -32,11 +32,7 @@ class DeepSpeedStepper:
     def __init__(self, model, cfg: LoopConfig, total: int, zero_stage: int, world: int):
         import deepspeed
 
-        decay = [p for p in model.parameters() if p.ndim >= 2]
-        no_decay = [p for p in model.parameters() if p.ndim < 2]
-        opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                 {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, eps=1e-8)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: schedule(s, total, int(cfg.warmup * total)))
+        opt, sched = optimiser(model, cfg, total)
         config = {"train_batch_size": cfg.batch_size // world * world,
                   "train_micro_batch_size_per_gpu": cfg.batch_size // world, "gradient_accumulation_steps": 1,
                   "gradient_clipping": 1.0, "bf16": {"enabled": torch.cuda.is_available()},
@@ -110,21 +106,12 @@ def train_on_ranks(task, data_dir: Path, model: dict, seed: int, ckdir: Path, lo
     return json.loads((ckdir / RECORD).read_text())
 
 
-def _load_encoder(model: dict):
-    from tasks.evaluate.encoders import HuggingFaceEncoder, load_xylent, random_init
-
-    if model["kind"] == "random-init":
-        return random_init(model["name"], Path(model["path"]), model["seed"])
-    if model["kind"] == "hf":
-        return HuggingFaceEncoder(model["name"], Path(model["path"]), model.get("trust_remote_code", False))
-    return load_xylent(model["name"], Path(model["path"]))
-
-
 def main() -> None:
     import deepspeed
 
+    from tasks.evaluate.encoders import load_ref
     from tasks.finetune.encoders import task_model
-    from tasks.finetune.run import PRIMARY, Runner, TaskData
+    from tasks.finetune.run import Runner, TaskData
     from tasks.finetune.train import train
     from xylent.spec_evaluate import EvalTask
 
@@ -140,21 +127,16 @@ def main() -> None:
     task = EvalTask(**spec["task"])
     ft, data = task.finetune, TaskData(task, Path(spec["data_dir"]))
     seed, ckdir = spec["seed"], Path(spec["ckdir"])
-    model, tok = task_model(_load_encoder(spec["model"]), task.kind, max(1, len(data.labels)), seed)
+    model, tok = task_model(load_ref(spec["model"]), task.kind, max(1, len(data.labels)), seed)
     runner = Runner(data, tok)
     feats = runner.features(data.train, training=True)
-    cfg = LoopConfig(lr=ft.lr, epochs=ft.epochs, batch_size=ft.batch_size, warmup=ft.warmup,
-                     weight_decay=ft.weight_decay, selection=ft.selection, checkpoint_every=ft.checkpoint_every,
-                     seed=seed)
+    cfg = loop_config(ft, seed)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if ft.batch_size % world:
         raise SystemExit(f"finetune.batch_size {ft.batch_size} is not a multiple of the {world} ranks")
     stepper = DeepSpeedStepper(model, cfg, optimiser_steps(len(feats), cfg, world)[1], ft.zero_stage, world)
 
-    def dev_score(m) -> float:
-        return runner.score(data.dev, runner.predict(m, data.dev), task.train_language)[PRIMARY[task.kind]]
-
-    record = train(model, feats, dev_score, cfg, ckdir, tok.pad_id,
+    record = train(model, feats, runner.dev_score, cfg, ckdir, tok.pad_id,
                    lambda msg: print(f"[rank{stepper.rank}] {msg}", flush=True) if stepper.rank == 0 else None,
                    stepper=stepper)
     if stepper.rank == 0:

@@ -36,7 +36,7 @@ from tasks.finetune.features import (
     tagging_predictions,
 )
 from tasks.finetune.qa import best_span, char_span_of_answer, qa_windows
-from tasks.finetune.train import LoopConfig, logits_of, train
+from tasks.finetune.train import logits_of, loop_config, train
 from xylent.errors import XylentError
 
 PRIMARY = {"classification": "accuracy", "qa": "f1", "tagging": "f1"}
@@ -64,9 +64,9 @@ class TaskData:
                     train += read_examples(root, kind, fmt, "translate-train", other)[cap]
         self.train = train
         self.tests = {other: read_examples(root, kind, fmt, "test", other) for other in task.languages}
+        self.test_files = {other: split_file(root, kind, "test", other) for other in task.languages}
         if kind == "qa":
             self._check_answers(lang)
-        self.test_files = {other: split_file(root, kind, "test", other) for other in task.languages}
         if kind == "classification":
             names = sorted({e.label for e in self.train})
         elif kind == "tagging":
@@ -89,14 +89,14 @@ class TaskData:
     def _check_answers(self, lang: str) -> None:
         """Dev and test questions are scored against their answers: one without any
         (a SQuAD 2.0 file) would stop the run after training; refuse it now."""
-        for split, examples in (("dev", self.dev), *(("test", ex) for ex in self.tests.values())):
-            for e in examples:
-                if not e.answers:
-                    where = next((str(split_file(self.root, "qa", split, code)) for code, ex in
-                                  ({lang: self.dev} if split == "dev" else self.tests).items() if e in ex), split)
-                    raise XylentError(f"question {e.qid!r} has no answer; SQuAD v1.1 scoring needs at least one "
-                                      "per question", where=where,
-                                      fix="use SQuAD v1.1-style files (unanswerable SQuAD 2.0 questions removed)")
+        dev = split_file(self.root, "qa", "dev", lang)
+        files = [(dev if dev.is_file() else split_file(self.root, "qa", "train", lang), self.dev)]
+        files += [(self.test_files[code], examples) for code, examples in self.tests.items()]
+        for path, examples in files:
+            if missing := next((e for e in examples if not e.answers), None):
+                raise XylentError(f"question {missing.qid!r} has no answer; SQuAD v1.1 scoring needs at least one "
+                                  "per question", where=str(path),
+                                  fix="use SQuAD v1.1-style files (unanswerable SQuAD 2.0 questions removed)")
 
 
 class Runner:
@@ -143,6 +143,11 @@ class Runner:
                                        [lg[:, 1] for _, lg in parts], e.context,
                                        max_answer_length=self.ft.max_answer_length)
         return answers
+
+    def dev_score(self, model) -> float:
+        """The selection score: the primary metric on the train language's dev set."""
+        dev = self.data.dev
+        return self.score(dev, self.predict(model, dev), self.data.task.train_language)[PRIMARY[self.data.kind]]
 
     def score(self, examples: list[Example], predictions, lang: str) -> dict:
         """In-memory scores of the dev set, with the same metrics the test files get."""
@@ -196,13 +201,7 @@ def run_seed(data: TaskData, make_model: Callable[[int, int], tuple], seed: int,
     if ft.launcher == "deepspeed":
         model.load_state_dict(torch.load(ckdir / record["best_file"], map_location="cpu", weights_only=True))
     else:
-        def dev_score(m) -> float:
-            return runner.score(data.dev, runner.predict(m, data.dev), task.train_language)[PRIMARY[data.kind]]
-
-        cfg = LoopConfig(lr=ft.lr, epochs=ft.epochs, batch_size=ft.batch_size, warmup=ft.warmup,
-                         weight_decay=ft.weight_decay, selection=ft.selection, checkpoint_every=ft.checkpoint_every,
-                         seed=seed)
-        record = train(model, feats, dev_score, cfg, ckdir, tok.pad_id, log)
+        record = train(model, feats, runner.dev_score, loop_config(ft, seed), ckdir, tok.pad_id, log)
     folder, fmt = task.xtreme_task or task.name, task.submission_format
     langs = {}
     for lang, examples in data.tests.items():

@@ -94,6 +94,23 @@ def schedule(step: int, total: int, warmup_steps: int) -> float:
     return max(0.0, (total - step) / max(1, total - warmup_steps))
 
 
+def loop_config(ft, seed: int) -> LoopConfig:
+    """A task's resolved ``finetune`` section as the loop's settings for one seed."""
+    return LoopConfig(lr=ft.lr, epochs=ft.epochs, batch_size=ft.batch_size, warmup=ft.warmup,
+                      weight_decay=ft.weight_decay, selection=ft.selection, checkpoint_every=ft.checkpoint_every,
+                      seed=seed)
+
+
+def optimiser(model, cfg: LoopConfig, total: int):
+    """AdamW without decay on biases and LayerNorms (as XTREME's run_*.py), and its
+    linear warmup-then-decay schedule over ``total`` steps."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, eps=1e-8)
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: schedule(s, total, int(cfg.warmup * total)))
+
+
 class Stepper:
     """One process's optimiser steps and resumable state (the in-process path);
     :class:`tasks.finetune.distributed.DeepSpeedStepper` is the same for ranks."""
@@ -102,11 +119,7 @@ class Stepper:
 
     def __init__(self, model: TaskModel, cfg: LoopConfig, total: int):
         self.model = model
-        decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-        no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]  # biases and LayerNorms, as run_*.py
-        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                                      {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, eps=1e-8)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: schedule(s, total, int(cfg.warmup * total)))
+        self.opt, self.sched = optimiser(model, cfg, total)
 
     def forward(self, batch: dict) -> torch.Tensor:
         with _autocast(next(self.model.parameters()).device):
