@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import traceback
+from pathlib import Path
 
 from flows.registry import STAGE_NAMES, STAGES
 from xylent.errors import XylentError
@@ -42,6 +43,13 @@ def _parser() -> argparse.ArgumentParser:
     verify = sub.add_parser("verify", help="check every published stage output against its manifest "
                             "(each file's size and sha256); exit 2 naming what changed")
     spec_args(verify)
+    cmp = sub.add_parser("compare", help="several specs' published runs side by side: every task score beside "
+                         "random-init's, and how pretraining ended against its trivial peers (Markdown)")
+    cmp.add_argument("--spec", dest="specs", action="append", required=True, metavar="SPEC",
+                     help="a spec whose evaluate stage has run (repeat for each run to compare)")
+    cmp.add_argument("--workspace", help="for every spec (default: each spec's own 'workspace')")
+    cmp.add_argument("--out", help="also write the table to this file")
+    cmp.add_argument("--json", action="store_true", help="print the numbers as JSON instead")
     hf = sub.add_parser("export-hf", help="write an exported xylent model/ dir as a Hugging Face transformers dir "
                         "(AutoModel & co. with trust_remote_code=True; fast tokenizer)")
     hf.add_argument("model_dir", help="an xylent model/ dir, e.g. workspace/pretrain/<fingerprint>/model")
@@ -55,9 +63,26 @@ def _outputs(args):
 
     spec = load_spec(args.spec, args.overrides)
     ws = workspace_for(spec, args.workspace)
-    for name, fp in stage_fingerprints(STAGES, spec).items():
+    for name, fp in stage_fingerprints(STAGES, spec, ws).items():
         out = ws.output_dir(name, fp)
         yield name, fp, out, read_manifest(out)
+
+
+def _compare(args) -> dict:
+    from types import SimpleNamespace
+
+    from tasks.evaluate.compare import read_run, table
+
+    runs = []
+    for spec in args.specs:
+        found = {name: (out, manifest) for name, _, out, manifest in
+                 _outputs(SimpleNamespace(spec=spec, overrides=[], workspace=args.workspace))}
+        published = {name: out if manifest is not None else None for name, (out, manifest) in found.items()}
+        runs.append(read_run(Path(spec).stem, published.get("evaluate"), published.get("pretrain")))
+    markdown = table(runs)
+    if args.out:
+        Path(args.out).write_text(markdown, encoding="utf-8")
+    return {"runs": runs, "markdown": markdown}
 
 
 def _status(args) -> dict:
@@ -179,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise XylentError(f"{len(bad)} stage output(s) changed after they were published: "
                                   f"{', '.join(bad)}", where=", ".join(r["output_dir"] for r in bad.values()),
                                   fix="rebuild each: xylent run <stage> --force (same --spec/--workspace)")
+            return 0
+        if args.command == "compare":
+            result = _compare(args)
+            print(json.dumps(result["runs"], indent=2) if args.json else result["markdown"], end="")
             return 0
         if args.command == "export-hf":
             from models.hf_export import export_hf

@@ -91,7 +91,7 @@ class Invocation:
             )
         chain = lineage(flows)
         return cls(spec, spec_file, list(overrides or []), ws, tracker, parent_run_id, owns,
-                   stage_fingerprints((f.stage for f in chain), spec), {f.stage.name: f for f in chain})
+                   stage_fingerprints((f.stage for f in chain), spec, ws), {f.stage.name: f for f in chain})
 
     def flow_kwargs(self) -> dict:
         return {"spec_file": self.spec_file, "workspace": str(self.ws.root), "overrides": self.overrides,
@@ -152,7 +152,7 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
     """Run the stage's body into a temporary folder unless its output is cached."""
     fp = inv.fingerprints[stage.name]
     out = inv.ws.output_dir(stage.name, fp)
-    config = stage.spec_slice(inv.spec)
+    config = stage.spec_slice(inv.spec, inv.ws)
     tags = {"xylent.stage": stage.name, "xylent.fingerprint": fp, "xylent.output_dir": str(out), **_prefect_tags()}
     with inv.ws.lock():
         upstream = inv.upstream_dirs(stage)
@@ -213,7 +213,8 @@ def _prefect_artifacts(inv: Invocation, stage: str, fp: str, out: Path, run_id: 
 
 
 def stage_flow(name: str, *, description: str, version: str, reads: tuple[str, ...], upstream: tuple = (),
-               config: Callable[[Spec], dict] | None = None, when: dict | None = None):
+               config: Callable[[Spec], dict] | None = None, when: dict | None = None,
+               identity: Callable[[Spec, Workspace], dict] | None = None):
     """Declare a stage and make its Prefect flow; decorate the stage's body:
 
         from flows.dedup import dedup
@@ -223,7 +224,8 @@ def stage_flow(name: str, *, description: str, version: str, reads: tuple[str, .
 
     ``upstream`` are the flows of the stages it reads (run first when their output
     is missing).  ``when`` maps some of them to a test of the spec: such a stage is
-    read only when its test is true.  The decorated name is the Prefect flow (``sampling(spec_file=...,
+    read only when its test is true.  ``identity(spec, ws)``: what else the output depends on
+    that only the workspace can tell (see :class:`~xylent.stage.StageDef`).  The decorated name is the Prefect flow (``sampling(spec_file=...,
     ...)``); its :class:`StageDef` is ``sampling.stage``.  A cached stage ends its
     flow in a ``Cached`` state; every flow returns every stage it touched.
     """
@@ -231,7 +233,8 @@ def stage_flow(name: str, *, description: str, version: str, reads: tuple[str, .
     def wrap(body: Callable[[StageContext], StageOutcome]):
         stage = StageDef(name=name, description=description, version=version, reads=reads, body=body,
                          upstream=tuple(f.stage.name for f in upstream), config=config,
-                         conditions=tuple((f.stage.name, test) for f, test in (when or {}).items()))
+                         conditions=tuple((f.stage.name, test) for f, test in (when or {}).items()),
+                         identity=identity)
 
         def run(spec_file: str, workspace: str | None = None, overrides: list[str] | None = None,
                 force: bool = False, mlflow_parent_run_id: str | None = None) -> Any:

@@ -10,6 +10,7 @@ on the world size that saved it (another is refused up front); ZeRO-0 on any.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -25,6 +26,7 @@ from flows.vocab import vocab
 from models.run_config import TrainConfig
 from tasks.pretrain import publish
 from tasks.pretrain.config import check_resumable, train_config
+from tasks.pretrain.init import REPORT_FILE, init_metrics, init_summary, prepare_init, source_identity
 from tasks.pretrain.launch import deepspeed_command, launch, world_size
 
 _STEP = re.compile(r"xylent: step (\d+)/(\d+)")
@@ -81,21 +83,29 @@ def run_training(ctx: StageContext, cfg: TrainConfig, ckdir: Path):
 
 
 @stage_flow("pretrain", description="ELECTRA (MRTD + TRTD) pretraining under DeepSpeed ZeRO; exports and registers "
-            "the encoder", version="2", reads=("model", "pretrain", "seed"), upstream=(vocab, sampling, shards))
+            "the encoder", version="2", reads=("model", "pretrain", "seed"), upstream=(vocab, sampling, shards),
+            identity=source_identity)
 def pretrain(ctx: StageContext) -> StageOutcome:
     spec, p, tracker = ctx.spec, ctx.spec.pretrain, ctx.tracker
     ckdir = checkpoint_dir(ctx)
     cfg = train_config(spec, ctx.upstream, ckdir, ctx.run_id, tracker.uri)
+    init = prepare_init(spec, ctx.ws, cfg, ctx.upstream, ckdir) if p.init is not None else None  # before training
     result = run_training(ctx, cfg, ckdir)
 
     name = p.register_name or f"xylent-{spec.name}"
     rows, enc_state, enc_cfg, n_params = publish.export_run(cfg, ckdir, ctx.upstream, ctx.out, {
-        "objective": p.objective, "steps": p.steps, "fingerprint": ctx.fingerprint, "registered_model": name})
+        "objective": p.objective, "steps": p.steps, "fingerprint": ctx.fingerprint, "registered_model": name,
+        **({"init": init["source"]} if init else {})})
     if result.resumed_from_step:
         publish.backfill(tracker.client, ctx.run_id, rows, result.resumed_from_step)
     model_uri, version = publish.register_model(tracker, ctx.run_id, ctx.out / publish.MODEL_DIR, name, ckdir)
     metrics = publish.summary_metrics(rows, n_params, sum(v.numel() for v in enc_state.values()))
     summary = publish.summary(metrics, p, cfg, enc_cfg, f"{name} v{version}", model_uri, result.resumed_from_step)
+    if init:
+        (ctx.out / REPORT_FILE).write_text(json.dumps(init, indent=1, ensure_ascii=False))
+        tracker.log_artifact(ctx.run_id, ctx.out / REPORT_FILE)
+        metrics.update(init_metrics(init))
+        summary += "\n\n" + init_summary(init)
     (ctx.out / "report.md").write_text(summary)
     table = [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items()} for r in rows[-200:]]
     return StageOutcome(metrics=metrics, table=table, summary=summary,

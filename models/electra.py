@@ -13,14 +13,11 @@ the MLM/TLM ablation.
 - ``objective: mlm`` trains one encoder with BERT's 80/10/10 corruption: MLM on
   MRTD batches, TLM (both sides of the pair masked) on TRTD batches.
 
-Forward passes return *sums and counts* (:class:`Stats`), not means: the trainer
-normalises by counts summed over every rank, so the loss is the mean over the
-global batch whatever its split into ranks.
+Forward passes return *sums and counts* (models.stats.Stats), not means; the
+objectives are built by name in models.objectives.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +27,7 @@ from models.config import EncoderConfig
 from models.encoder import Embeddings, Encoder
 from models.init import init_weights
 from models.masking import bert_corrupt, choose_masked, corrupt, sample_tokens
+from models.stats import Norms, Stats, row_sums, zero
 
 
 class TiedLMHead(nn.Module):
@@ -55,53 +53,13 @@ class RTDHead(nn.Module):
         return self.out(F.gelu(self.dense(x))).squeeze(-1)
 
 
-@dataclass
-class Stats:
-    """Per-micro-batch sums (tensors, so they can be all-reduced in one call)."""
-
-    g_loss: torch.Tensor          # Σ cross-entropy over masked tokens (with grad)
-    d_loss: torch.Tensor          # Σ BCE over non-pad tokens (with grad)
-    g_count: torch.Tensor         # masked tokens
-    g_correct: torch.Tensor       # argmax == original at masked tokens
-    d_count: torch.Tensor         # non-pad tokens
-    d_correct: torch.Tensor
-    d_true_pos: torch.Tensor      # predicted replaced and replaced
-    d_pred_pos: torch.Tensor      # predicted replaced
-    d_pos: torch.Tensor           # replaced
-    tokens: torch.Tensor          # non-pad tokens in the input
-    rows: torch.Tensor | None = None  # per_row=True: (ROW_FIELDS, B), no grad
-
-    COUNTS = ("g_count", "g_correct", "d_count", "d_correct", "d_true_pos", "d_pred_pos", "d_pos", "tokens")
-
-    def counts(self) -> torch.Tensor:
-        return torch.stack([getattr(self, k).detach().float() for k in self.COUNTS])
-
-    def sums(self) -> torch.Tensor:
-        return torch.stack([self.g_loss.detach().float(), self.d_loss.detach().float()])
-
-
-ROW_FIELDS = ("g_loss", "g_count", "d_loss", "d_count", "d_pos")  # Stats.rows, per row of the batch
-
-
-def _per_row(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-    """Sum per row of token values selected by the boolean (B, T) mask ``where`` (row-major order,
-    as boolean indexing returns them).  A scatter into a dense tensor, not index_add_: CUDA's
-    atomic adds would make the sums, hence the audit's q and the batches, differ run to run."""
-    dense = torch.zeros(where.shape, dtype=torch.float32, device=values.device)
-    dense[where] = values.float()
-    return dense.sum(1)
-
-
-def _zero(ref: torch.Tensor) -> torch.Tensor:
-    return ref.new_zeros((), dtype=torch.float32)
-
-
 class ElectraModel(nn.Module):
     objective = "electra"
 
     def __init__(self, cfg: EncoderConfig, disc_weight: float = 50.0, mask_prob: float = 0.15):
         super().__init__()
         self.cfg, self.disc_weight, self.mask_prob = cfg, disc_weight, mask_prob
+        self.loss_weights = {"generator_loss": 1.0, "discriminator_loss": disc_weight}  # the logged "loss"
         self.embeddings = Embeddings(cfg)
         self.generator = Encoder(cfg, cfg.generator_layers, dropout=0.0)
         self.generator_head = TiedLMHead(cfg.hidden, cfg.vocab_size)
@@ -139,13 +97,13 @@ class ElectraModel(nn.Module):
             pred = d_logits[real] > 0
             rows = None
             if per_row:
-                rows = torch.stack([_per_row(g_tok.detach(), masked), masked.sum(1).float(),
-                                    _per_row(d_tok.detach(), real), real.sum(1).float(), replaced.sum(1).float()])
+                rows = torch.stack([row_sums(g_tok.detach(), masked), masked.sum(1).float(),
+                                    row_sums(d_tok.detach(), real), real.sum(1).float(), replaced.sum(1).float()])
         return Stats(g_loss, d_loss, masked.sum(), g_correct, real.sum(), (pred == y).sum(), (pred & y).sum(),
                      pred.sum(), y.sum(), real.sum(), rows)
 
-    def loss(self, st: Stats, g_norm: float, d_norm: float) -> torch.Tensor:
-        return st.g_loss / g_norm + self.disc_weight * st.d_loss / d_norm
+    def loss(self, st: Stats, norms: Norms) -> torch.Tensor:
+        return st.g_loss / norms.g + self.disc_weight * st.d_loss / norms.d
 
     def encoder_state_dict(self) -> dict[str, torch.Tensor]:
         """What downstream tasks use: the shared embeddings and the discriminator."""
@@ -160,6 +118,7 @@ class MaskedLMModel(nn.Module):
     def __init__(self, cfg: EncoderConfig, mask_prob: float = 0.15):
         super().__init__()
         self.cfg, self.mask_prob = cfg, mask_prob
+        self.loss_weights = {"generator_loss": 1.0}
         self.embeddings = Embeddings(cfg)
         self.encoder = Encoder(cfg, cfg.layers, dropout=cfg.dropout)
         self.head = TiedLMHead(cfg.hidden, cfg.vocab_size)
@@ -180,12 +139,12 @@ class MaskedLMModel(nn.Module):
             rows = None
             if per_row:
                 zeros = torch.zeros(ids.shape[0], device=ids.device)
-                rows = torch.stack([_per_row(tok.detach(), masked), masked.sum(1).float(), zeros, zeros, zeros])
-        z = _zero(ids)
+                rows = torch.stack([row_sums(tok.detach(), masked), masked.sum(1).float(), zeros, zeros, zeros])
+        z = zero(ids)
         return Stats(loss, z, masked.sum(), correct, z, z, z, z, z, (~pad).sum(), rows)
 
-    def loss(self, st: Stats, g_norm: float, d_norm: float) -> torch.Tensor:
-        return st.g_loss / g_norm
+    def loss(self, st: Stats, norms: Norms) -> torch.Tensor:
+        return st.g_loss / norms.g
 
     def encoder_state_dict(self) -> dict[str, torch.Tensor]:
         sd = _prefixed(self, ("embeddings.", "encoder."))
@@ -194,12 +153,3 @@ class MaskedLMModel(nn.Module):
 
 def _prefixed(model: nn.Module, prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if k.startswith(prefixes)}
-
-
-def build_model(objective: str, cfg: EncoderConfig, disc_weight: float = 50.0, mask_prob: float = 0.15) -> nn.Module:
-    if objective == "electra":
-        return ElectraModel(cfg, disc_weight, mask_prob)
-    if objective == "mlm":
-        return MaskedLMModel(cfg, mask_prob)
-    raise ValueError(f"unknown objective {objective!r}; choose 'electra' or 'mlm'")
-

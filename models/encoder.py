@@ -49,11 +49,13 @@ class Encoder(nn.Module):
                     if cfg.relative_bias else None)
         self.layers = nn.ModuleList(Layer(cfg, dropout) for _ in range(layers))
 
-    def forward(self, emb: torch.Tensor, pad: torch.Tensor | None, return_layers: bool = False):
+    def forward(self, emb: torch.Tensor, pad: torch.Tensor | None, return_layers: bool = False,
+                upto: int | None = None):
+        """``upto``: run only the first ``upto`` layers (a middle layer's states, e.g. InfoXLM's XLCo)."""
         x = self.drop(self.ln(emb))
         rel = self.rel(x.shape[1]) if self.rel is not None else None
         hidden = [x]
-        for layer in self.layers:
+        for layer in self.layers[:upto]:
             x = layer(x, rel, pad)
             hidden.append(x)
         return (x, hidden) if return_layers else x

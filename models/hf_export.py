@@ -32,18 +32,31 @@ AUTO_MAP = {
     "AutoModelForTokenClassification": "modeling_xylent.XylentForTokenClassification",
     "AutoModelForQuestionAnswering": "modeling_xylent.XylentForQuestionAnswering",
 }
-# xylent's module names (models.encoder) -> hf_modeling_xylent's: every key must match exactly one
-RENAMES = [(re.compile(a), b) for a, b in (
-    (r"^embeddings\.tokens\.", "embeddings.word_embeddings."),
-    (r"^embeddings\.positions\.", "embeddings.position_embeddings."),
-    (r"^discriminator\.ln\.", "embeddings.layer_norm."),
-    (r"^discriminator\.rel\.", "encoder.relative_bias."),
-    (r"^discriminator\.layers\.(\d+)\.attn\.", r"encoder.layer.\1.attention."),
-    (r"^discriminator\.layers\.(\d+)\.ln1\.", r"encoder.layer.\1.attention_norm."),
-    (r"^discriminator\.layers\.(\d+)\.ffn\.0\.", r"encoder.layer.\1.intermediate."),
-    (r"^discriminator\.layers\.(\d+)\.ffn\.2\.", r"encoder.layer.\1.output."),
-    (r"^discriminator\.layers\.(\d+)\.ln2\.", r"encoder.layer.\1.output_norm."),
-)]
+# xylent's module names (models.encoder) and hf_modeling_xylent's, prefix by prefix ({i}: a layer index);
+# every key must match exactly one.  One table for both directions (models.init_from reads HF dirs back).
+NAME_PAIRS = (
+    ("embeddings.tokens.", "embeddings.word_embeddings."),
+    ("embeddings.positions.", "embeddings.position_embeddings."),
+    ("discriminator.ln.", "embeddings.layer_norm."),
+    ("discriminator.rel.", "encoder.relative_bias."),
+    ("discriminator.layers.{i}.attn.", "encoder.layer.{i}.attention."),
+    ("discriminator.layers.{i}.ln1.", "encoder.layer.{i}.attention_norm."),
+    ("discriminator.layers.{i}.ffn.0.", "encoder.layer.{i}.intermediate."),
+    ("discriminator.layers.{i}.ffn.2.", "encoder.layer.{i}.output."),
+    ("discriminator.layers.{i}.ln2.", "encoder.layer.{i}.output_norm."),
+)
+
+
+def renames(to_hf: bool = True) -> list[tuple[re.Pattern, str]]:
+    """(pattern, replacement) pairs for ``pattern.sub``: xylent → HF names, or back."""
+    out = []
+    for a, b in NAME_PAIRS:
+        src, dst = (a, b) if to_hf else (b, a)
+        out.append((re.compile("^" + re.escape(src).replace(r"\{i\}", r"(\d+)")), dst.replace("{i}", r"\1")))
+    return out
+
+
+RENAMES = renames(to_hf=True)
 _FIX = "point export_hf at a pretrain output's model/ folder (workspace/pretrain/<fingerprint>/model)"
 
 

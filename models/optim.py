@@ -11,13 +11,28 @@ from models.config import EncoderConfig
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on matrices only: biases, LayerNorm and the gate's per-head w
-    are left alone (BERT/ELECTRA practice; XY-LENT does not say)."""
-    decay, no_decay = [], []
+    are left alone (BERT/ELECTRA practice; XY-LENT does not say).  A model that can
+    hold its body still for a while (VECO's ``freeze_body_steps``) gets its body and
+    the rest in separate groups, so the body's lr can be 0 (lr_lambdas)."""
+    split = getattr(model, "freezes_body", lambda: False)()
+    groups: dict[tuple[bool, bool], list] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (no_decay if p.ndim < 2 or name.endswith(".bias") or ".ln" in name else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        decay = not (p.ndim < 2 or name.endswith(".bias") or ".ln" in name)
+        body = split and not model.is_cross(name)
+        groups.setdefault((body, decay), []).append(p)
+    return [{"params": ps, "weight_decay": weight_decay if decay else 0.0, "body": body}
+            for (body, decay), ps in sorted(groups.items(), key=lambda kv: (kv[0][0], not kv[0][1]))]
+
+
+def lr_lambdas(model: nn.Module, groups: list[dict], schedule):
+    """One lr multiplier per parameter group: ``schedule`` everywhere, except 0 for the body's
+    groups while the model holds its body still (lr 0 also stops AdamW's decoupled decay)."""
+    frozen = getattr(model, "body_frozen", None)
+    if frozen is None or not any(g.get("body") for g in groups):
+        return schedule
+    return [(lambda s: 0.0 if frozen(s) else schedule(s)) if g.get("body") else schedule for g in groups]
 
 
 def make_optimizer(model: nn.Module, lr: float, betas=(0.9, 0.98), eps: float = 1e-6,
@@ -47,6 +62,10 @@ def flops_per_token(cfg: EncoderConfig, seq_len: int, objective: str, mask_prob:
     h = cfg.hidden
     per_layer = 2 * (4 * h * h + 2 * h * cfg.ffn) + 4 * seq_len * h
     layers = cfg.layers + (cfg.generator_layers if objective == "electra" else 0)
+    # InfoXLM also runs the contrasted layers on each side (query with backward, key forward only);
+    # VECO a plug-in pass with cross-attention (~4/3 of a layer) on top of the plug-out pass: as counted
+    # per token of the pair rows, approximately
+    layers = {"infoxlm": layers * 1.5, "veco": layers * (1 + 4 / 3)}.get(objective, layers)
     head = mask_prob * 2 * (h * h + h * cfg.vocab_size)
     disc_head = 2 * h * h if objective == "electra" else 0
     return 3 * (layers * per_layer + head + disc_head)

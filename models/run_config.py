@@ -25,6 +25,7 @@ class TrainConfig:
     model: dict                 # models.config.EncoderConfig fields, tokenizer's special ids included
     # what to train: the spec's pretrain section, with lr / clip resolved for the model size
     objective: str
+    objective_options: dict     # the objective's own section (pretrain.<objective>, e.g. infoxlm's XLCo knobs)
     tasks: list[str]
     task_schedule: str
     trtd_ratio: float

@@ -28,10 +28,11 @@ import torch
 import torch.distributed as dist
 
 from models.config import EncoderConfig
-from models.electra import build_model
+from models.objectives import build_model
 from models.masking import row_noise
-from models.optim import flops_per_token, make_optimizer, peak_tflops, warmup_linear_decay
+from models.optim import flops_per_token, lr_lambdas, make_optimizer, peak_tflops, warmup_linear_decay
 from models.run_config import TrainConfig
+from models.stats import Norms, Stats
 from tasks.shards.loader import TrainingLoader  # the shard/loader contract (and, for the audit, tasks.audit.adversary)
 
 COMPLETE = "COMPLETE"
@@ -159,19 +160,24 @@ class MetricsSink:
 def summarise(sums: dict[str, torch.Tensor]) -> dict[str, float]:
     """Per task: losses and accuracies from the all-reduced sums of a step."""
     out = {}
+    names = Stats.fields()
     for task, v in sums.items():
-        (g_loss, d_loss, g_count, g_correct, d_count, d_correct, tp, pred_pos, pos, _tokens) = v.tolist()
-        out[f"{task}/generator_loss"] = g_loss / max(g_count, 1)
-        out[f"{task}/generator_accuracy"] = g_correct / max(g_count, 1)
-        if d_count:
-            out[f"{task}/discriminator_loss"] = d_loss / d_count
-            out[f"{task}/discriminator_accuracy"] = d_correct / d_count
-            out[f"{task}/discriminator_precision"] = tp / pred_pos if pred_pos else 0.0
-            out[f"{task}/discriminator_recall"] = tp / pos if pos else 0.0
+        s = dict(zip(names, v.tolist()))
+        out[f"{task}/generator_loss"] = s["g_loss"] / max(s["g_count"], 1)
+        out[f"{task}/generator_accuracy"] = s["g_correct"] / max(s["g_count"], 1)
+        if s["d_count"]:
+            d_count, pos = s["d_count"], s["d_pos"]
+            out[f"{task}/discriminator_loss"] = s["d_loss"] / d_count
+            out[f"{task}/discriminator_accuracy"] = s["d_correct"] / d_count
+            out[f"{task}/discriminator_precision"] = s["d_true_pos"] / s["d_pred_pos"] if s["d_pred_pos"] else 0.0
+            out[f"{task}/discriminator_recall"] = s["d_true_pos"] / pos if pos else 0.0
             out[f"{task}/replaced_fraction"] = pos / d_count
             # the loss of always answering the base rate: a discriminator at or above it has learned nothing
             q = min(max(pos / d_count, 1e-12), 1 - 1e-12)
             out[f"{task}/discriminator_base_loss"] = -(q * math.log(q) + (1 - q) * math.log(1 - q))
+        if s["c_count"]:
+            out[f"{task}/contrast_loss"] = s["c_loss"] / s["c_count"]
+            out[f"{task}/contrast_accuracy"] = s["c_correct"] / s["c_count"]
     return out
 
 
@@ -217,15 +223,18 @@ def train(cfg: TrainConfig) -> None:
 
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank
     enc = EncoderConfig(**cfg.model)
-    model = build_model(cfg.objective, enc, cfg.disc_weight, cfg.mask_prob)
+    model = build_model(cfg.objective, enc, cfg.disc_weight, cfg.mask_prob, cfg.objective_options)
     if cfg.init_from:  # before DeepSpeed copies the weights: a resumed run's checkpoint overrides them
         from safetensors.torch import load_file
 
         model.load_state_dict(load_file(cfg.init_from), strict=True)
     optimizer = make_optimizer(model, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay)
-    lr_schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear_decay(cfg.warmup_steps, cfg.steps))
+    lr_schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambdas(model, optimizer.param_groups, warmup_linear_decay(cfg.warmup_steps, cfg.steps)))
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=lr_schedule,
                                            config=ds_config(cfg, bf16, world))
+    if hasattr(engine.module, "attach"):  # an objective with state outside the trained module (InfoXLM's keys)
+        engine.module.attach(device)
     torch.manual_seed(cfg.seed + 1 + rank)  # dropout: each rank its own stream
 
     loaders = {t: TrainingLoader(cfg.shards_dir, cfg.sampling_dir, task=t, seed=cfg.seed, rank=rank, world_size=world,
@@ -246,6 +255,8 @@ def train(cfg: TrainConfig) -> None:
             loaders[t].load_state_dict(state)
         if adversary is not None:
             adversary.load_state_dict(client["adversary"])
+        if "objective" in client:
+            engine.module.load_objective_state(client["objective"])
         if "unigram_counts" in client:
             unigram.counts = client["unigram_counts"].to(device)
         elif rank == 0:
@@ -276,10 +287,10 @@ def train(cfg: TrainConfig) -> None:
     engine.train()
     for step in range(start, cfg.steps):
         t0 = time.perf_counter()
-        lr = lr_schedule.get_last_lr()[0]  # the lr this step uses
+        lr = max(lr_schedule.get_last_lr())  # the lr this step uses (a frozen body's groups are at 0)
         sums: dict[str, torch.Tensor] = {}
         unigram_sums: dict[str, torch.Tensor] = {}
-        resampled = {}
+        resampled, gauges = {}, {}
         if adversary is not None and adversary.due(step):
             loaders["trtd"].set_weights(adversary.resample(step))
             resampled, iters = adversary.metrics(), None
@@ -302,12 +313,14 @@ def train(cfg: TrainConfig) -> None:
             reduced = torch.cat([st.sums(), st.counts()])
             if world > 1:
                 dist.all_reduce(reduced)
-            g_norm, d_norm = max(reduced[2].item(), 1) / world, max(reduced[4].item(), 1) / world
-            engine.backward(engine.module.loss(st, g_norm, d_norm))
+            engine.backward(engine.module.loss(st, Norms.from_reduced(reduced, world)))
             if rank == 0 and cfg.zero_stage == 0 and micro == len(plan) - 1:
                 unclipped_norm = gradient_norm(engine.module)  # DeepSpeed keeps no global norm without ZeRO
             engine.step()
+            if micro == len(plan) - 1 and hasattr(engine.module, "after_step"):
+                engine.module.after_step()  # e.g. InfoXLM's momentum encoder follows the updated weights
             sums[task] = sums.get(task, 0) + reduced.cpu()
+            gauges.update(st.extra)
         if cuda:
             torch.cuda.synchronize()
         if adversary is not None:
@@ -315,11 +328,11 @@ def train(cfg: TrainConfig) -> None:
         seconds = time.perf_counter() - t0
         done_step = step + 1
         if rank == 0:
-            metrics = {**summarise(sums), **resampled}
+            metrics = {**summarise(sums), **resampled, **gauges}
             metrics.update({f"{t}/generator_unigram_loss": float(v[0] / v[1]) for t, v in unigram_sums.items() if v[1]})
-            tokens = sum(float(v[-1]) for v in sums.values())
-            loss = sum(metrics.get(f"{t}/generator_loss", 0) + cfg.disc_weight * metrics.get(
-                f"{t}/discriminator_loss", 0) for t in sums) / len(sums)
+            tokens = sum(float(v[Stats.fields().index("tokens")]) for v in sums.values())
+            weights = engine.module.loss_weights
+            loss = sum(sum(w * metrics.get(f"{t}/{name}", 0) for name, w in weights.items()) for t in sums) / len(sums)
             gn = engine.get_global_grad_norm()
             gn = unclipped_norm if gn is None else gn
             metrics.update({"loss": loss, "lr": lr, "grad_norm": float(gn) if gn is not None else float("nan"),
@@ -336,6 +349,8 @@ def train(cfg: TrainConfig) -> None:
             extra = {"unigram_counts": unigram.counts.cpu()}
             if adversary is not None:
                 extra["adversary"] = adversary.state_dict()
+            if hasattr(engine.module, "objective_state"):
+                extra["objective"] = engine.module.objective_state()
             save_checkpoint(engine, cfg, ckroot, done_step, {t: ld.state_dict() for t, ld in loaders.items()},
                             rank, world, cuda, extra)
     if sink is not None:

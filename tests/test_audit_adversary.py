@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from models.config import preset
-from models.electra import ROW_FIELDS, ElectraModel, MaskedLMModel
+from models.electra import ElectraModel, MaskedLMModel
+from models.stats import ROW_FIELDS
 from models.masking import row_noise
 from tasks.audit import chi2_best_response
 from tasks.audit.adversary import SUM_FIELDS, PairAdversary, binary_entropy, resample_steps

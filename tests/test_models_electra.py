@@ -7,6 +7,7 @@ import torch
 
 from models.config import preset
 from models.electra import ElectraModel, MaskedLMModel
+from models.stats import Norms
 from models.masking import bert_corrupt, choose_masked, corrupt, maskable, row_noise, sample_tokens
 from tasks.vocab.specials import BOS, EOS, MASK, PAD, SPECIAL_PIECES
 
@@ -67,7 +68,7 @@ def test_a_tiny_model_learns_on_the_demo_shards(demo_run):
         pad = ids == 3
         st = model(ids, pad, None, row_noise(0, step, 0, list(range(len(ids))), (~pad).sum(1).tolist(), ids.shape[1]))
         opt.zero_grad()
-        model.loss(st, st.g_count.item(), st.d_count.item()).backward()
+        model.loss(st, Norms(st.g_count.item(), st.d_count.item())).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 2.0)
         opt.step()
         gen_losses.append(st.g_loss.item() / st.g_count.item())
@@ -119,7 +120,7 @@ def test_the_mlm_ablation_learns_and_exposes_the_same_encoder_keys():
         pad = torch.zeros_like(ids, dtype=torch.bool)
         st = mlm(ids, pad, None, row_noise(0, step, 0, list(range(16)), [32] * 16, 32))
         opt.zero_grad()
-        mlm.loss(st, st.g_count.item(), 1.0).backward()
+        mlm.loss(st, Norms(st.g_count.item())).backward()
         opt.step()
         losses.append(st.g_loss.item() / st.g_count.item())
     assert np.mean(losses[-20:]) < np.mean(losses[:20]) - 1.0

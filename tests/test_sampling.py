@@ -121,6 +121,18 @@ def test_english_centric_bitexts_are_infeasible_and_say_why():
     assert abs(p.sum() - 1) < 1e-12 and np.all(p[1:, 1:] == 0)
 
 
+def test_the_en_x_only_ablation_keeps_the_pivots_pairs_alone():
+    pairs = {("de", "en"): 500, ("en", "fr"): 300, ("de", "fr"): 200, ("es", "fr"): 100}
+    mono = {lang: 100 for lang in ("de", "en", "es", "fr")}
+    t = build_tables(mono, pairs, SamplingConfig(pivot="en", pair_method="temperature"))
+    b = t.bitext
+    kept = b.filter(b["p"] > 0)
+    assert sorted(zip(kept["lang_a"], kept["lang_b"])) == [("de", "en"), ("en", "fr")]
+    assert abs(b["p"].sum() - 1) < 1e-12 and any("pivot=en" in n for n in t.notes)
+    with pytest.raises(XylentError, match="sampling.pivot"):
+        build_tables(mono, pairs, SamplingConfig(pivot="sw", pair_method="temperature"))
+
+
 def test_a_support_that_cannot_carry_the_marginals_is_named():
     # only {en, fr} x {x, y, z}: the two sides must each hold exactly half the mass
     c = np.zeros((5, 5))

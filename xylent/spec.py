@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from xylent.errors import XylentError
 from xylent.languages import check_language, pair_name, parse_pair
@@ -269,7 +269,7 @@ class ShardsConfig(Strict):
 
 
 class SamplingConfig(Strict):
-    ADDED_LATER: ClassVar[tuple[str, ...]] = ("exclude_pairs",)
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("exclude_pairs", "pivot")
 
     alpha: float = Field(default=0.7, gt=0, le=1, allow_inf_nan=False,
                          description="monolingual smoothing: p_j ∝ m_j^alpha")
@@ -287,6 +287,8 @@ class SamplingConfig(Strict):
     exclude_pairs: list[str] = Field(
         default_factory=list, description="pairs given no probability (e.g. the audit's most up-weighted): "
         "the tables are built as if they had no data")
+    pivot: str | None = Field(default=None, description="keep only the pairs with this language (e.g. en: the EN-X "
+                              "only ablation of XY-LENT's X-Y bitexts); the others get probability 0")
 
     @field_validator("exclude_pairs")
     @classmethod
@@ -328,9 +330,71 @@ DEFAULT_LR = {"tiny": 2e-3, "small": 1e-3, "base": 8e-4, "large": 2e-4, "xl": 1e
 DEFAULT_CLIP = {"tiny": 2.0, "small": 2.0, "base": 2.0, "large": 1.0, "xl": 1.0}
 
 
+class InfoXLMConfig(Strict):
+    """XLCo, InfoXLM's cross-lingual contrast (models/infoxlm.py); read with objective: infoxlm."""
+
+    layer: int | None = Field(default=None, gt=0, description="the layer whose states are contrasted; default "
+                              "InfoXLM's: 8 of 12 (Base), 12 of 24 (Large), two-thirds otherwise")
+    queue_size: int = Field(default=131_072, gt=0, description="negative keys kept from earlier batches (paper: 131072)")
+    temperature: float = Field(default=0.25, gt=0, allow_inf_nan=False, description="τ of InfoNCE (reference: 0.25)")
+    momentum: float = Field(default=0.999, ge=0, lt=1, description="m of the key encoder's EMA (paper: 0.999 or 0.9999)")
+    weight: float = Field(default=1.0, gt=0, allow_inf_nan=False, description="XLCo's weight next to MMLM + TLM")
+    normalize: bool = Field(default=False, description="L2-normalise queries and keys (the reference does not)")
+    pool: Literal["cls", "mean"] = Field(default="cls", description="cls: the <s> state (InfoXLM); mean: the mean "
+                                         "over real tokens, as retrieval pools")
+    in_batch_negatives: bool = Field(default=False, description="also contrast against the other pairs of the same "
+                                     "global batch (keys of the same key-encoder version), not the queue alone")
+
+
+REGISTRY_URI = re.compile(r"^models:/(?P<name>[^/@']+)(?:/(?P<version>latest|[0-9]+)|@(?P<alias>[A-Za-z0-9_-]+))$")
+
+
+class InitConfig(Strict):
+    """``pretrain.init``: start from an existing encoder (MetaXLM) -- the body copied, the
+    new vocabulary's embeddings matched piece by piece (exact, normalised, dictionary),
+    the rest random (docs/stages/pretrain.md)."""
+
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+
+    from_: str = Field(alias="from", min_length=1,
+                       description="a local model dir -- an xylent export (<ws>/pretrain/<fp>/model), an `xylent "
+                       "export-hf` dir, a Hugging Face BERT/RoBERTa/XLM-R dir; relative to the spec file -- or a "
+                       "registered model models:/<name>/<version|latest> (or @<alias>) in the workspace's MLflow store")
+    dictionary: str | None = Field(default=None, description="bilingual dictionary, one 'new-word<TAB>old-word' "
+                                   "(or MUSE's 'new old') per line: unmatched pieces matched through translations")
+    generator: Literal["random", "body", "source"] = Field(
+        default="random", description="ELECTRA's generator: random; body: the first generator_layers layers of the "
+        "source body; source: the source's own generator (an xylent ELECTRA export)")
+    heads: bool = Field(default=True, description="copy the source's pretraining heads that the new model has under "
+                        "the same name and shape (vocabulary-sized biases remapped)")
+
+    @field_validator("from_")
+    @classmethod
+    def _from(cls, v: str) -> str:
+        if v.startswith("models:") and not REGISTRY_URI.match(v):
+            raise ValueError(f"{v!r} is not a registered model URI: write models:/<name>/<version> (a number or "
+                             "'latest') or models:/<name>@<alias>, or give a local dir")
+        return v
+
+    def registry(self) -> dict | None:
+        """{name, version, alias} of a ``models:/`` source, else None (a local dir)."""
+        m = REGISTRY_URI.match(self.from_)
+        return m.groupdict() if m else None
+
+
+class VecoConfig(Strict):
+    """VECO's CA-MLM (models/veco.py); read with objective: veco."""
+
+    freeze_body_steps: int = Field(default=0, ge=0, description="the two-phase schedule for a model started from an "
+                                   "encoder (pretrain.init): steps during which only the cross-attention trains")
+
+
 class PretrainConfig(Strict):
-    objective: Literal["electra", "mlm"] = Field(
-        default="electra", description="electra: XLM-E generator + discriminator; mlm: the MLM/TLM ablation")
+    objective: Literal["electra", "mlm", "infoxlm", "veco"] = Field(
+        default="electra", description="electra: XLM-E generator + discriminator; mlm: the MLM/TLM ablation; "
+        "infoxlm: MMLM + TLM + XLCo contrast; veco: MLM + cross-attention MLM (plug-in/plug-out)")
+    infoxlm: InfoXLMConfig = Field(default_factory=InfoXLMConfig)
+    veco: VecoConfig = Field(default_factory=VecoConfig)
     tasks: list[Literal["mrtd", "trtd"]] = Field(default_factory=lambda: ["mrtd", "trtd"], min_length=1)
     task_schedule: Literal["alternate", "mix"] = Field(
         default="alternate", description="alternate: one task per optimizer step; mix: every task every step")
@@ -363,14 +427,30 @@ class PretrainConfig(Strict):
     system_metrics_interval: float = Field(default=10.0, gt=0, description="seconds between system metric samples")
     peak_tflops: float | None = Field(default=None, gt=0, description="for MFU; default from the GPU's name")
     register_name: str | None = Field(default=None, description="MLflow registered model; default xylent-<spec name>")
+    init: InitConfig | None = Field(default=None, description="start from an existing encoder (MetaXLM): "
+                                    "body copied, embeddings matched by piece; default: a random init")
 
     OPERATIONAL: ClassVar[tuple[str, ...]] = ("ranks", "hostfile", "master_port", "log_every", "system_metrics",
                                               "system_metrics_interval", "peak_tflops", "register_name")
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("infoxlm", "init")
+    # each objective's own section: in the fingerprint only when that objective is trained
+    OBJECTIVE_SECTIONS: ClassVar[dict[str, str]] = {"infoxlm": "infoxlm"}
+
+    def objective_options(self) -> dict:
+        """The trained objective's own knobs (pretrain.<objective>), for train.json."""
+        section = self.OBJECTIVE_SECTIONS.get(self.objective)
+        return getattr(self, section).model_dump() if section else {}
 
     @model_validator(mode="after")
     def _check(self):
         if len(set(self.tasks)) != len(self.tasks):
             raise ValueError("pretrain.tasks lists a task twice")
+        if self.objective in ("infoxlm", "veco") and "trtd" not in self.tasks:
+            raise ValueError(f"objective {self.objective} learns from translation pairs (InfoXLM: XLCo and TLM; "
+                             "VECO: cross-attention MLM): add 'trtd' to pretrain.tasks")
+        if self.objective == "infoxlm" and self.zero_stage == 3:
+            raise ValueError("objective infoxlm keeps a momentum copy of the encoder, which ZeRO-3's partitioned "
+                                 "parameters cannot update: use pretrain.zero_stage 0, 1 or 2")
         for name in ("batch_size", "trtd_max_tokens"):
             if getattr(self, name) % self.ranks:
                 raise ValueError(f"pretrain.{name} ({getattr(self, name)}) must be divisible by pretrain.ranks "
@@ -535,8 +615,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
-    p = Path(path)
+def _read_yaml(p: Path) -> dict:
     if not p.is_file():
         raise XylentError(f"spec file not found: {p}", fix="pass --spec with a YAML file, e.g. data_specs/demo.yaml")
     try:
@@ -548,7 +627,38 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
         raise XylentError(f"the spec is not valid YAML: {exc}", where=str(p)) from None
     if not isinstance(data, dict):
         raise XylentError("the spec must be a YAML mapping", where=str(p))
-    data = copy.deepcopy(data)
+    return data
+
+
+def _merged(base: dict, over: dict) -> dict:
+    """``over`` on top of ``base``: mappings merge key by key, anything else (lists too) is replaced."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _with_bases(p: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """The spec at ``p`` with its ``extends:`` chain applied (a recipe = a base spec + what it changes)."""
+    p = p.resolve()
+    if p in seen:
+        chain = " -> ".join(str(s) for s in (*seen, p))
+        raise XylentError(f"specs extend each other in a cycle: {chain}", where=str(p), fix="remove one 'extends:'")
+    data = _read_yaml(p)
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise XylentError("'extends' must be the path of one spec file", where=str(p),
+                          fix="write e.g. extends: ../demo.yaml (relative to this file)")
+    return _merged(_with_bases(p.parent / base, (*seen, p)), data)
+
+
+def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
+    """The spec file (with its ``extends:`` chain), then each ``--set`` override.  Relative
+    paths, the base's included, are resolved against the folder of the file named here."""
+    p = Path(path)
+    data = copy.deepcopy(_with_bases(p) if p.is_file() else _read_yaml(p))
     for ov in overrides:
         apply_override(data, ov)
     return spec_from_dict(data, source=str(p), base_dir=str(p.resolve().parent))

@@ -64,7 +64,7 @@ def section_identity(value: Any) -> Any:
                  if getattr(value, f) == fields[f].get_default(call_default_factory=True)}
         dumped = value.model_dump(mode="json", exclude=set(getattr(value, "OPERATIONAL", ())) | later)
         for name in dumped:  # nested sections (evaluate.tasks[], their finetune) follow the same rules
-            inner = getattr(value, name)
+            inner = getattr(value, name, None)  # None: a field dumped by its alias (pretrain.init.from), a value
             if hasattr(inner, "model_dump") or (isinstance(inner, list) and any(hasattr(x, "model_dump")
                                                                                 for x in inner)):
                 dumped[name] = section_identity(inner)
@@ -79,8 +79,11 @@ class StageDef:
     ``reads`` names the spec fields (top-level sections or values) the stage's
     output depends on; ``config`` replaces that default slice where a stage
     depends on more than the spec (download: the identity of local files and
-    installed packages).  ``body`` is the flow-side callable that builds the
-    output: ``body(ctx: StageContext) -> StageOutcome``.
+    installed packages).  ``identity`` adds what it depends on that only the
+    workspace can tell (pretrain.init: the source model's files, a registered
+    model's version in the workspace's MLflow store): ``identity(spec, ws) -> dict``,
+    hashed (under ``_identity``) only when not empty.  ``body`` is the flow-side
+    callable that builds the output: ``body(ctx: StageContext) -> StageOutcome``.
     """
 
     name: str
@@ -92,16 +95,23 @@ class StageDef:
     config: Callable[[Spec], dict] | None = None
     # upstream stages read only when the spec says so: (name, spec -> bool)
     conditions: tuple[tuple[str, Callable[[Spec], bool]], ...] = ()
+    identity: Callable[[Spec, Workspace], dict] | None = None
 
     def upstream_of(self, spec: Spec) -> tuple[str, ...]:
         """The upstream stages this spec makes the stage read (a conditional one only when its test holds)."""
         tests = dict(self.conditions)
         return tuple(u for u in self.upstream if u not in tests or tests[u](spec))
 
-    def spec_slice(self, spec: Spec) -> dict:
+    def spec_slice(self, spec: Spec, ws: Workspace | None = None) -> dict:
         if self.config is not None:
-            return self.config(spec)
-        return {name: section_identity(getattr(spec, name)) for name in self.reads}
+            out = self.config(spec)
+        else:
+            out = {name: section_identity(getattr(spec, name)) for name in self.reads}
+        if self.identity is not None:
+            extra = self.identity(spec, ws if ws is not None else workspace_for(spec))
+            if extra:
+                out = {**out, "_identity": extra}
+        return out
 
 
 def order_stages(stages: Iterable[StageDef]) -> list[StageDef]:
@@ -129,12 +139,12 @@ def find_stage(stages: Iterable[StageDef], name: str) -> StageDef:
     )
 
 
-def stage_fingerprints(stages: Iterable[StageDef], spec: Spec) -> dict[str, str]:
-    """Fingerprint of every stage, in order."""
+def stage_fingerprints(stages: Iterable[StageDef], spec: Spec, ws: Workspace | None = None) -> dict[str, str]:
+    """Fingerprint of every stage, in order (``ws``: the run's workspace, default ``workspace_for(spec)``)."""
     fps: dict[str, str] = {}
     for s in stages:
         fps[s.name] = fingerprint({
-            "stage": s.name, "version": s.version, "config": s.spec_slice(spec),
+            "stage": s.name, "version": s.version, "config": s.spec_slice(spec, ws),
             "upstream": {u: fps[u] for u in s.upstream_of(spec)},
         })
     return fps

@@ -78,7 +78,8 @@ def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str
         checkpoint_dir=str(ckdir / "deepspeed"), metrics_file=str(ckdir / "metrics.jsonl"),
         deepspeed_config=str(ds_path), zero_stage=stage, model=enc.to_dict(),
         lr=p.lr or DEFAULT_LR[spec.model.size], clip=p.clip or DEFAULT_CLIP[spec.model.size], seed=spec.seed,
-        init_from=None, dro=None, mlflow_tracking_uri=tracking_uri, mlflow_run_id=run_id, **{k: getattr(p, k) for k in _AS_IS})
+        objective_options=p.objective_options(), init_from=None, dro=None,
+        mlflow_tracking_uri=tracking_uri, mlflow_run_id=run_id, **{k: getattr(p, k) for k in _AS_IS})
 
 
 def check_resumable(cfg: TrainConfig, world: int) -> None:

@@ -60,14 +60,14 @@ def backfill(client, run_id: str, rows: list[dict], until_step: int) -> None:
 def consolidate(cfg: TrainConfig):
     """(every fp32 weight, the encoder's weights, its config, parameter count) of the last checkpoint."""
     from models.config import EncoderConfig
-    from models.electra import build_model
+    from models.objectives import build_model
     from models.pretrained import consolidate as fp32_weights
     from models.trainer import complete_checkpoints
 
     last = complete_checkpoints(Path(cfg.checkpoint_dir))[-1]
     full = fp32_weights(Path(cfg.checkpoint_dir), last.name)
     enc_cfg = EncoderConfig(**cfg.model)
-    model = build_model(cfg.objective, enc_cfg, cfg.disc_weight, cfg.mask_prob)
+    model = build_model(cfg.objective, enc_cfg, cfg.disc_weight, cfg.mask_prob, cfg.objective_options)
     model.load_state_dict(full, strict=True)  # proves the checkpoint is the whole model
     return full, model.encoder_state_dict(), enc_cfg, sum(v.numel() for v in full.values())
 

@@ -80,6 +80,20 @@ def _exclude(pair_counts: dict[tuple[str, str], int], exclude: list[str], notes:
     return {p: n for p, n in pair_counts.items() if p not in dropped}
 
 
+def _pivot_only(pair_counts: dict[tuple[str, str], int], pivot: str | None, notes: list[str]
+                ) -> dict[tuple[str, str], int]:
+    """Keep only the pairs with ``pivot`` on one side (sampling.pivot: the EN-X-only ablation of
+    XY-LENT's X-Y bitexts); the others are treated as if they had no data."""
+    if pivot is None:
+        return pair_counts
+    kept = {p: n for p, n in pair_counts.items() if pivot in p}
+    if not kept:
+        raise XylentError(f"sampling.pivot is {pivot!r} but no language pair of the data has it",
+                          where="spec field sampling.pivot", fix="name a language of the bitext, or drop the field")
+    notes.append(f"sampling.pivot={pivot}: {len(pair_counts) - len(kept)} pairs without {pivot} get probability 0")
+    return kept
+
+
 def build_tables(mono_counts: dict[str, int], pair_counts: dict[tuple[str, str], int],
                  cfg: SamplingConfig) -> SamplingTables:
     """Monolingual and bitext sampling tables from example counts."""
@@ -98,7 +112,7 @@ def build_tables(mono_counts: dict[str, int], pair_counts: dict[tuple[str, str],
                                     "p_raw": pl.Float64, "p": pl.Float64})
         notes.append("no monolingual data")
 
-    pair_counts = _exclude(pair_counts, cfg.exclude_pairs, notes)
+    pair_counts = _pivot_only(_exclude(pair_counts, cfg.exclude_pairs, notes), cfg.pivot, notes)
     if not pair_counts:
         raise XylentError("there is no bitext to build a pair table from", where="sampling input",
                           fix="add bitext sources (opus, url/local with a pair, gettext)")

@@ -1,0 +1,209 @@
+"""InfoXLM: MMLM on monolingual rows + TLM on translation pairs + XLCo, the
+cross-lingual contrast (Chi et al. 2021; METHODS.md "InfoXLM").
+
+XLCo is MoCo over translation pairs.  For a TRTD row ``<s> x </s> y </s>``
+(the loader flips the order of the two languages half the time, so both
+directions are trained) the query is the ``<s>`` state of layer ``layer`` of
+the *uncorrupted* ``x`` through the trained encoder and a bias-free linear
+projection; the positive key is the same for ``y`` through the momentum key
+encoder (an EMA of the query side, m = ``momentum``, no gradient); the
+negatives are the last ``queue_size`` keys of earlier batches.  Loss: InfoNCE
+with temperature τ, no L2 normalisation unless ``normalize`` (the reference
+code has none).
+
+Where the momentum side lives, and why: DeepSpeed casts the module it trains
+to bf16 on GPU, and an EMA with m = 0.999 in bf16 loses every update (0.1 % of
+a difference is below bf16's resolution).  So the key encoder and the queue
+are fp32 tensors kept *outside* the module's parameters and buffers; the
+trainer checkpoints them through :meth:`objective_state` /
+:meth:`load_objective_state` and calls :meth:`after_step` once per optimizer
+step.  Keys are gathered from every rank in global row order before they are
+enqueued, so the queue (and the loss) is the same on any number of ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from models.config import EncoderConfig
+from models.electra import MaskedLMModel
+from models.pairs import split_pair
+from models.stats import Norms, Stats, distributed
+
+
+@dataclass(frozen=True)
+class XLCoConfig:
+    layer: int | None = None       # None: InfoXLM's choice by depth (default_layer)
+    queue_size: int = 131_072
+    temperature: float = 0.25
+    momentum: float = 0.999
+    weight: float = 1.0            # XLCo's weight next to MMLM/TLM (InfoXLM sums them)
+    normalize: bool = False
+    pool: str = "cls"              # cls: the <s> state (InfoXLM); mean: the mean over real tokens
+    in_batch_negatives: bool = False  # also the other rows' keys of this global batch (same key-encoder version)
+
+
+def default_layer(layers: int) -> int:
+    """InfoXLM contrasts layer 8 of 12 (Base) and 12 of 24 (Large); other depths two-thirds
+    (at least 1)."""
+    return {12: 8, 24: 12}.get(layers, max(1, round(layers * 2 / 3)))
+
+
+class InfoXLMModel(MaskedLMModel):
+    objective = "infoxlm"
+
+    def __init__(self, cfg: EncoderConfig, mask_prob: float = 0.15, xlco: XLCoConfig | None = None):
+        super().__init__(cfg, mask_prob)
+        self.xlco = xlco or XLCoConfig()
+        self.layer = self.xlco.layer or default_layer(cfg.layers)
+        if not 1 <= self.layer <= cfg.layers:
+            raise ValueError(f"pretrain.infoxlm.layer={self.layer} is not a layer of this {cfg.layers}-layer model; "
+                             f"pick 1..{cfg.layers}")
+        self.proj = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+        nn.init.normal_(self.proj.weight, std=0.02)
+        self.bos_id, self.pad_id = cfg.special("bos"), cfg.special("pad")
+        self._key: dict | None = None  # built by attach(): fp32, outside the trained module
+        self.loss_weights = {"generator_loss": 1.0, "contrast_loss": self.xlco.weight}
+
+    # -- the momentum side -------------------------------------------------------------------
+    def attach(self, device: torch.device) -> None:
+        """Build the key encoder (a copy of the query side) and the empty queue on ``device``.
+        Call after the weights are final for step 0 (init_from loaded, DeepSpeed initialised)."""
+        key = nn.ModuleDict({"embeddings": copy.deepcopy(self.embeddings), "encoder": copy.deepcopy(self.encoder),
+                             "proj": copy.deepcopy(self.proj)}).to(device=device, dtype=torch.float32)
+        key.eval()  # MoCo's key encoder: no dropout
+        for p in key.parameters():
+            p.requires_grad_(False)
+        self._key = {"module": key,
+                     "queue": torch.zeros(self.xlco.queue_size, self.cfg.hidden, device=device),
+                     "ptr": 0, "fill": 0}
+
+    def _query_pairs(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        k = self._key["module"]
+        return [*zip(k["embeddings"].parameters(), self.embeddings.parameters()),
+                *zip(k["encoder"].parameters(), self.encoder.parameters()),
+                *zip(k["proj"].parameters(), self.proj.parameters())]
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        """key ← m·key + (1 − m)·query, once per optimizer step (in fp32)."""
+        m = self.xlco.momentum
+        for pk, pq in self._query_pairs():
+            pk.mul_(m).add_(pq.detach().float(), alpha=1 - m)
+
+    def objective_state(self) -> dict:
+        k = self._key
+        return {"key": {n: t.detach().cpu().clone() for n, t in k["module"].state_dict().items()},
+                "queue": k["queue"].cpu().clone(), "ptr": k["ptr"], "fill": k["fill"]}
+
+    def load_objective_state(self, state: dict) -> None:
+        if state["queue"].shape != self._key["queue"].shape:
+            raise ValueError(f"the checkpoint's XLCo queue holds {state['queue'].shape[0]} keys and this run's "
+                             f"pretrain.infoxlm.queue_size is {self.xlco.queue_size}: resume with the same size")
+        self._key["module"].load_state_dict(state["key"])
+        self._key["queue"].copy_(state["queue"])
+        self._key["ptr"], self._key["fill"] = int(state["ptr"]), int(state["fill"])
+
+    # -- XLCo --------------------------------------------------------------------------------
+    def _cls(self, emb: nn.Module, enc: nn.Module, proj: nn.Module, ids: torch.Tensor,
+             pad: torch.Tensor) -> torch.Tensor:
+        _, hidden = enc(emb(ids), pad, return_layers=True, upto=self.layer)
+        h = hidden[self.layer]
+        if self.xlco.pool == "mean":  # over the real tokens, as retrieval pools (XTREME's convention)
+            real = (~pad).unsqueeze(-1).to(h.dtype)
+            z = proj((h * real).sum(1) / real.sum(1).clamp(min=1))
+        else:
+            z = proj(h[:, 0])
+        return F.normalize(z.float(), dim=-1) if self.xlco.normalize else z.float()
+
+    def contrast(self, ids: torch.Tensor, pad: torch.Tensor, segments: torch.Tensor):
+        """(Σ InfoNCE, rows contrasted, rows whose positive wins) of one TRTD micro-batch;
+        then this batch's keys (all ranks') go into the queue."""
+        if self._key is None:
+            raise RuntimeError("InfoXLMModel.attach(device) must be called before training")
+        x, x_pad, y, y_pad = split_pair(ids, pad, segments, self.bos_id, self.pad_id)
+        q = self._cls(self.embeddings, self.encoder, self.proj, x, x_pad)
+        with torch.no_grad():
+            key = self._key["module"]
+            k = self._cls(key["embeddings"], key["encoder"], key["proj"], y, y_pad)
+        fill = self._key["fill"]
+        every = gather_rows(k)  # all ranks' keys, global row order: the in-batch negatives, then the queue's
+        if self.xlco.in_batch_negatives:
+            rank, world = (dist.get_rank(), dist.get_world_size()) if distributed() else (0, 1)
+            positive = every
+            target = rank + world * torch.arange(q.shape[0], device=q.device)  # this rank's rows in ``every``
+        else:
+            positive, target = k, torch.zeros(q.shape[0], dtype=torch.long, device=q.device)
+        negatives = self._key["queue"][:fill].clone()  # the queue changes below; autograd keeps this copy
+        candidates = positive.shape[0] if self.xlco.in_batch_negatives else 1
+        # the trivial peer: a query that scores every candidate alike, log(candidates + negatives)
+        self._chance = math.log(candidates + fill)
+        if candidates + fill <= 1 or q.shape[0] == 0:  # nothing to tell the positive from
+            loss, count, correct = q.sum() * 0, 0, 0
+        else:
+            first = q @ positive.T if self.xlco.in_batch_negatives else (q * k).sum(-1, keepdim=True)
+            logits = torch.cat([first, q @ negatives.T], dim=1) / self.xlco.temperature
+            loss = F.cross_entropy(logits, target, reduction="sum")
+            count, correct = q.shape[0], int((logits.argmax(1) == target).sum())
+        self._enqueue(every)
+        t = ids.new_tensor
+        return loss, t(count), t(correct)
+
+    @torch.no_grad()
+    def _enqueue(self, keys: torch.Tensor) -> None:
+        st, size = self._key, self.xlco.queue_size
+        keys = keys[-size:]
+        n = keys.shape[0]
+        idx = (st["ptr"] + torch.arange(n, device=keys.device)) % size
+        st["queue"][idx] = keys.float()
+        st["ptr"], st["fill"] = (st["ptr"] + n) % size, min(size, st["fill"] + n)
+
+    def queue_keys(self) -> torch.Tensor:
+        """The keys in the queue, oldest first."""
+        st = self._key
+        if st["fill"] < self.xlco.queue_size:
+            return st["queue"][: st["fill"]].clone()
+        return torch.roll(st["queue"], -st["ptr"], dims=0).clone()
+
+    # -- the training step ---------------------------------------------------------------------
+    def forward(self, ids: torch.Tensor, pad: torch.Tensor, segments: torch.Tensor | None,
+                noise: torch.Tensor, per_row: bool = False) -> Stats:
+        st = super().forward(ids, pad, segments, noise, per_row)  # MMLM (MRTD rows) or TLM (TRTD rows)
+        if segments is not None:
+            st.c_loss, st.c_count, st.c_correct = self.contrast(ids, pad, segments)
+            st.extra["trtd/contrast_queue_fill"] = self._key["fill"] / self.xlco.queue_size
+            st.extra["trtd/contrast_chance_loss"] = self._chance
+        return st
+
+    def loss(self, st: Stats, norms: Norms) -> torch.Tensor:
+        out = st.g_loss / norms.g
+        if st.c_loss is not None:
+            out = out + self.xlco.weight * st.c_loss / norms.c
+        return out
+
+
+def gather_rows(x: torch.Tensor) -> torch.Tensor:
+    """Every rank's rows of ``x`` in global row order.  Rank r holds global rows r, r + W,
+    r + 2W, … (the loaders deal rows out that way), possibly one fewer than rank 0."""
+    if not distributed():
+        return x.detach()
+    world = dist.get_world_size()
+    n = torch.tensor([x.shape[0]], device=x.device)
+    sizes = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(sizes, n)
+    most = int(max(s.item() for s in sizes))
+    padded = x.detach().new_zeros((most, *x.shape[1:]))
+    padded[: x.shape[0]] = x.detach()
+    parts = [torch.zeros_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    out = []
+    for k in range(most):
+        out += [parts[r][k] for r in range(world) if k < int(sizes[r].item())]
+    return torch.stack(out) if out else x.detach()[:0]
