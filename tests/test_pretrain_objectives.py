@@ -136,3 +136,18 @@ def test_vecos_two_phase_schedule_holds_the_body_still_then_trains_it():
     assert all(not torch.equal(now[n], v) for n, v in cross.items() if v.ndim == 2), "the cross-attention has"
     step(3)
     assert sum(not torch.equal(now[n], v) for n, v in body.items()) > len(body) // 2, "then the body trains"
+
+
+def test_an_objectives_knobs_reach_train_json_and_only_its_own_enter_the_fingerprint():
+    from xylent.spec import load_spec
+    from xylent.stage import section_identity
+
+    electra = load_spec(DEMO, ["pretrain.infoxlm.temperature=0.5", "pretrain.veco.freeze_body_steps=7"])
+    plain = load_spec(DEMO)
+    assert section_identity(electra.pretrain) == section_identity(plain.pretrain), \
+        "knobs of objectives the run does not train change nothing it computes"
+    veco = load_spec(DEMO, ["pretrain.objective=veco", "pretrain.veco.freeze_body_steps=7"])
+    assert veco.pretrain.objective_options() == {"freeze_body_steps": 7}
+    assert section_identity(veco.pretrain)["veco"] == {"freeze_body_steps": 7}
+    info = load_spec(DEMO, ["pretrain.objective=infoxlm", "pretrain.infoxlm.temperature=0.5"])
+    assert info.pretrain.objective_options()["temperature"] == 0.5 and "veco" not in section_identity(info.pretrain)

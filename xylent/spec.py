@@ -432,9 +432,13 @@ class PretrainConfig(Strict):
 
     OPERATIONAL: ClassVar[tuple[str, ...]] = ("ranks", "hostfile", "master_port", "log_every", "system_metrics",
                                               "system_metrics_interval", "peak_tflops", "register_name")
-    ADDED_LATER: ClassVar[tuple[str, ...]] = ("infoxlm", "init")
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("infoxlm", "veco", "init")
     # each objective's own section: in the fingerprint only when that objective is trained
-    OBJECTIVE_SECTIONS: ClassVar[dict[str, str]] = {"infoxlm": "infoxlm"}
+    OBJECTIVE_SECTIONS: ClassVar[dict[str, str]] = {"infoxlm": "infoxlm", "veco": "veco"}
+
+    def unread_fields(self) -> set[str]:
+        """The other objectives' sections: not read by this run, so not part of what it computes."""
+        return {sec for obj, sec in self.OBJECTIVE_SECTIONS.items() if obj != self.objective}
 
     def objective_options(self) -> dict:
         """The trained objective's own knobs (pretrain.<objective>), for train.json."""

@@ -54,7 +54,8 @@ def section_identity(value: Any) -> Any:
     """The JSON form of a spec section for fingerprints and MLflow params; a
     section's ``OPERATIONAL`` fields (how to run, not what) are left out, and its
     ``ADDED_LATER`` fields while they hold their default (a new knob whose default
-    changes nothing must not invalidate every workspace's outputs)."""
+    changes nothing must not invalidate every workspace's outputs), and the fields
+    its ``unread_fields()`` names (e.g. the sections of objectives not trained)."""
     if isinstance(value, list):
         return [section_identity(v) for v in value]
     if hasattr(value, "model_dump"):
@@ -62,7 +63,8 @@ def section_identity(value: Any) -> Any:
         fields = type(value).model_fields
         later = {f for f in getattr(value, "ADDED_LATER", ())
                  if getattr(value, f) == fields[f].get_default(call_default_factory=True)}
-        dumped = value.model_dump(mode="json", exclude=set(getattr(value, "OPERATIONAL", ())) | later)
+        unread = set(value.unread_fields()) if hasattr(value, "unread_fields") else set()
+        dumped = value.model_dump(mode="json", exclude=set(getattr(value, "OPERATIONAL", ())) | later | unread)
         for name in dumped:  # nested sections (evaluate.tasks[], their finetune) follow the same rules
             inner = getattr(value, name, None)  # None: a field dumped by its alias (pretrain.init.from), a value
             if hasattr(inner, "model_dump") or (isinstance(inner, list) and any(hasattr(x, "model_dump")

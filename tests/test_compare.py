@@ -1,0 +1,69 @@
+"""Recipes as specs: ``extends:`` (a recipe = a base spec + what it changes) and
+``xylent compare`` (several runs side by side, each beside its trivial peers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from xylent.errors import XylentError
+from xylent.spec import load_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "data_specs" / "demo.yaml"
+
+
+def test_a_spec_extends_another_section_by_section(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text(DEMO.read_text())
+    (tmp_path / "sub").mkdir()
+    recipe = tmp_path / "sub" / "r.yaml"
+    recipe.write_text("extends: ../base.yaml\nname: r\npretrain: {objective: mlm, steps: 7}\n"
+                      "evaluate: {models: [pipeline]}\n")
+    spec, demo = load_spec(recipe, ["pretrain.lr=0.01"]), load_spec(DEMO)
+    assert (spec.name, spec.pretrain.objective, spec.pretrain.steps, spec.pretrain.lr) == ("r", "mlm", 7, 0.01)
+    assert spec.pretrain.batch_size == demo.pretrain.batch_size, "the base's other knobs of the section stay"
+    assert spec.evaluate.models == ["pipeline"] and spec.evaluate.tasks == demo.evaluate.tasks
+    assert spec.sources == demo.sources and spec.languages == demo.languages
+    assert Path(spec.base_dir) == recipe.parent, "relative paths: against the file named on the command line"
+
+
+def test_an_extends_cycle_or_a_missing_base_is_a_clear_error(tmp_path):
+    (tmp_path / "a.yaml").write_text("extends: b.yaml\nname: a\n")
+    (tmp_path / "b.yaml").write_text("extends: a.yaml\nname: b\n")
+    with pytest.raises(XylentError, match="cycle"):
+        load_spec(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("extends: nowhere.yaml\n")
+    with pytest.raises(XylentError, match="spec file not found"):
+        load_spec(tmp_path / "c.yaml")
+    (tmp_path / "d.yaml").write_text("extends: [a.yaml, b.yaml]\n")
+    with pytest.raises(XylentError, match="one spec file"):
+        load_spec(tmp_path / "d.yaml")
+
+
+def test_every_recipe_loads_and_changes_only_what_it_names():
+    demo = load_spec(DEMO)
+    expected = {"electra": ("electra", ["mrtd", "trtd"], None), "mlm": ("mlm", ["mrtd", "trtd"], None),
+                "infoxlm": ("infoxlm", ["mrtd", "trtd"], None), "veco": ("veco", ["mrtd", "trtd"], None),
+                "electra-mrtd-only": ("electra", ["mrtd"], None), "electra-en-x": ("electra", ["mrtd", "trtd"], "en")}
+    for name, (objective, tasks, pivot) in expected.items():
+        spec = load_spec(ROOT / "data_specs" / "recipes" / f"{name}.yaml")
+        assert (spec.pretrain.objective, spec.pretrain.tasks, spec.sampling.pivot) == (objective, tasks, pivot)
+        assert spec.vocab == demo.vocab and spec.shards == demo.shards and spec.model == demo.model, name
+        assert spec.pretrain.steps == demo.pretrain.steps, f"{name}: the same training budget as the demo"
+
+
+def test_compare_puts_runs_side_by_side_with_their_peers(run_cli, demo_run, tmp_path):
+    _, ws = demo_run
+    out = tmp_path / "table.md"
+    rc, stdout, err = run_cli("compare", "--spec", DEMO, "--spec", DEMO, "--workspace", ws, "--out", out)
+    assert rc == 0, err
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("| demo |")]
+    assert len(lines) == 2 and out.read_text() == stdout
+    header = stdout.splitlines()[0]
+    assert "django-holdout (random-init)" in header and "mrtd/generator_loss (generator_unigram_loss)" in header
+    cells = lines[0].split(" | ")
+    assert cells[1] == "electra" and ("▲" in lines[0] or "▼" in lines[0])
+    rc, _, err = run_cli("compare", "--spec", DEMO, "--workspace", tmp_path / "empty")
+    assert rc == 2 and "xylent run evaluate" in err
