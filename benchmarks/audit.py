@@ -341,7 +341,8 @@ def components(spec, upstream: dict[str, Path], scratch: Path, batches: int) -> 
     import torch
 
     from models.config import EncoderConfig
-    from models.electra import build_model
+    from models.objectives import build_model
+    from models.stats import Norms
     from models.masking import row_noise
     from models.trainer import make_adversary, pair_totals
     from tasks.shards.loader import TrainingLoader
@@ -352,7 +353,7 @@ def components(spec, upstream: dict[str, Path], scratch: Path, batches: int) -> 
         cfg = bench_config(spec, upstream, scratch, steps=300, tasks=["trtd"], audit=True)
         enc = EncoderConfig(**cfg.model)
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg.objective, enc, cfg.disc_weight, cfg.mask_prob)
+        model = build_model(cfg.objective, enc, cfg.disc_weight, cfg.mask_prob, cfg.objective_options)
         model.train()
         ld = TrainingLoader(cfg.shards_dir, cfg.sampling_dir, task="trtd", seed=cfg.seed, rank=0, world_size=2,
                             batch_size=cfg.batch_size // 2, max_tokens=cfg.trtd_max_tokens // 2, verify=False)
@@ -367,7 +368,7 @@ def components(spec, upstream: dict[str, Path], scratch: Path, batches: int) -> 
             noise = row_noise(cfg.seed, k, 0, [2 * i for i in range(ids.shape[0])], (~pad).sum(1).tolist(), ids.shape[1])
             t = time.perf_counter()
             st = model(ids, pad, seg, noise, per_row=per_row)
-            model.loss(st, max(st.g_count.item(), 1), max(st.d_count.item(), 1)).backward()
+            model.loss(st, Norms(max(st.g_count.item(), 1), max(st.d_count.item(), 1))).backward()
             dt = time.perf_counter() - t
             model.zero_grad(set_to_none=True)
             return dt, st

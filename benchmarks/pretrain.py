@@ -38,6 +38,7 @@ from models.electra import ElectraModel, RTDHead
 from models.encoder import Embeddings, Encoder
 from models.init import init_weights
 from models.masking import choose_masked, row_noise, sample_tokens
+from models.stats import Norms
 from models.optim import flops_per_token, make_optimizer, peak_tflops
 
 
@@ -85,7 +86,7 @@ def ours_electra_step(cfg):
         noise = row_noise(0, k, 0, list(range(len(ids))), [ids.shape[1]] * len(ids), ids.shape[1]).to(ids.device)
         st = model(ids, pad, None, noise)
         opt.zero_grad(set_to_none=True)
-        model.loss(st, st.g_count.item(), st.d_count.item()).backward()
+        model.loss(st, Norms(st.g_count.item(), max(st.d_count.item(), 1))).backward()
         opt.step()
     return step
 

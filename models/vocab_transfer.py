@@ -227,6 +227,12 @@ def from_hf_tokenizer(path: Path, config: dict | None = None) -> Vocabulary:
         if kind == "Unigram":
             pieces, scores = [p for p, _ in model["vocab"]], [float(s) for _, s in model["vocab"]]
         elif kind in ("BPE", "WordPiece"):
+            if "ByteLevel" in json.dumps(data.get("pre_tokenizer")):
+                # GPT-2/RoBERTa pieces are byte-mapped characters with Ġ for a word start: matched as they are
+                # they would miss nearly every piece while the report looked like a poor vocabulary overlap
+                raise XylentError("tokenizer.json is a byte-level BPE (GPT-2/RoBERTa style), whose pieces cannot be "
+                                  "matched to SentencePiece pieces by text", where=str(tj),
+                                  fix="start from a SentencePiece (XLM-R, xylent) or WordPiece (BERT) model")
             vocab = model["vocab"]
             size = max(vocab.values()) + 1 if vocab else 0
             pieces = [""] * size

@@ -72,13 +72,16 @@ def table(runs: list[dict]) -> str:
         cells = [r["label"], r["objective"] or "?"]
         for t in tasks:
             ours, base = _avg(r["scores"]["pipeline"].get(t)), _avg(r["scores"].get("random-init", {}).get(t))
-            mark = "" if ours is None or base is None else (" ▲" if ours > base else " ▼")
+            if ours is None:  # e.g. a task with no test split, or "not applicable"
+                cells.append("–")
+                continue
+            mark = "" if base is None else " ▲" if ours > base else " ▼" if ours < base else " ="
             cells.append(f"{ours:.1f}{mark} ({base:.1f})" if base is not None else f"{ours:.1f}")
         for metric, peer in PRETRAIN_PAIRS:
             v, p = r["pretrain"].get(metric), r["pretrain"].get(peer) if peer else None
             cells.append("–" if v is None else f"{v:.3g} ({p:.3g})" if p is not None else f"{v:.3g}")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Scores are averages over languages (0–100); ▲/▼: above/below the same architecture with "
-              "untrained weights.  Pretraining columns: the mean of the last 50 logged steps, with its trivial "
+              "untrained weights (= a tie).  Pretraining columns: the mean of the last 50 logged steps, with its trivial "
               "peer in brackets (chance contrast, unigram generator, base-rate discriminator)."]
     return "\n".join(lines) + "\n"

@@ -73,6 +73,10 @@ def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str
     tokenizer = load_tokenizer(upstream["vocab"])
     enc = encoder_config(spec, tokenizer.get_piece_size(), index["seq_len"], special_ids(tokenizer, str(upstream["vocab"])))
     ds_path, stage = deepspeed_config(spec)
+    if stage == 3 and p.objective == "infoxlm":  # the spec checks zero_stage; a user's JSON may say 3 too
+        raise XylentError(f"{ds_path.name} is ZeRO-3, whose partitioned parameters cannot feed InfoXLM's momentum "
+                          "key encoder", where="spec fields pretrain.objective and pretrain.deepspeed_config",
+                          fix="use a ZeRO 0-2 DeepSpeed config for objective infoxlm")
     return TrainConfig(
         shards_dir=str(upstream["shards"]), sampling_dir=str(upstream["sampling"]),
         checkpoint_dir=str(ckdir / "deepspeed"), metrics_file=str(ckdir / "metrics.jsonl"),
@@ -123,6 +127,8 @@ def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_i
     cfg.steps = a.steps or p.steps
     cfg.warmup_steps = min(cfg.warmup_steps, max(0, cfg.steps - 1))
     cfg.checkpoint_every = min(cfg.checkpoint_every, cfg.steps)
+    if cfg.objective_options.get("freeze_body_steps"):  # VECO's two-phase start is pretraining's, not the audit's
+        cfg.objective_options = {**cfg.objective_options, "freeze_body_steps": 0}
     cfg.dro = {"rho": a.rho, "min_ratio": a.min_ratio, "ema": a.ema, "resamples": a.resamples,
                "weights": pair_loss_weights(a.pair_loss, p.objective, p.disc_weight),
                "state_file": str(ckdir / STATE_FILE)}
