@@ -11,7 +11,10 @@ after warm-up:
   vs HF ``ElectraForMaskedLM`` + ``ElectraForPreTraining`` with shared embeddings
   composed the same way (the HF ELECTRA recipe);
 - ``…, no relative bias``: ours with ``relative_bias: false`` — what the gated
-  bias costs.
+  bias costs;
+- ``objective on TRTD rows``: one row per pretraining recipe (``electra``,
+  ``mlm``, ``infoxlm``, ``veco``) on the same translation-pair rows, ELECTRA the
+  reference (``objective.<name>_over_electra``).
 
 On a GPU (``--device cuda``) the script also reports MFU for bf16 and peak
 memory of the bare model; memory per ZeRO stage comes from the trainer itself
@@ -89,6 +92,40 @@ def ours_electra_step(cfg):
         model.loss(st, Norms(st.g_count.item(), max(st.d_count.item(), 1))).backward()
         opt.step()
     return step
+
+
+def objective_step(objective: str, options: dict | None = None):
+    """One optimizer step of a recipe on TRTD rows ``<s> x </s> y </s>`` (x, y: half the row each): every
+    objective on the same pair rows, the ELECTRA row the reference (the cost of XLCo's extra passes and key
+    encoder, of VECO's plug-in pass)."""
+    def make(cfg):
+        from models.objectives import build_model
+
+        model = build_model(objective, cfg, options=options)
+        if hasattr(model, "attach"):
+            model.attach(next(model.parameters()).device)
+        opt = make_optimizer(model, lr=1e-4)
+
+        def step(ids, k):
+            ids = ids.clone()
+            half = ids.shape[1] // 2
+            ids[:, half - 1] = cfg.special("eos")
+            seg = (torch.arange(ids.shape[1], device=ids.device) >= half).long().expand_as(ids)
+            pad = ids == cfg.special("pad")
+            noise = row_noise(0, k, 0, list(range(len(ids))), [ids.shape[1]] * len(ids), ids.shape[1]).to(ids.device)
+            st = model(ids, pad, seg, noise)
+            c = st.c_count.item() if st.c_count is not None else 1
+            opt.zero_grad(set_to_none=True)
+            model.loss(st, Norms(max(st.g_count.item(), 1), max(st.d_count.item(), 1), max(c, 1))).backward()
+            opt.step()
+            if hasattr(model, "after_step"):
+                model.after_step()
+        return step
+    return make
+
+
+OBJECTIVE_ROWS = {"electra": None, "mlm": None, "veco": None,
+                  "infoxlm": {"queue_size": 4096, "pool": "mean", "normalize": True, "in_batch_negatives": True}}
 
 
 def hf_configs(cfg):
@@ -213,11 +250,12 @@ def main(argv=None) -> dict:
     if not args.skip_hf:
         plan += [("discriminator", "transformers ElectraForPreTraining", hf_discriminator_step, cfg),
                  ("electra", "transformers ElectraForMaskedLM + ElectraForPreTraining", hf_electra_step, cfg)]
+    plan += [("objective on TRTD rows", name, objective_step(name, opts), cfg) for name, opts in OBJECTIVE_ROWS.items()]
     for what, who, make, c in plan:
         r = measure(_move(make, device), c, data, device, args.warmup, args.repeats, bf16)
         if device.type == "cuda":
-            objective = "electra" if what == "electra" else "mlm"
-            fpt = flops_per_token(c, args.seq_len, objective) if what == "electra" else \
+            objective = who if what.startswith("objective") else "electra" if what == "electra" else "mlm"
+            fpt = flops_per_token(c, args.seq_len, objective) if what != "discriminator" else \
                 3 * c.layers * (2 * (4 * c.hidden ** 2 + 2 * c.hidden * c.ffn) + 4 * args.seq_len * c.hidden)
             peak = peak_tflops(torch.cuda.get_device_name(device))
             if peak:
@@ -226,6 +264,10 @@ def main(argv=None) -> dict:
         print(f"{what:14s} {who:58s} {r['tokens_per_second']:12,.0f} tokens/s", flush=True)
     ratios = {}
     for what, by in rows.items():
+        if what.startswith("objective"):  # each recipe's speed relative to ELECTRA's on the same rows
+            for name, r in by.items():
+                ratios[f"objective.{name}_over_electra"] = r["tokens_per_second"] / by["electra"]["tokens_per_second"]
+            continue
         hf = [v for k, v in by.items() if k.startswith("transformers")]
         if hf:
             ratios[what] = by["xylent"]["tokens_per_second"] / hf[0]["tokens_per_second"]
