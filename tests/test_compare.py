@@ -67,3 +67,12 @@ def test_compare_puts_runs_side_by_side_with_their_peers(run_cli, demo_run, tmp_
     assert cells[1] == "electra" and ("▲" in lines[0] or "▼" in lines[0])
     rc, _, err = run_cli("compare", "--spec", DEMO, "--workspace", tmp_path / "empty")
     assert rc == 2 and "xylent run evaluate" in err
+
+
+def test_recipe_knobs_out_of_range_are_caught_before_anything_trains(tmp_path):
+    with pytest.raises(XylentError, match="sampling.pivot"):
+        load_spec(DEMO, ["sampling.pivot=english"])
+    with pytest.raises(XylentError, match="trtd"):
+        load_spec(DEMO, ["pretrain.objective=veco", "pretrain.tasks=[mrtd]"])
+    with pytest.raises(XylentError, match="ZeRO-3"):
+        load_spec(DEMO, ["pretrain.objective=infoxlm", "pretrain.zero_stage=3"])

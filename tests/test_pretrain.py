@@ -469,6 +469,15 @@ def test_user_errors_in_the_pretrain_spec_are_clear(run_cli, demo_run, tmp_path)
     assert rc == 2 and "the deepspeed launcher failed (exit code" in err and "train.log" in err, err[-2000:]
     rc, _, err = run_cli("run", "pretrain", "--spec", DEMO, "--workspace", ws, "--set", "model.max_position=64")
     assert rc == 2 and "shorter than shards.seq_len" in err
+    rc, _, err = run_cli("run", "pretrain", "--spec", DEMO, "--workspace", ws, "--set", "pretrain.objective=infoxlm",
+                         "--set", "pretrain.infoxlm.layer=5")
+    assert rc == 2 and "pretrain.infoxlm.layer is 5 but the model has 2 layers" in err
+    zero3, no_stage = tmp_path / "zero3.json", tmp_path / "demo-without-zero-stage.yaml"
+    zero3.write_text('{"zero_optimization": {"stage": 3}}')
+    no_stage.write_text(DEMO.read_text().replace("  zero_stage: 2\n", ""))  # the user's JSON decides the stage
+    rc, _, err = run_cli("run", "pretrain", "--spec", no_stage, "--workspace", ws, "--set", "pretrain.objective=infoxlm",
+                         "--set", f"pretrain.deepspeed_config={zero3}")
+    assert rc == 2 and "ZeRO-3" in err and "momentum" in err
     rc, _, err = run_cli("run", "pretrain", "--spec", DEMO, "--workspace", tmp_path, "--set", "pretrain.ranks=3")
     assert rc == 2 and "must be divisible by pretrain.ranks" in err
     rc, _, err = run_cli("run", "pretrain", "--spec", DEMO, "--workspace", tmp_path, "--set", "pretrain.zero_stage=4")

@@ -290,6 +290,16 @@ class SamplingConfig(Strict):
     pivot: str | None = Field(default=None, description="keep only the pairs with this language (e.g. en: the EN-X "
                               "only ablation of XY-LENT's X-Y bitexts); the others get probability 0")
 
+    @field_validator("pivot")
+    @classmethod
+    def _pivot(cls, v):
+        if v is not None:
+            try:
+                check_language(v, where="spec field sampling.pivot")
+            except XylentError as exc:  # reported with the field's path, like every spec error
+                raise ValueError(f"{exc.what}; {exc.fix}") from None
+        return v
+
     @field_validator("exclude_pairs")
     @classmethod
     def _pairs(cls, v):

@@ -72,6 +72,10 @@ def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str
                               where=str(upstream["shards"]), fix=f"drop {t!r} from pretrain.tasks or add sources")
     tokenizer = load_tokenizer(upstream["vocab"])
     enc = encoder_config(spec, tokenizer.get_piece_size(), index["seq_len"], special_ids(tokenizer, str(upstream["vocab"])))
+    layer = p.infoxlm.layer
+    if p.objective == "infoxlm" and layer is not None and layer > enc.layers:
+        raise XylentError(f"pretrain.infoxlm.layer is {layer} but the model has {enc.layers} layers",
+                          where="spec field pretrain.infoxlm.layer", fix=f"pick 1..{enc.layers}, or leave it unset")
     ds_path, stage = deepspeed_config(spec)
     if stage == 3 and p.objective == "infoxlm":  # the spec checks zero_stage; a user's JSON may say 3 too
         raise XylentError(f"{ds_path.name} is ZeRO-3, whose partitioned parameters cannot feed InfoXLM's momentum "
