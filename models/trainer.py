@@ -4,9 +4,11 @@
 
 Each optimizer step runs ``grad_accum`` micro-batches per task it trains
 (``alternate``: one task per step; ``mix``: every task every step).  Losses are
-normalised by token counts summed over all ranks (see models.electra), data and
-masking noise are functions of (seed, step, global row), so the run is the same
-on any number of ranks up to float rounding.
+normalised by token counts summed over all ranks (models.stats), data and
+masking noise are functions of (seed, step, global row), so with dropout 0 the
+run is the same on any number of ranks up to float rounding.  Dropout is not:
+each rank draws it from its own stream (seed + 1 + rank), so with dropout > 0
+runs on different world sizes are statistically alike, not equal.
 
 Checkpoints: ``<checkpoints>/step-XXXXXXXX/`` = DeepSpeed's files + each rank's
 RNG state + the loaders' state (client state) + ``COMPLETE``, written last; a
