@@ -57,27 +57,24 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _outputs(args):
+def _outputs(spec_file: str, overrides: list[str], workspace: str | None):
     """(stage, fingerprint, output folder, manifest or None) for every stage of the spec."""
     from xylent.spec import load_spec
 
-    spec = load_spec(args.spec, args.overrides)
-    ws = workspace_for(spec, args.workspace)
+    spec = load_spec(spec_file, overrides)
+    ws = workspace_for(spec, workspace)
     for name, fp in stage_fingerprints(STAGES, spec, ws).items():
         out = ws.output_dir(name, fp)
         yield name, fp, out, read_manifest(out)
 
 
 def _compare(args) -> dict:
-    from types import SimpleNamespace
-
     from tasks.evaluate.compare import read_run, table
 
     runs = []
     for spec in args.specs:
-        found = {name: (out, manifest) for name, _, out, manifest in
-                 _outputs(SimpleNamespace(spec=spec, overrides=[], workspace=args.workspace))}
-        published = {name: out if manifest is not None else None for name, (out, manifest) in found.items()}
+        published = {name: out if manifest is not None else None
+                     for name, _, out, manifest in _outputs(spec, [], args.workspace)}
         runs.append(read_run(Path(spec).stem, published.get("evaluate"), published.get("pretrain")))
     markdown = table(runs)
     if args.out:
@@ -88,7 +85,7 @@ def _compare(args) -> dict:
 def _status(args) -> dict:
     return {"stages": {name: {"output_dir": str(out), "fingerprint": fp, "cached": manifest is not None,
                               "mlflow_run_id": manifest.get("mlflow_run_id") if manifest else None}
-                       for name, fp, out, manifest in _outputs(args)}}
+                       for name, fp, out, manifest in _outputs(args.spec, args.overrides, args.workspace)}}
 
 
 def _verify(args) -> dict:
@@ -97,7 +94,7 @@ def _verify(args) -> dict:
     return {"stages": {name: {"output_dir": str(out), "published": manifest is not None,
                               "files": len(manifest.get("files", [])) if manifest else 0,
                               "problems": check_files(out, manifest, full=True) if manifest else []}
-                       for name, _, out, manifest in _outputs(args)}}
+                       for name, _, out, manifest in _outputs(args.spec, args.overrides, args.workspace)}}
 
 
 def _run(args) -> dict:
