@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean-demo benchmarks recipes
+.PHONY: demo test install clean-demo bench benchmarks recipes
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,8 +34,16 @@ recipes: $(STAMP)
 	$(BIN)/xylent compare $(foreach r,$(RECIPES) metaxlm-phase2,--spec data_specs/recipes/$(r).yaml) \
 		--out docs/recipes-scorecard.md
 
-benchmarks: $(STAMP)
-	$(BIN)/python benchmarks/prepare_throughput.py
+# every benchmark at full size (about an hour on 2 cores; run it on a quiet machine), then the
+# measured parts of docs/benchmarks.md are rewritten from benchmarks/results/*.json.
+# `make bench QUICK=1`: the smoke sizes (results and a rendered doc under benchmarks/results/quick/).
+BENCH := prepare_throughput dedup vocab sampling shards scaling pretrain evaluate audit finetune
+bench: $(STAMP)
+	for b in $(BENCH); do $(BIN)/python benchmarks/$$b.py $(if $(QUICK),--quick) || exit 1; done
+	$(BIN)/python benchmarks/render.py $(if $(QUICK),--results benchmarks/results/quick \
+		--template docs/benchmarks.md --doc benchmarks/results/quick/benchmarks.md)
+
+benchmarks: bench
 
 clean-demo:
 	rm -rf workspace

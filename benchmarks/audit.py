@@ -26,18 +26,16 @@ audit's per-step overhead against plain pretrain steps of the same model.
 
 The report keeps one key per section.
 
-    .venv/bin/python benchmarks/audit.py [--quick] [--only best_response|step_overhead]
-                                         [--out benchmarks/results/audit.json]
+    .venv/bin/python benchmarks/audit.py            # ~20 min: best response, then 25 training runs of 300 steps
+    .venv/bin/python benchmarks/audit.py --quick    # < 3 min once the demo's shards exist (40-step runs, 1 repeat)
+    .venv/bin/python benchmarks/audit.py --quick --only best_response   # seconds: the smoke run of `make test`
 """
 
 from __future__ import annotations
 
 import contextlib
-
-import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -48,12 +46,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python benchmarks/audit.py` without PYTHONPATH
-    sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # `python benchmarks/audit.py` without PYTHONPATH
 
-import numpy as np
+import harness  # noqa: E402
+import numpy as np  # noqa: E402
 
-from tasks.audit import chi2_best_response, chi2_divergence
+from tasks.audit import chi2_best_response, chi2_divergence  # noqa: E402
 
 TARGET_MS_AT_10K = 50.0
 TARGET_OVERHEAD = 0.05
@@ -365,7 +363,8 @@ def components(spec, upstream: dict[str, Path], scratch: Path, batches: int) -> 
             ids = torch.from_numpy(b["input_ids"]).long()
             pad = ids == ld.pad
             seg = torch.from_numpy(b["segment_ids"])
-            noise = row_noise(cfg.seed, k, 0, [2 * i for i in range(ids.shape[0])], (~pad).sum(1).tolist(), ids.shape[1])
+            noise = row_noise(cfg.seed, k, 0, [2 * i for i in range(ids.shape[0])], (~pad).sum(1).tolist(),
+                              ids.shape[1])
             t = time.perf_counter()
             st = model(ids, pad, seg, noise, per_row=per_row)
             model.loss(st, Norms(max(st.g_count.item(), 1), max(st.d_count.item(), 1))).backward()
@@ -503,7 +502,8 @@ def step_overhead_benchmark(workspace: Path, *, steps: int, repeats: int, task_s
         "objective": spec.pretrain.objective, "batch_size": spec.pretrain.batch_size,
         "trtd_max_tokens": spec.pretrain.trtd_max_tokens, "zero_stage": spec.pretrain.zero_stage,
         "task_schedule": spec.pretrain.task_schedule, "trtd_ratio": spec.pretrain.trtd_ratio,
-        "dro": {k: v for k, v in dro.items() if k != "state_file"}, "steps": steps, "skip_first_steps": skip, "repeats": repeats, "ranks": ranks,
+        "dro": {k: v for k, v in dro.items() if k != "state_file"}, "steps": steps, "skip_first_steps": skip,
+        "repeats": repeats, "ranks": ranks,
         "backend": "gloo (CPU)", "omp_num_threads_per_rank": omp,
         "versions": {"torch": torch.__version__, "deepspeed": deepspeed.__version__},
         "statistic": "median of rank 0's step_seconds after the first skip steps; runs alternate plain/audit (ABBA)",
@@ -512,43 +512,106 @@ def step_overhead_benchmark(workspace: Path, *, steps: int, repeats: int, task_s
     }
 
 
-def machine() -> dict:
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__}
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f} %"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true",
-                    help="a smoke run: fewer repeats, 40-step runs of TRTD only (< 3 min once the shards exist)")
+def markdown(result: dict) -> str:
+    out = []
+    br = result.get("best_response")
+    if br:
+        by = {}
+        for r in br["results"]:
+            by.setdefault(r["groups"], {})[r["case"]] = r
+        rows = [[harness.num(n), f"{c['no_floor']['median_ms']:.3g} ms", f"{c['floor_binds']['median_ms']:.3g} ms",
+                 c["floor_binds"]["groups_at_floor"],
+                 f"{max(x['divergence_rel_error'] for x in c.values()):.0e}"] for n, c in sorted(by.items())]
+        out += ["**Best response** (`tasks.audit.chi2_best_response`), median of "
+                f"{br['results'][0]['repeats']} calls after a warm-up:", "",
+                harness.table(["groups", "no floor binds (ρ = 0.01)", "floors bind (ρ = 0.1, m = 0.2)",
+                               "groups at the floor", "divergence vs ρ (rel. error)"], rows), ""]
+        at10k = [r["median_ms"] for r in br["results"] if r["groups"] == 10000]
+        if at10k:
+            target = br["target_ms_at_10000_groups"]
+            out.append(f"Target < {target:g} ms at 10 000 groups: "
+                       + (f"**met** ({target / max(at10k):.0f}x under)." if br["pass"] else "**missed**."))
+        out.append("")
+    so = result.get("step_overhead")
+    if so:
+        names = {"trtd": "TRTD every step", "mrtd+trtd": "MRTD/TRTD alternating (the demo's schedule)"}
+        rows = []
+        for v in so["variants"]:
+            key = "+".join(v["tasks"])
+            paired = v["overhead_paired"]
+            res = v.get("resample", {})
+            rows.append([names.get(key, key), harness.seconds(v["plain"]["median_median_step_s"]),
+                         harness.seconds(v["audit"]["median_median_step_s"]), f"**{_pct(v['overhead_median'])}**",
+                         f"{_pct(v['overhead_paired_median'])} ({_pct(min(paired))} … {_pct(max(paired))})",
+                         _pct(v["overhead_mean"]),
+                         harness.seconds(res.get("extra_s_per_resample")) if res else "–"])
+            ctl = v.get(SAME_BATCHES)
+            if ctl:
+                c = ctl["vs_plain"]
+                rows.append([f"control: {key.upper()}, ρ = {CONTROL_RHO:g} (q ≈ Q)",
+                             harness.seconds(v["plain"]["median_median_step_s"]),
+                             harness.seconds(ctl["median_median_step_s"]), _pct(c["overhead_median"]),
+                             f"{_pct(c['overhead_paired_median'])} ({_pct(min(c['overhead_paired']))} … "
+                             f"{_pct(max(c['overhead_paired']))})", _pct(c["overhead_mean"]),
+                             harness.seconds(c.get("resample", {}).get("extra_s_per_resample"))])
+        target = so["target_max_overhead"]
+        worst = max(v["overhead_median"] for v in so["variants"])
+        out += [f"**Per-step overhead of the audit** against plain pretrain steps of the same model "
+                f"({so['model_size']} model, {so['ranks']} ranks over {so['backend']}, ZeRO-{so['zero_stage']}, "
+                f"{so['steps']} steps a run, {so['repeats']} repeats per kind in ABBA order; statistic: "
+                f"{so['statistic']}):", "",
+                harness.table(["schedule", "plain", "audit", f"overhead (target ≤ {target * 100:g} %)",
+                               "paired, per repeat", "with the re-sampling steps (means)",
+                               "extra per re-sampling step"], rows), "",
+                f"Target ≤ {target * 100:g} %: " + ("**met**" if so["pass"] else "**missed**")
+                + f" (worst schedule {_pct(worst)}).", ""]
+        comp = so.get("components")
+        if comp:
+            out.append(
+                f"Alone, {comp['threads']} thread (`components`): the per-row loss sums inside forward + backward "
+                f"{comp['per_row_extra_ms']:+.2f} ms of {comp['forward_backward_ms']:.1f} ms, `pair_totals` "
+                f"{comp['pair_totals_ms_without_allreduce']:.2f} ms, the all-reduce of the {comp['pairs']} per-pair "
+                f"sums {comp['allreduce_ms']['pair_sums']:.2f} ms (the step's own stats all-reduce "
+                f"{comp['allreduce_ms']['step_stats']:.2f} ms), the EMA update {comp['observe_ms']:.2f} ms, a best "
+                f"response {comp['resample_ms']:.2f} ms per re-sampling.")
+        discarded = sum(len(v.get("discarded_runs", [])) for v in so["variants"])
+        out.append(f"Runs done again because the machine was shared: {discarded}.")
+    if not out:
+        out = ["*The result file has neither section.*"]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = harness.parser(__doc__, repeats=5)
     ap.add_argument("--only", choices=("best_response", "step_overhead"),
-                    help="run one section; the other is kept from --out if it is there")
+                    help="run one section; the other is kept from the result file if it is there")
     ap.add_argument("--workspace", default=str(Path(tempfile.gettempdir()) / "xylent-audit-bench"),
                     help="scratch folder: the demo's pipeline up to shards (reused when cached) and the runs")
     ap.add_argument("--steps", type=int, help="steps per run (default 300, --quick 40)")
-    ap.add_argument("--repeats", type=int, help="runs of each kind (default 5, --quick 1)")
     ap.add_argument("--skip", type=int, default=10, help="leading steps left out of the statistics")
     ap.add_argument("--max-wait", type=float, default=3600, help="seconds to wait for other trainers to finish")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "audit.json"))
-    args = ap.parse_args()
-    out = Path(args.out)
-    report = {"benchmark": "audit", "machine": machine()}
-    if args.only and out.exists():
-        old = json.loads(out.read_text())
-        report.update({k: v for k, v in old.items() if k not in report})
+    args = harness.finish_args(ap.parse_args(argv))
+    report = {}
+    old = harness.load_result("audit", Path(args.out))
+    if args.only and old:
+        report.update({k: old[k] for k in ("best_response", "step_overhead") if k in old})
     if args.only in (None, "best_response"):
-        wait_until_quiet(args.max_wait)
+        if not args.quick:  # a smoke run checks that it works, not how fast: no 5 s load probe
+            wait_until_quiet(args.max_wait)
         report["best_response"] = best_response_benchmark(repeats=2 if args.quick else 5)
     if args.only in (None, "step_overhead"):
         report["step_overhead"] = step_overhead_benchmark(
-            Path(args.workspace), steps=args.steps or (40 if args.quick else 300),
-            repeats=args.repeats or (1 if args.quick else 5),
+            Path(args.workspace), steps=args.steps or (40 if args.quick else 300), repeats=args.repeats,
             task_sets=[["trtd"]] if args.quick else [["trtd"], ["mrtd", "trtd"]], skip=args.skip, ranks=2,
             max_wait_s=args.max_wait, component_batches=20 if args.quick else 60, control=not args.quick)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
+    harness.write_result("audit", report, args)
     print(json.dumps({"best_response_pass": report.get("best_response", {}).get("pass"),
-                      "step_overhead_pass": report.get("step_overhead", {}).get("pass"), "out": str(out)}))
+                      "step_overhead_pass": report.get("step_overhead", {}).get("pass")}))
+
 
 if __name__ == "__main__":
     main()

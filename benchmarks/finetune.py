@@ -18,15 +18,13 @@ On a GPU (when torch sees one) a second section runs XNLI-sized batches (32 x
 128) of the base model (12 x 768) in bf16 through xylent's loop and records
 examples/s and peak memory.
 
-    .venv/bin/python benchmarks/finetune.py [--quick] [--out benchmarks/results/finetune.json]
+    .venv/bin/python benchmarks/finetune.py            # about 3 minutes
+    .venv/bin/python benchmarks/finetune.py --quick    # smoke run, ~20 s
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -37,7 +35,9 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere  # noqa: E402
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # run as a script from anywhere
+
+import harness  # noqa: E402
 
 from models.heads import Body, TaskModel  # noqa: E402
 from tasks.finetune.features import Feature  # noqa: E402
@@ -107,11 +107,12 @@ def run_trainer(size: str, ids, labels, batch: int) -> dict:
     return {"seconds": wall, "examples_per_s": len(ids) / wall}
 
 
-def cpu_section(size: str, batch: int, length: int, steps: int, repeats: int) -> dict:
+def cpu_section(size: str, batch: int, length: int, steps: int, repeats: int, warmup: int) -> dict:
     ids, labels = data(batch * steps, length, 8000)
     warm_ids, warm_labels = ids[: batch * 2], labels[: batch * 2]
-    run_xylent(size, warm_ids, warm_labels, batch)
-    run_trainer(size, warm_ids, warm_labels, batch)
+    for _ in range(warmup):  # the same warm-up for both sides
+        run_xylent(size, warm_ids, warm_labels, batch)
+        run_trainer(size, warm_ids, warm_labels, batch)
     runs = {"xylent": [], "trainer": []}
     for r in range(repeats):
         order = ("xylent", "trainer") if r % 2 == 0 else ("trainer", "xylent")  # alternate: drift hits both
@@ -119,17 +120,21 @@ def cpu_section(size: str, batch: int, length: int, steps: int, repeats: int) ->
             fn = run_xylent if side == "xylent" else run_trainer
             runs[side].append(fn(size, ids, labels, batch))
             print(json.dumps({side: runs[side][-1]}), flush=True)
+    # the timed call is train() alone (model building excluded), so the summary is built from its seconds
+    timing = {side: harness.summary([r["seconds"] for r in rs]) for side, rs in runs.items()}
     stat = {side: {"best": max(r["examples_per_s"] for r in rs),
                    "median": statistics.median(r["examples_per_s"] for r in rs)} for side, rs in runs.items()}
     ratio = stat["xylent"]["median"] / stat["trainer"]["median"]
     return {"model": {"size": size, **SIZES[size], "vocab": 8000}, "batch": batch, "length": length,
-            "steps": steps, "repeats": repeats, "torch_threads": torch.get_num_threads(), "runs": runs,
-            "examples_per_s": stat, "ratio_median": ratio, "target": ">= 1.0 x Trainer", "pass": ratio >= 1.0}
+            "steps": steps, "examples": batch * steps, "torch_threads": {"xylent": torch.get_num_threads(),
+                                                                          "trainer": torch.get_num_threads()},
+            "runs": runs, "timing": timing, "examples_per_s": stat, "ratio_median": ratio,
+            "target": ">= 1.0 x Trainer", "pass": ratio >= 1.0}
 
 
 def gpu_section(steps: int) -> dict:
     if not torch.cuda.is_available():
-        return {"skipped": "no GPU on this machine: not measured (never estimated)"}
+        return {"skipped": "no GPU was available to this run: not measured (never estimated)"}
     ids, labels = data(32 * steps, 128, 8000)
     run_xylent("base", ids[:64], labels[:64], 32, device="cuda")  # warm-up
     r = run_xylent("base", ids, labels, 32, device="cuda")
@@ -137,25 +142,39 @@ def gpu_section(steps: int) -> dict:
             "length": 128, "steps": steps, **r}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="a smoke run: 4 steps, 1 repeat")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "finetune.json"))
-    args = ap.parse_args()
-    import transformers
+def markdown(result: dict) -> str:
+    cpu = result["cpu"]
+    eps = cpu["examples_per_s"]
+    m = cpu["model"]
+    rows = [[side_name, harness.num(eps[side]["best"]), harness.num(eps[side]["median"]),
+             " ".join(harness.num(r["examples_per_s"]) for r in cpu["runs"][side])]
+            for side, side_name in (("xylent", "xylent loop"), ("trainer", "transformers `Trainer`"))]
+    verdict = "met" if cpu["pass"] else "**missed**"
+    threads = cpu["torch_threads"]
+    threads = threads if isinstance(threads, dict) else {"xylent": threads, "trainer": threads}
+    out = [harness.table(["side", "examples/s, best", "median", "every run"], rows), "",
+           f"Model {m['num_hidden_layers']} x {m['hidden_size']} (FFN {m['intermediate_size']}, vocab {m['vocab']}), "
+           f"{cpu['steps']} steps of {cpu['batch']} x {cpu['length']} tokens, torch threads "
+           f"{threads['xylent']} (xylent) and {threads['trainer']} (Trainer). "
+           f"Median ratio **{cpu['ratio_median']:.2f}x** (target >= 1.0x: {verdict})."]
+    gpu = result.get("gpu", {})
+    if "skipped" in gpu:
+        out += ["", f"GPU rows (base size, bf16, XNLI-sized batches): **{gpu['skipped']}**."]
+    else:
+        out += ["", harness.table(["GPU", "model", "batch", "examples/s", "peak memory"],
+                                  [[gpu["device"], gpu["model"], f"{gpu['batch']} x {gpu['length']}",
+                                    harness.num(gpu["examples_per_s"]), f"{gpu['peak_memory_gib']:.1f} GiB"]])]
+    return "\n".join(out)
 
-    report = {"benchmark": "finetune",
-              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                          "python": platform.python_version()},
-              "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-              "cpu": cpu_section("small", batch=32, length=128, steps=4 if args.quick else 20,
-                                 repeats=1 if args.quick else 3),
-              "gpu": gpu_section(steps=10 if args.quick else 100)}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(json.dumps({"ratio_median": report["cpu"]["ratio_median"], "pass": report["cpu"]["pass"],
-                      "out": str(out)}))
+
+def main(argv: list[str] | None = None) -> None:
+    ap = harness.parser(__doc__)
+    args = harness.finish_args(ap.parse_args(argv))
+    cpu = cpu_section("small", batch=32, length=128, steps=4 if args.quick else 20, repeats=args.repeats,
+                      warmup=args.warmup)
+    report = {"cpu": cpu, "gpu": gpu_section(steps=10 if args.quick else 100)}
+    harness.write_result("finetune", report, args)
+    print(json.dumps({"ratio_median": cpu["ratio_median"], "pass": cpu["pass"]}))
 
 
 if __name__ == "__main__":
