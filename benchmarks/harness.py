@@ -146,10 +146,28 @@ def reset_peak_rss() -> bool:
         return False
 
 
+def pin_cores(cores: int | None) -> list[int]:
+    """Pin this process to its first `cores` usable CPUs: every thread it has now
+    (pools started at import included) and, by inheritance, every thread or
+    process it starts later. None: leave it on all. Returns the CPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if cores is None or cores >= len(cpus):
+        return cpus
+    mask = set(cpus[:cores])
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), mask)
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return sorted(mask)
+
+
 _CHILD = """
 import json, sys, time, importlib
 sys.path[:0] = {paths!r}
 import harness
+for name in {preload!r}:  # imports the timed call must not pay for
+    importlib.import_module(name)
 mod = importlib.import_module({module!r})
 fn = getattr(mod, {func!r})
 kwargs = json.loads(sys.argv[1])
@@ -163,13 +181,15 @@ print("\\n@@RESULT@@" + json.dumps({{"result": result, "seconds": seconds, "peak
 
 
 def in_fresh_process(module: str, func: str, kwargs: dict | None = None, *, threads: int | None = None,
-                     timeout: float | None = None) -> dict:
+                     timeout: float | None = None, preload: tuple[str, ...] = ()) -> dict:
     """Run `module.func(**kwargs)` (JSON in, JSON out) in a new interpreter with
     thread pools capped at `threads`. Returns {"result", "seconds" (the call
     alone, imports excluded), "peak_rss_mb" (the child's VmHWM), "rss_before_mb"
-    (after imports, before the call), "threads"}. A failing child raises with
-    its stderr, so a broken benchmark never writes a number."""
-    code = _CHILD.format(paths=[str(ROOT), str(ROOT / "benchmarks")], module=module, func=func)
+    (after imports, before the call), "threads"}. `preload`: modules imported
+    before the call (the script itself keeps its imports light for render.py).
+    A failing child raises with its stderr, so a broken benchmark never writes a number."""
+    code = _CHILD.format(paths=[str(ROOT), str(ROOT / "benchmarks")], module=module, func=func,
+                         preload=tuple(preload))
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(kwargs or {})], env=thread_env(threads),
                           capture_output=True, text=True, timeout=timeout)
     marker = proc.stdout.rfind("@@RESULT@@")
@@ -184,7 +204,7 @@ def in_fresh_process(module: str, func: str, kwargs: dict | None = None, *, thre
 
 
 def repeated_in_fresh_processes(sides: dict[str, tuple[str, str, dict]], *, repeats: int, warmup: int,
-                                threads: int | None) -> dict:
+                                threads: int | None, preload: tuple[str, ...] = ()) -> dict:
     """side_by_side, each run in its own process (module, func, kwargs per side):
     the timing is the call's, the memory the worst run's peak. Returns
     {side: summary + peak_rss_mb + rss_before_mb + result (last run)}."""
@@ -193,10 +213,10 @@ def repeated_in_fresh_processes(sides: dict[str, tuple[str, str, dict]], *, repe
     names = list(sides)
     for _ in range(warmup):
         for n in names:
-            warm[n].append(in_fresh_process(*sides[n], threads=threads))
+            warm[n].append(in_fresh_process(*sides[n], threads=threads, preload=preload))
     for r in range(repeats):
         for n in (names if r % 2 == 0 else names[::-1]):
-            runs[n].append(in_fresh_process(*sides[n], threads=threads))
+            runs[n].append(in_fresh_process(*sides[n], threads=threads, preload=preload))
     out = {}
     for n in names:
         s = summary([x["seconds"] for x in runs[n]], [x["seconds"] for x in warm[n]])

@@ -1,107 +1,160 @@
 """Pretraining throughput, side by side with Hugging Face transformers' ELECTRA.
 
-Every row trains the same batches (B × L token ids, 15 % masked) with AdamW and
-reports tokens/s of full optimizer steps (forward + backward + fused AdamW
-update, the same kernel on both sides), best of ``--repeats`` timed windows
-after warm-up:
+Every side trains the same batches (B × L random token ids, 15 % masked) with
+AdamW and is timed in windows of ``--steps`` full optimizer steps (forward +
+backward + fused AdamW update, the same optimizer kernel on both sides, dropout
+on), after the same warm-up windows; every window is kept, and the tables give
+tokens/s of the median and of the best window. The sides of one comparison run
+in the same process under the same ``torch.set_num_threads`` (1 thread, then
+all cores), in alternating order:
 
-- ``discriminator``: our discriminator stack + RTD head vs ``ElectraForPreTraining``
-  of the same size (replaced-token labels given);
-- ``electra``: our whole XLM-E step (generator, sampling, discriminator, λ = 50)
-  vs HF ``ElectraForMaskedLM`` + ``ElectraForPreTraining`` with shared embeddings
-  composed the same way (the HF ELECTRA recipe);
-- ``…, no relative bias``: ours with ``relative_bias: false`` — what the gated
-  bias costs;
-- ``objective on TRTD rows``: one row per pretraining recipe (``electra``,
-  ``mlm``, ``infoxlm``, ``veco``) on the same translation-pair rows, ELECTRA the
-  reference (``objective.<name>_over_electra``).
+- ``discriminator``: our discriminator stack + RTD head vs transformers'
+  ``ElectraForPreTraining`` of the same size (replaced-token labels given);
+- ``electra``: our whole XLM-E step (generator, sampling, discriminator,
+  λ = 50) vs ``ElectraForMaskedLM`` + ``ElectraForPreTraining`` with shared
+  embeddings composed the same way (the ELECTRA recipe);
+- ``…, no relative bias``: ours with ``relative_bias: false``, to measure what
+  the gated relative position bias costs;
+- ``objective on TRTD rows``: one side per pretraining recipe (``electra``,
+  ``mlm``, ``infoxlm``, ``veco``) on the same rows read as translation pairs
+  ``<s> x </s> y </s>``, ELECTRA the reference (all cores).
 
-On a GPU (``--device cuda``) the script also reports MFU for bf16 and peak
-memory of the bare model; memory per ZeRO stage comes from the trainer itself
-(``peak_memory_gb`` per step in metrics.jsonl / MLflow, one run per
-``pretrain.zero_stage``).
+GPU rows (when a GPU is visible, or ``--device cuda``): the ``--gpu-size``
+model (base) in bf16 autocast, xylent vs transformers for both steps, with
+tokens/s, MFU (FLOPs per token from ``models.optim.flops_per_token``, the same
+count for both sides, over the GPU's dense bf16 peak) and each side's peak
+memory (built alone); then one DeepSpeed engine per ZeRO stage
+(``infra/deepspeed/zero<N>.json``, one rank, each in its own process) with its
+tokens/s and peak memory. Without a GPU the result records why they were
+skipped; nothing is estimated.
 
-    python benchmarks/pretrain.py --size small [--out benchmarks/results/pretrain.json]
+    .venv/bin/pip install -e '.[bench]'     # transformers, the peer
+    .venv/bin/python benchmarks/pretrain.py           # small (12 x 256): ~5 min on 2 idle cores (+ GPU rows if seen)
+    .venv/bin/python benchmarks/pretrain.py --quick   # 2 x 64, vocab 1 000, one 1-step window per side: ~15 s
+    .venv/bin/python benchmarks/pretrain.py --device cuda   # GPU machine: + base/bf16 rows and ZeRO 0-3, ~5 min more
+    .venv/bin/python benchmarks/pretrain.py --threads all --skip-hf   # narrower: all cores, our sides only
+
+Writes benchmarks/results/pretrain.json (``--quick``: benchmarks/results/quick/).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import math
 import os
-import platform
-import time
+import socket
+import sys
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
 
-from models.config import preset
-from models.electra import ElectraModel, RTDHead
-from models.encoder import Embeddings, Encoder
-from models.init import init_weights
-from models.masking import choose_masked, row_noise, sample_tokens
-from models.stats import Norms
-from models.optim import flops_per_token, make_optimizer, peak_tflops
+import harness  # noqa: E402
+
+SPECIALS = dict(zip(("unk", "bos", "eos", "pad", "mask"), range(5)))  # tasks.vocab.specials' layout
+MASK_PROB = 0.15
+DISC_WEIGHT = 50.0
+OBJECTIVE_OPTIONS = {"electra": None, "mlm": None,
+                     "infoxlm": {"queue_size": 4096, "pool": "mean", "normalize": True, "in_batch_negatives": True},
+                     "veco": None}
+HF_DISC = "transformers ElectraForPreTraining"
+HF_ELECTRA = "transformers ElectraForMaskedLM + ElectraForPreTraining"
+NO_BIAS = "xylent, no relative bias"
 
 
-def batches(n: int, b: int, length: int, vocab: int, seed: int = 0) -> list[torch.Tensor]:
+# ---------------------------------------------------------------- inputs and models
+
+def batches(n: int, b: int, length: int, vocab: int, seed: int = 0) -> list:
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
         ids = torch.randint(5, vocab, (b, length), generator=g)
-        ids[:, 0], ids[:, -1] = 1, 2
+        ids[:, 0], ids[:, -1] = SPECIALS["bos"], SPECIALS["eos"]
         out.append(ids)
     return out
 
 
-class OurDiscriminator(torch.nn.Module):
-    def __init__(self, cfg):
-        super().__init__()
-        self.embeddings, self.encoder, self.head = Embeddings(cfg), Encoder(cfg, cfg.layers, cfg.dropout), RTDHead(
-            cfg.hidden)
-        self.pad_id = cfg.special("pad")
-        self.apply(init_weights)
-
-    def forward(self, ids, labels):
-        logits = self.head(self.encoder(self.embeddings(ids), ids == self.pad_id))
-        return F.binary_cross_entropy_with_logits(logits, labels.float())
+def n_params(*modules) -> int:
+    """Distinct parameters (shared embeddings counted once)."""
+    return sum(p.numel() for p in {id(p): p for m in modules for p in m.parameters()}.values())
 
 
-def ours_discriminator_step(cfg):
-    model = OurDiscriminator(cfg)
+def _noise(ids, k):
+    from models.masking import row_noise
+
+    return row_noise(0, k, 0, list(range(len(ids))), [ids.shape[1]] * len(ids), ids.shape[1]).to(ids.device)
+
+
+def _rtd_labels(ids, k):
+    import torch
+
+    return (torch.rand(ids.shape, generator=torch.Generator().manual_seed(k)) < MASK_PROB).to(ids.device)
+
+
+def ours_discriminator(cfg):
+    """(step(ids, k) -> loss, info): our discriminator stack + RTD head, one AdamW step."""
+    import torch
+    import torch.nn.functional as F
+
+    from models.electra import RTDHead
+    from models.encoder import Embeddings, Encoder
+    from models.init import init_weights
+    from models.optim import make_optimizer
+
+    class Discriminator(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embeddings, self.encoder = Embeddings(cfg), Encoder(cfg, cfg.layers, cfg.dropout)
+            self.head = RTDHead(cfg.hidden)
+            self.apply(init_weights)
+
+        def forward(self, ids, labels):
+            logits = self.head(self.encoder(self.embeddings(ids), ids == cfg.special("pad")))
+            return F.binary_cross_entropy_with_logits(logits, labels.float())
+
+    model = Discriminator()
     opt = make_optimizer(model, lr=1e-4)
 
     def step(ids, k):
-        labels = (torch.rand(ids.shape, generator=torch.Generator().manual_seed(k)) < 0.15)
         opt.zero_grad(set_to_none=True)
-        model(ids, labels).backward()
+        loss = model(ids, _rtd_labels(ids, k))
+        loss.backward()
         opt.step()
-    return step
+        return loss.detach()
+    return step, {"params": n_params(model)}
 
 
-def ours_electra_step(cfg):
-    model = ElectraModel(cfg)
+def ours_electra(cfg):
+    """Our whole XLM-E step: generator, sampled corruption, discriminator, λ = 50."""
+    from models.electra import ElectraModel
+    from models.optim import make_optimizer
+    from models.stats import Norms
+
+    model = ElectraModel(cfg, DISC_WEIGHT, MASK_PROB)
     opt = make_optimizer(model, lr=1e-4)
 
     def step(ids, k):
-        pad = ids == cfg.special("pad")
-        noise = row_noise(0, k, 0, list(range(len(ids))), [ids.shape[1]] * len(ids), ids.shape[1]).to(ids.device)
-        st = model(ids, pad, None, noise)
+        st = model(ids, ids == cfg.special("pad"), None, _noise(ids, k))
         opt.zero_grad(set_to_none=True)
-        model.loss(st, Norms(st.g_count.item(), max(st.d_count.item(), 1))).backward()
+        loss = model.loss(st, Norms(st.g_count.item(), max(st.d_count.item(), 1)))
+        loss.backward()
         opt.step()
-    return step
+        return loss.detach()
+    return step, {"params": n_params(model)}
 
 
-def objective_step(objective: str, options: dict | None = None):
-    """One optimizer step of a recipe on TRTD rows ``<s> x </s> y </s>`` (x, y: half the row each): every
-    objective on the same pair rows, the ELECTRA row the reference (the cost of XLCo's extra passes and key
-    encoder, of VECO's plug-in pass)."""
+def objective_step(objective: str, options: dict | None):
+    """A maker for one optimizer step of a recipe on TRTD rows ``<s> x </s> y </s>`` (x, y: half the row
+    each): every objective on the same pair rows, ELECTRA the reference."""
     def make(cfg):
-        from models.objectives import build_model
+        import torch
 
-        model = build_model(objective, cfg, options=options)
+        from models.objectives import build_model
+        from models.optim import make_optimizer
+        from models.stats import Norms
+
+        model = build_model(objective, cfg, DISC_WEIGHT, MASK_PROB, options)
         if hasattr(model, "attach"):
             model.attach(next(model.parameters()).device)
         opt = make_optimizer(model, lr=1e-4)
@@ -111,21 +164,20 @@ def objective_step(objective: str, options: dict | None = None):
             half = ids.shape[1] // 2
             ids[:, half - 1] = cfg.special("eos")
             seg = (torch.arange(ids.shape[1], device=ids.device) >= half).long().expand_as(ids)
-            pad = ids == cfg.special("pad")
-            noise = row_noise(0, k, 0, list(range(len(ids))), [ids.shape[1]] * len(ids), ids.shape[1]).to(ids.device)
-            st = model(ids, pad, seg, noise)
+            st = model(ids, ids == cfg.special("pad"), seg, _noise(ids, k))
             c = st.c_count.item() if st.c_count is not None else 1
             opt.zero_grad(set_to_none=True)
-            model.loss(st, Norms(max(st.g_count.item(), 1), max(st.d_count.item(), 1), max(c, 1))).backward()
+            loss = model.loss(st, Norms(max(st.g_count.item(), 1), max(st.d_count.item(), 1), max(c, 1)))
+            loss.backward()
             opt.step()
             if hasattr(model, "after_step"):
                 model.after_step()
-        return step
+            return loss.detach()
+        info = {"params": n_params(model)}
+        if objective == "infoxlm":
+            info["contrasted_layer"] = model.layer
+        return step, info
     return make
-
-
-OBJECTIVE_ROWS = {"electra": None, "mlm": None, "veco": None,
-                  "infoxlm": {"queue_size": 4096, "pool": "mean", "normalize": True, "in_batch_negatives": True}}
 
 
 def hf_configs(cfg):
@@ -133,14 +185,21 @@ def hf_configs(cfg):
 
     common = dict(vocab_size=cfg.vocab_size, embedding_size=cfg.hidden, hidden_size=cfg.hidden,
                   num_attention_heads=cfg.heads, intermediate_size=cfg.ffn, max_position_embeddings=cfg.max_position,
-                  hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout, pad_token_id=3)
+                  hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout,
+                  pad_token_id=cfg.special("pad"))
     disc = ElectraConfig(num_hidden_layers=cfg.layers, **common)
     gen = ElectraConfig(num_hidden_layers=cfg.generator_layers, **{**common, "hidden_dropout_prob": 0.0,
                                                                    "attention_probs_dropout_prob": 0.0})
     return gen, disc
 
 
-def hf_discriminator_step(cfg):
+def _hf_info(*models) -> dict:
+    attn = getattr(models[-1].config, "_attn_implementation", None)
+    return {"params": n_params(*models), "attn_implementation": attn}
+
+
+def hf_discriminator(cfg):
+    import torch
     from transformers import ElectraForPreTraining
 
     model = ElectraForPreTraining(hf_configs(cfg)[1])
@@ -148,15 +207,20 @@ def hf_discriminator_step(cfg):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)  # the same optimizer kernel as ours
 
     def step(ids, k):
-        labels = (torch.rand(ids.shape, generator=torch.Generator().manual_seed(k)) < 0.15).long()
         opt.zero_grad(set_to_none=True)
-        model(input_ids=ids, attention_mask=(ids != cfg.special("pad")).long(), labels=labels).loss.backward()
+        loss = model(input_ids=ids, attention_mask=(ids != cfg.special("pad")).long(),
+                     labels=_rtd_labels(ids, k).long()).loss
+        loss.backward()
         opt.step()
-    return step
+        return loss.detach()
+    return step, _hf_info(model)
 
 
-def hf_electra_step(cfg):
+def hf_electra(cfg):
+    import torch
     from transformers import ElectraForMaskedLM, ElectraForPreTraining
+
+    from models.masking import choose_masked, sample_tokens
 
     gen_cfg, disc_cfg = hf_configs(cfg)
     gen, disc = ElectraForMaskedLM(gen_cfg), ElectraForPreTraining(disc_cfg)
@@ -168,125 +232,440 @@ def hf_electra_step(cfg):
 
     def step(ids, k):
         mask = (ids != cfg.special("pad")).long()
-        noise = row_noise(0, k, 0, list(range(len(ids))), [ids.shape[1]] * len(ids), ids.shape[1]).to(ids.device)
-        masked = choose_masked(ids, None, 0.15, noise[0], cfg.special_ids)
-        labels = ids.masked_fill(~masked, -100)
-        g = gen(input_ids=ids.masked_fill(masked, cfg.special("mask")), attention_mask=mask, labels=labels)
+        noise = _noise(ids, k)
+        masked = choose_masked(ids, None, MASK_PROB, noise[0], cfg.special_ids)
+        g = gen(input_ids=ids.masked_fill(masked, cfg.special("mask")), attention_mask=mask,
+                labels=ids.masked_fill(~masked, -100))
         with torch.no_grad():
             sampled = sample_tokens(g.logits[masked], noise[1][masked])
         corrupted = ids.clone()
         corrupted[masked] = sampled
         d = disc(input_ids=corrupted, attention_mask=mask, labels=(corrupted != ids).long())
         opt.zero_grad(set_to_none=True)
-        (g.loss + 50.0 * d.loss).backward()
+        loss = g.loss + DISC_WEIGHT * d.loss
+        loss.backward()
         opt.step()
-    return step
+        return loss.detach()
+    return step, _hf_info(gen, disc)
 
 
-def measure(make, cfg, data, device, warmup: int, repeats: int, bf16: bool) -> dict:
-    torch.manual_seed(0)
-    step = make(cfg)
-    tokens = sum(int(b.numel()) for b in data)
-    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else torch.autocast("cpu", enabled=False)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-    with ctx:
-        for k in range(warmup):
-            step(data[k % len(data)].to(device), k)
-        best = float("inf")
-        for _ in range(repeats):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t = time.perf_counter()
+# ---------------------------------------------------------------- FLOPs
+
+def disc_flops_per_token(cfg, seq_len: int) -> float:
+    """Training FLOPs per token of the discriminator stack alone (3 × forward), as flops_per_token counts."""
+    return 3 * cfg.layers * (2 * (4 * cfg.hidden ** 2 + 2 * cfg.hidden * cfg.ffn) + 4 * seq_len * cfg.hidden)
+
+
+def step_flops_per_token(what: str, cfg, seq_len: int) -> float:
+    from models.optim import flops_per_token
+
+    if what == "discriminator":
+        return disc_flops_per_token(cfg, seq_len)
+    return flops_per_token(cfg, seq_len, "electra" if what == "electra" else what, MASK_PROB)
+
+
+# ---------------------------------------------------------------- timing
+
+def _window(step, data, device, bf16: bool):
+    """One timed unit: every batch of ``data`` once, synchronised; returns the last loss."""
+    import torch
+
+    def run():
+        loss = None
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             for k, b in enumerate(data):
-                step(b.to(device), k)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            best = min(best, time.perf_counter() - t)
-    out = {"tokens_per_second": tokens / best, "seconds": best, "tokens": tokens}
-    if device.type == "cuda":
-        out["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+                loss = step(b, k)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return float(loss)
+    return run
+
+
+def compare(makers: dict, cfg: dict, data: list, device, args, *, bf16: bool = False) -> dict:
+    """Build every side (seeded alike), then harness.side_by_side over windows; tokens/s per side.
+    A side whose loss is not finite fails the run."""
+    import torch
+
+    steps, infos = {}, {}
+    for name, (make, c) in makers.items():
+        torch.manual_seed(0)
+        with torch.device(device):
+            step, infos[name] = make(c)
+        steps[name] = _window(step, data, device, bf16)
+    last, summ = harness.side_by_side(steps, repeats=args.repeats, warmup=args.warmup)
+    tokens = sum(int(b.numel()) for b in data)
+    out = {}
+    for name, s in summ.items():
+        if not math.isfinite(last[name]):
+            raise SystemExit(f"pretrain benchmark: side {name!r} ended with a non-finite loss ({last[name]}); "
+                             "no number is written")
+        out[name] = {**s, **infos[name], "tokens_per_window": tokens, "last_loss": round(last[name], 4),
+                     "tokens_per_s_best": round(tokens / s["best_s"], 1),
+                     "tokens_per_s_median": round(tokens / s["median_s"], 1)}
     return out
 
 
-def _move(make, device):
-    """Build the model on the device: the step closures own their models, so set the default device."""
-    def build(cfg):
-        with torch.device(device):
-            return make(cfg)
-    return build
+def cpu_rows(args, cfg, cfg_nobias) -> dict:
+    import torch
 
-
-def main(argv=None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", default="small")
-    ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=4, help="steps per timed window")
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--skip-hf", action="store_true")
-    ap.add_argument("--out", default="benchmarks/results/pretrain.json")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    bf16 = device.type == "cuda"
-    # the layout of xylent's tokenizers (tasks.vocab.specials), as a real run would copy it from spm.model
-    specials = dict(zip(("unk", "bos", "eos", "pad", "mask"), range(5)))
-    cfg = preset(args.size, vocab_size=args.vocab, max_position=max(512, args.seq_len), specials=specials)
     data = batches(args.steps, args.batch, args.seq_len, args.vocab)
-    rows = {}
-    plan = [("discriminator", "xylent", ours_discriminator_step, cfg),
-            ("discriminator", "xylent, no relative bias", ours_discriminator_step,
-             preset(args.size, vocab_size=args.vocab, max_position=cfg.max_position, relative_bias=False,
-                    specials=specials)),
-            ("electra", "xylent", ours_electra_step, cfg),
-            ("electra", "xylent, no relative bias", ours_electra_step,
-             preset(args.size, vocab_size=args.vocab, max_position=cfg.max_position, relative_bias=False,
-                    specials=specials))]
-    if not args.skip_hf:
-        plan += [("discriminator", "transformers ElectraForPreTraining", hf_discriminator_step, cfg),
-                 ("electra", "transformers ElectraForMaskedLM + ElectraForPreTraining", hf_electra_step, cfg)]
-    plan += [("objective on TRTD rows", name, objective_step(name, opts), cfg) for name, opts in OBJECTIVE_ROWS.items()]
-    for what, who, make, c in plan:
-        r = measure(_move(make, device), c, data, device, args.warmup, args.repeats, bf16)
-        if device.type == "cuda":
-            objective = who if what.startswith("objective") else "electra" if what == "electra" else "mlm"
-            fpt = flops_per_token(c, args.seq_len, objective) if what != "discriminator" else \
-                3 * c.layers * (2 * (4 * c.hidden ** 2 + 2 * c.hidden * c.ffn) + 4 * args.seq_len * c.hidden)
-            peak = peak_tflops(torch.cuda.get_device_name(device))
-            if peak:
-                r["mfu"] = r["tokens_per_second"] * fpt / (peak * 1e12)
-        rows.setdefault(what, {})[who] = r
-        print(f"{what:14s} {who:58s} {r['tokens_per_second']:12,.0f} tokens/s", flush=True)
-    ratios = {}
-    for what, by in rows.items():
-        if what.startswith("objective"):  # each recipe's speed relative to ELECTRA's on the same rows
-            for name, r in by.items():
-                ratios[f"objective.{name}_over_electra"] = r["tokens_per_second"] / by["electra"]["tokens_per_second"]
-            continue
-        hf = [v for k, v in by.items() if k.startswith("transformers")]
-        if hf:
-            ratios[what] = by["xylent"]["tokens_per_second"] / hf[0]["tokens_per_second"]
-        ratios[f"{what}.relative_bias_cost"] = 1 - by["xylent"]["tokens_per_second"] / by[
-            "xylent, no relative bias"]["tokens_per_second"]
-    result = {
-        "benchmark": "pretrain", "size": args.size, "config": cfg.to_dict(), "batch": args.batch,
-        "seq_len": args.seq_len, "device": torch.cuda.get_device_name(device) if bf16 else platform.processor()
-        or platform.machine(), "threads": args.threads, "torch": torch.__version__, "precision": "bf16" if bf16
-        else "fp32", "rows": rows, "ratio_xylent_over_transformers": ratios,
-    }
-    if not args.skip_hf:  # the peer ran, so it is installed
-        import transformers
+    dev = torch.device("cpu")
+    out = {}
+    for t in args.thread_counts:
+        torch.set_num_threads(t)
+        groups = {"discriminator": {"xylent": (ours_discriminator, cfg), NO_BIAS: (ours_discriminator, cfg_nobias)},
+                  "electra": {"xylent": (ours_electra, cfg), NO_BIAS: (ours_electra, cfg_nobias)}}
+        if not args.skip_hf:
+            groups["discriminator"][HF_DISC] = (hf_discriminator, cfg)
+            groups["electra"][HF_ELECTRA] = (hf_electra, cfg)
+        out[str(t)] = {}
+        for what, makers in groups.items():
+            out[str(t)][what] = compare(makers, cfg, data, dev, args)
+            for name, r in out[str(t)][what].items():
+                print(f"{t} thread(s)  {what:14s} {name:58s} {r['tokens_per_s_median']:10,.0f} tokens/s (median)",
+                      flush=True)
+    torch.set_num_threads(max(args.thread_counts))
+    objectives = compare({n: (objective_step(n, o), cfg) for n, o in OBJECTIVE_OPTIONS.items()}, cfg, data, dev,
+                         args)
+    for name, r in objectives.items():
+        print(f"objective on TRTD rows {name:10s} {r['tokens_per_s_median']:10,.0f} tokens/s (median)", flush=True)
+    return {"threads": args.thread_counts, "by_threads": out,
+            "objectives": {"threads": max(args.thread_counts), "options": OBJECTIVE_OPTIONS, "sides": objectives}}
 
-        result["transformers"] = transformers.__version__
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(json.dumps(ratios, indent=2))
-    return result
+
+# ---------------------------------------------------------------- GPU
+
+def _peak_memory_alone(make, cfg, data, device) -> float:
+    """GiB: a side's peak CUDA allocation built alone (weights, grads, AdamW state, activations), 2 steps."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.manual_seed(0)
+    with torch.device(device):
+        step, _ = make(cfg)
+    _window(step, data[:2], device, True)()
+    peak = (torch.cuda.max_memory_allocated(device) - base) / 2**30
+    del step
+    gc.collect()
+    torch.cuda.empty_cache()
+    return round(peak, 3)
+
+
+def zero_stage_run(size: str, vocab: int, batch: int, seq_len: int, steps: int, warmup: int, repeats: int,
+                   stage: int) -> dict:
+    """One DeepSpeed engine (one rank, bf16 on GPU) around our ELECTRA model with infra/deepspeed/zero<stage>.json;
+    ``warmup`` then ``repeats`` timed windows of ``steps`` steps. Run in its own process
+    (harness.in_fresh_process)."""
+    import json
+
+    import torch
+
+    cuda = torch.cuda.is_available()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(port)}.items():
+        os.environ.setdefault(k, v)
+    import deepspeed
+
+    from models.config import preset
+    from models.electra import ElectraModel
+    from models.optim import flops_per_token, make_optimizer, peak_tflops
+    from models.stats import Norms
+
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    cfg = preset(size, vocab_size=vocab, max_position=max(512, seq_len), specials=SPECIALS)
+    torch.manual_seed(0)
+    model = ElectraModel(cfg, DISC_WEIGHT, MASK_PROB)
+    ds = {k: v for k, v in json.loads((HERE.parent / "infra" / "deepspeed" / f"zero{stage}.json").read_text()).items()
+          if not k.startswith("_")}
+    ds.update({"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
+               "bf16": {"enabled": cuda}})
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=make_optimizer(model, lr=1e-4), config=ds)
+    engine.train()
+    data = [b.to(device) for b in batches(max(steps, 1), batch, seq_len, vocab)]
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def one(k):
+        ids = data[k % len(data)]
+        st = engine(ids, ids == cfg.special("pad"), None, _noise(ids, k))
+        engine.backward(engine.module.loss(st, Norms(max(st.g_count.item(), 1), max(st.d_count.item(), 1))))
+        engine.step()
+
+    k = 0
+
+    def window():
+        nonlocal k
+        for _ in range(steps):
+            one(k)
+            k += 1
+        if cuda:
+            torch.cuda.synchronize()
+
+    _, summ = harness.timed(window, repeats=repeats, warmup=warmup)
+    tps = batch * seq_len * steps / summ["median_s"]
+    fpt = flops_per_token(cfg, seq_len, "electra", MASK_PROB)
+    peak = peak_tflops(torch.cuda.get_device_name(device)) if cuda else None
+    return {"stage": stage, "steps_per_window": steps, **summ, "tokens_per_s_median": round(tps, 1),
+            "tokens_per_s_best": round(batch * seq_len * steps / summ["best_s"], 1),
+            "mfu": round(tps * fpt / (peak * 1e12), 4) if peak else None,
+            "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
+            "device": torch.cuda.get_device_name(device) if cuda else "cpu"}
+
+
+def gpu_rows(args) -> dict:
+    import torch
+
+    from models.config import preset
+    from models.optim import peak_tflops
+
+    if args.device == "cpu":
+        return {"skipped": "not asked: --device cpu", "size": args.gpu_size}
+    if not torch.cuda.is_available():
+        if args.device == "cuda":
+            raise SystemExit("--device cuda: torch sees no GPU (torch.cuda.is_available() is False)")
+        return {"skipped": "no GPU: torch.cuda.is_available() is False on this machine", "size": args.gpu_size}
+    device = torch.device("cuda", 0)
+    name = torch.cuda.get_device_name(device)
+    size = "tiny" if args.quick else args.gpu_size
+    cfg = preset(size, vocab_size=args.vocab, max_position=max(512, args.gpu_seq_len), specials=SPECIALS)
+    data = [b.to(device) for b in batches(args.gpu_steps, args.gpu_batch, args.gpu_seq_len, args.vocab)]
+    peak = peak_tflops(name)
+    groups = {"discriminator": {"xylent": ours_discriminator}, "electra": {"xylent": ours_electra}}
+    if not args.skip_hf:
+        groups["discriminator"][HF_DISC] = hf_discriminator
+        groups["electra"][HF_ELECTRA] = hf_electra
+    rows = {}
+    for what, makers in groups.items():
+        rows[what] = compare({n: (m, cfg) for n, m in makers.items()}, cfg, data, device, args, bf16=True)
+        fpt = step_flops_per_token(what, cfg, args.gpu_seq_len)
+        for n, m in makers.items():
+            r = rows[what][n]
+            r["flops_per_token"] = fpt
+            r["mfu_median"] = round(r["tokens_per_s_median"] * fpt / (peak * 1e12), 4) if peak else None
+            r["peak_memory_gib"] = _peak_memory_alone(m, cfg, data, device)
+    stages = {}
+    for stage in args.zero_stage_list:
+        run = harness.in_fresh_process("pretrain", "zero_stage_run", {
+            "size": size, "vocab": args.vocab, "batch": args.gpu_batch, "seq_len": args.gpu_seq_len,
+            "steps": args.gpu_steps, "warmup": args.warmup, "repeats": args.repeats, "stage": stage})
+        stages[str(stage)] = run["result"]
+        print(f"ZeRO-{stage}: {run['result']}", flush=True)
+    return {"device": name, "peak_bf16_tflops": peak, "size": size, "model": cfg.to_dict(), "precision": "bf16",
+            "batch": args.gpu_batch, "seq_len": args.gpu_seq_len, "steps_per_window": args.gpu_steps, "rows": rows,
+            "zero_stages": {"world_size": 1, "objective": "electra", "stages": stages}}
+
+
+# ---------------------------------------------------------------- run
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = harness.parser(__doc__)
+    ap.add_argument("--size", default=None, help="model preset of the CPU rows (default small, quick tiny)")
+    ap.add_argument("--vocab", type=int, default=None, help="vocabulary (default 32000, quick 1000)")
+    ap.add_argument("--batch", type=int, default=None, help="rows per step (default 8, quick 4)")
+    ap.add_argument("--seq-len", type=int, default=None, help="tokens per row (default 128, quick 32)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per timed window (default 4, quick 1)")
+    ap.add_argument("--threads", default="1,all", help="torch thread counts of the comparisons ('all': every core)")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="auto: GPU rows when a GPU is visible; cpu: CPU rows only; cuda: GPU rows or fail")
+    ap.add_argument("--gpu-size", default="base")
+    ap.add_argument("--gpu-batch", type=int, default=32)
+    ap.add_argument("--gpu-seq-len", type=int, default=512)
+    ap.add_argument("--gpu-steps", type=int, default=10, help="steps per timed GPU window")
+    ap.add_argument("--zero-stages", default=None, help="DeepSpeed ZeRO stages to measure on GPU (default 0,1,2,3)")
+    ap.add_argument("--skip-hf", action="store_true", help="leave out the transformers sides")
+    args = harness.finish_args(ap.parse_args(argv))
+    q = args.quick
+    args.size = args.size or ("tiny" if q else "small")
+    args.vocab = args.vocab or (1000 if q else 32000)
+    args.batch = args.batch or (4 if q else 8)
+    args.seq_len = args.seq_len or (32 if q else 128)
+    args.steps = args.steps or (1 if q else 4)
+    if q:
+        args.gpu_batch, args.gpu_seq_len, args.gpu_steps = 4, 32, 1
+    args.zero_stage_list = [int(s) for s in (args.zero_stages or ("0" if q else "0,1,2,3")).split(",")]
+    cores = len(os.sched_getaffinity(0))
+    args.thread_counts = sorted({cores if t.strip() == "all" else int(t) for t in args.threads.split(",")})
+
+    import torch
+
+    from models.config import preset
+
+    cfg = preset(args.size, vocab_size=args.vocab, max_position=max(512, args.seq_len), specials=SPECIALS)
+    cfg_nobias = preset(args.size, vocab_size=args.vocab, max_position=cfg.max_position, relative_bias=False,
+                        specials=SPECIALS)
+    payload = {"config": {"size": args.size, "model": cfg.to_dict(), "batch": args.batch, "seq_len": args.seq_len,
+                          "steps_per_window": args.steps, "mask_prob": MASK_PROB, "disc_weight": DISC_WEIGHT,
+                          "precision": "fp32", "device": "cpu", "optimizer": "AdamW (fused), lr 1e-4",
+                          "peer": None if args.skip_hf else "transformers", "torch_interop_threads":
+                          torch.get_num_interop_threads()}}
+    payload["config"]["flops_per_token"] = {w: step_flops_per_token(w, cfg, args.seq_len)
+                                            for w in ("discriminator", "electra", "mlm", "infoxlm", "veco")}
+    payload["cpu"] = cpu_rows(args, cfg, cfg_nobias)
+    payload["gpu"] = gpu_rows(args)
+    harness.write_result("pretrain", payload, args)
+    return payload
+
+
+# ---------------------------------------------------------------- markdown
+
+def _tps(r: dict | None) -> str:
+    """'median (best)' tokens/s."""
+    if r is None:
+        return "–"
+    return f"{harness.num(r['tokens_per_s_median'])} ({harness.num(r['tokens_per_s_best'])})"
+
+
+def _n(k: int, word: str) -> str:
+    return f"{k} {word}" + ("" if k == 1 else "s")
+
+
+def _spread(r: dict) -> float:
+    """(slowest - fastest window) / median: how much this machine varied."""
+    return (max(r["runs_s"]) - min(r["runs_s"])) / r["median_s"]
+
+
+def _x(a: dict, b: dict) -> float:
+    """a's median throughput over b's."""
+    return a["tokens_per_s_median"] / b["tokens_per_s_median"]
+
+
+def _peer(sides: dict) -> dict | None:
+    return next((v for k, v in sides.items() if k.startswith("transformers")), None)
+
+
+STEP_LABEL = {"discriminator": "discriminator step (RTD loss; peer `ElectraForPreTraining`)",
+              "electra": "whole ELECTRA step (G + sample + D, λ = {w}; peer `ElectraForMaskedLM` + "
+                         "`ElectraForPreTraining`, shared embeddings)"}
+
+
+def _cpu_md(result: dict) -> list[str]:
+    cfg, cpu = result["config"], result["cpu"]
+    m = cfg["model"]
+    out = [f"`{cfg['size']}` ({m['layers']} × {m['hidden']}, FFN {m['ffn']}, {m['heads']} heads; generator "
+           f"{_n(m['generator_layers'], 'layer')}), vocabulary {harness.num(m['vocab_size'])}, {cfg['batch']} × "
+           f"{cfg['seq_len']} random tokens per step, {cfg['precision']} on CPU, dropout {m['dropout']}, "
+           f"{_n(cfg['steps_per_window'], 'step')} per window; tokens/s of the median window (best in brackets), "
+           f"{_n(result['repeats'], 'window')} per side after {result['warmup']} warm-up, the same torch threads on "
+           "every side:", ""]
+    by = cpu["by_threads"]
+    steps = list(next(iter(by.values())))
+    rows, slower, notes = [], [], []
+    for what in steps:
+        for t, groups in by.items():
+            sides = groups[what]
+            ours, nob, peer = sides["xylent"], sides.get(NO_BIAS), _peer(sides)
+            ratio = "–" if peer is None else (f"**{_x(ours, peer):.2f}×**"
+                                              + (f" ({_x(nob, peer):.2f}× without the bias)" if nob else ""))
+            rows.append([STEP_LABEL[what].format(w=harness.num(cfg["disc_weight"])), t, _tps(ours), _tps(nob),
+                         _tps(peer), ratio])
+            if peer is not None and _x(ours, peer) < 1:
+                slower.append(f"the {what} step with {_n(int(t), 'thread')} ({_x(ours, peer):.2f}×)")
+            if nob is not None:
+                cost = 1 - _x(ours, nob)
+                if min(ours["n"], nob["n"]) < 2:
+                    verdict = "one window per side, so the noise is not measured"
+                else:
+                    noise = max(_spread(ours), _spread(nob))
+                    verdict = ("larger than" if abs(cost) > noise else "within") + \
+                        f" the spread of the windows ({noise * 100:.1f} % of the median)"
+                notes.append(f"{what} step, {_n(int(t), 'thread')}: {cost * 100:+.1f} %, {verdict}")
+    out += [harness.table(["", "threads", "xylent", "xylent, no relative bias", "transformers",
+                           "xylent / transformers (median)"], rows), ""]
+    if slower:
+        out += ["xylent is slower than transformers on " + "; ".join(slower) + ".", ""]
+    if notes:
+        out += ["What the gated relative position bias costs (1 − median tokens/s with it over without it): "
+                + "; ".join(notes) + ".", ""]
+    first = next(iter(cpu["by_threads"].values()))
+    par = []
+    for what, sides in first.items():
+        peer = _peer(sides)
+        if peer is not None:
+            par.append(f"{what}: xylent {harness.num(sides['xylent']['params'])}, transformers "
+                       f"{harness.num(peer['params'])} (attention `{peer.get('attn_implementation')}`)")
+    if par:
+        out += ["Parameters of each side (shared embeddings counted once): " + "; ".join(par) + ".", ""]
+    peer = _peer(first.get("electra", {}))
+    if peer is not None:
+        # counted, not timed: the generator's output layer at every position (transformers) or at the masked ones
+        h, v = m["hidden"], m["vocab_size"]
+        head_all = 3 * 2 * (h * h + h * v)
+        extra = head_all * (1 - cfg["mask_prob"])
+        share = extra / (cfg["flops_per_token"]["electra"] + extra)
+        out += [f"Counted, not timed: transformers' generator evaluates its output layer (h × V = {h} × "
+                f"{harness.num(v)}) at every position, ours only at the {cfg['mask_prob'] * 100:.0f} % masked ones; "
+                f"the extra positions are {share * 100:.1f} % of the FLOPs of transformers' whole step at this size "
+                "(the share grows with the vocabulary).", ""]
+    return out
+
+
+def _objectives_md(result: dict) -> list[str]:
+    cfg, obj = result["config"], result["cpu"]["objectives"]
+    m, sides = cfg["model"], obj["sides"]
+    ref = sides["electra"]
+    half = cfg["seq_len"] // 2
+    what = {"electra": f"generator ({_n(m['generator_layers'], 'layer')}) + discriminator ({m['layers']})",
+            "mlm": f"one {m['layers']}-layer encoder",
+            "infoxlm": (f"MLM + the query side again up to the contrasted layer "
+                        f"({sides.get('infoxlm', {}).get('contrasted_layer', '?')} of {m['layers']}) + the key "
+                        "encoder's forward"),
+            "veco": "a plug-out and a plug-in pass (cross-attention in every layer) over both sides"}
+    rows = [[n, _tps(r), f"{_x(r, ref):.2f}×", what.get(n, "")] for n, r in sides.items()]
+    opts = obj["options"].get("infoxlm") or {}
+    return [f"**One row per pretraining objective** (`objective on TRTD rows`: the same {cfg['batch']} × "
+            f"{cfg['seq_len']} rows as translation pairs `<s> x </s> y </s>`, {half} tokens a side, same model "
+            f"size, {_n(obj['threads'], 'thread')}; ELECTRA is the reference):", "",
+            harness.table(["objective", "tokens/s, median (best)", "vs ELECTRA (median)", "what one step runs"],
+                          rows), "",
+            "InfoXLM's row uses " + ", ".join(f"`{k}` {v}" for k, v in opts.items()) + ".", ""]
+
+
+def _gpu_md(result: dict) -> list[str]:
+    gpu = result.get("gpu") or {"skipped": "no GPU section in this result"}
+    if "skipped" in gpu:
+        why = gpu["skipped"]
+        head = ("not measured: no GPU was available to this run" if why.startswith("no GPU")
+                else f"not measured: {why}")
+        return [f"**GPU (`{gpu.get('size', 'base')}`, bf16: tokens/s, MFU, peak memory per ZeRO stage, against "
+                f"transformers' `ElectraForPreTraining`): {head}** (`{why}`). `--device cuda` measures them where "
+                "a GPU is lent; no figure is estimated.", ""]
+    m = gpu["model"]
+    out = [f"**GPU**: {gpu['device']}, `{gpu['size']}` ({m['layers']} × {m['hidden']}), bf16 autocast, "
+           f"{gpu['batch']} × {gpu['seq_len']} tokens per step, {gpu['steps_per_window']} steps per window; MFU "
+           f"over a dense bf16 peak of {harness.num(gpu['peak_bf16_tflops'])} TFLOP/s, the same FLOPs per token "
+           "for both sides; peak memory of each side built alone:", ""]
+    rows = []
+    for what, sides in gpu["rows"].items():
+        peer = _peer(sides)
+        for n, r in sides.items():
+            rows.append([what, n, _tps(r), "–" if r.get("mfu_median") is None else f"{r['mfu_median'] * 100:.1f} %",
+                         f"{r['peak_memory_gib']:.2f} GiB",
+                         f"{_x(sides['xylent'], peer):.2f}×" if peer is not None and n == "xylent" else ""])
+    out += [harness.table(["step", "side", "tokens/s, median (best)", "MFU (median)", "peak memory",
+                           "xylent / transformers"], rows), ""]
+    z = gpu.get("zero_stages", {})
+    if z.get("stages"):
+        out += [f"DeepSpeed engine around our ELECTRA model, {z['world_size']} rank, one process per stage "
+                "(`infra/deepspeed/zero<N>.json`):", "",
+                harness.table(["ZeRO stage", "tokens/s, median (best)", "MFU (median)", "peak memory"],
+                              [[s, _tps(r),
+                                "–" if r.get("mfu") is None else f"{r['mfu'] * 100:.1f} %",
+                                "–" if r.get("peak_memory_gib") is None else f"{r['peak_memory_gib']:.2f} GiB"]
+                               for s, r in z["stages"].items()]), ""]
+    return out
+
+
+def markdown(result: dict) -> str:
+    return "\n".join(_cpu_md(result) + _objectives_md(result) + _gpu_md(result))
 
 
 if __name__ == "__main__":
