@@ -327,8 +327,8 @@ def markdown(result: dict) -> str:
         one, many = runs[0], runs[-1]
         for t1, tn in zip(one["tables"], many["tables"]):
             r = t1["sides"]["stage"]["median_s"] / tn["sides"]["stage"]["median_s"]
-            out.append(f"- {_name(t1['table'])}: the stage on {many['threads']} BLAS threads is {r:.2f}× its "
-                       "1-thread time (median).")
+            out.append(f"- {_name(t1['table'])}: the stage runs {r:.2f}× as fast on {many['threads']} BLAS threads "
+                       "as on 1 (median).")
     pools = sorted({p["library"] or p["api"] for r in runs for p in r["blas_pools"]} - {None})
     if pools:
         out.append(f"- Thread pools capped in each process: {', '.join(pools)} (threadpoolctl), plus the "

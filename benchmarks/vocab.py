@@ -379,6 +379,9 @@ def main(argv: list[str] | None = None) -> None:
     copies = args.alp_copies or (4 if args.quick else 40)
     cpus = len(os.sched_getaffinity(0))
 
+    import polars as pl
+
+    from tasks.prepare import layout
     from xylent.spec import load_spec
 
     cfg_spec = load_spec(spec)
@@ -396,12 +399,8 @@ def main(argv: list[str] | None = None) -> None:
             runners = {"skipped": "--quick" if args.quick else "--skip-runners"}
         else:
             runners = measure_runners(spec, ws, grid["reference_points"], args)
-        import polars as pl
-
-        from tasks.prepare import layout
-
-        de = pl.read_parquet(layout.group_parts(dedup_dir, layout.MONO, args.alp_lang), columns=["text"])
-        sentences = de["text"].to_list() * copies
+        mono = pl.read_parquet(layout.group_parts(dedup_dir, layout.MONO, args.alp_lang), columns=["text"])
+        sentences = mono["text"].to_list() * copies
         alp = measure_alp(vocab_dir / "spm.model", sentences, args.alp_lang, cpus, scratch, args)
 
     cmp = pl.read_parquet(vocab_dir / "comparison.parquet").sort("examples", descending=True)
@@ -478,7 +477,8 @@ def markdown(result: dict) -> str:
         out += [harness.table(["runner", "workers", "stage", "command", "ALPs vs reference loop"], rows), ""]
         st = {(r["runner"], r["workers"]): r["stage"]["median_s"] for r in rn["rows"]}
         if ("threads", 1) in st and ("threads", 2) in st:
-            out.append(f"- Threads runner, 2 workers vs 1: {st[('threads', 1)] / st[('threads', 2)]:.2f}×.")
+            out.append(f"- Threads runner: 2 workers run the stage {st[('threads', 1)] / st[('threads', 2)]:.2f}× "
+                       "as fast as 1.")
         if ("processes", 2) in st and ("threads", 2) in st:
             out.append(f"- Processes vs threads at 2 workers: the process runner takes "
                        f"{st[('processes', 2)] / st[('threads', 2)]:.2f}× the time.")
