@@ -1,29 +1,44 @@
 """Cost against size for every data stage: wall time and peak RSS of
 download, prepare, dedup, vocab, sampling and shards at three corpus sizes
 spanning 10x, each stage run the way a user runs it (one `xylent run STAGE` in
-a fresh process, everything upstream cached), with the log-log slope and what
-100x more data would cost by it.
+a fresh process, everything upstream already published), with the log-log
+slope and what 100x more data would cost by it.
 
-The corpus (generated, then served from 127.0.0.1 so the download stage runs
-its real HTTP code): CC-100-layout `.txt.xz` files in 5 languages over 5
-scripts (en, de, ru, el, zh; Zipf-distributed words, blank-line documents,
-boilerplate lines repeated across documents, a few near-copied documents) and
-OPUS-layout moses zips for all 10 pairs of them, about a fifth of the text.
-Per size and repeat, a fresh workspace; per stage, one process
-(`harness.in_fresh_process` -> `scaling_cli.run_stage` -> `flows.cli.main`);
-then a rerun with every stage cached gives the fixed cost of a command.
-One Prefect API server (Prefect's test harness, a separate process) and one
-MLflow sqlite store serve every command, as a user's running `prefect server`
-would; the start-up of Prefect's ephemeral server, which a command without
-PREFECT_API_URL pays, is measured once apart.
+The corpus (generated, then served over HTTP from 127.0.0.1 by a thread of this
+process, so the download stage runs its real HTTP code): CC-100-layout `.txt.xz`
+files in 5 languages over 5 scripts (en, de, ru, el, zh; Zipf-distributed words,
+blank-line documents, 4 % boilerplate lines repeated across documents, 3 % of
+documents near copies of the one before) and OPUS-layout moses zips for all 10
+pairs of them, a fifth of the text. The spec is every stage's defaults except a
+small vocab grid (1k/2k/4k pieces, budget 16k, `input_sentence_size` 5 000 so
+that the cap binds within the sizes measured) and `runner.max_workers` =
+`--threads`.
 
-Sampling reads only per-language counts, so its cost follows the number of
-languages and pairs, not the text: it is measured against L with the stage's
-computation (`tasks.sampling.build_tables`, one fresh process per L).
+Per size and repeat a fresh workspace; per stage one process
+(`harness.in_fresh_process` -> `run_stage` -> `flows.cli.main`, the CLI
+preloaded before the clock starts): the stage's own time (its manifest's
+`seconds`), the command's time, the process's wall time (with Python's start-up
+and the CLI's imports) and its peak RSS (VmHWM). Then `xylent run shards` again
+with every stage cached: the fixed cost of a command. Sizes run ascending on
+odd repeats and descending on even ones; every run is kept. One Prefect API
+server (Prefect's test harness: a separate process, in no command's memory or
+time) and one MLflow sqlite store (created before the first timed command)
+serve every command, as a user's running `prefect server start` would; the
+start-up of Prefect's ephemeral server, which a command without PREFECT_API_URL
+pays, is measured apart (the second of two runs with a fresh PREFECT_HOME).
 
-    .venv/bin/python benchmarks/scaling.py            # full: 10, 30, 100 MB x 3; ~12 min on 2 cores
-    .venv/bin/python benchmarks/scaling.py --quick    # smoke: tiny sizes, 1 repeat, no warm-up
-    .venv/bin/python benchmarks/scaling.py --sizes-mb 10 30 100 --languages 30 100 300 1000
+Sampling reads per-language counts only, so its cost follows the number of
+languages and pairs, not the text: it is also measured against L = 30 ... 1000
+with the stage's computation and output (`build_tables`, `write_output`; one
+fresh process per L).
+
+    .venv/bin/python benchmarks/scaling.py            # full: 10, 30, 100 MB x 3 repeats; ~15 min on 2 cores
+    .venv/bin/python benchmarks/scaling.py --quick    # smoke: 0.1, 0.3, 1 MB, 1 repeat, one process; ~45 s
+    .venv/bin/python benchmarks/scaling.py --sizes-mb 10 30 100 --languages 30 100 300 1000 --repeats 5
+
+--quick runs every command in one process (one start-up instead of 22) and
+resets its peak RSS before each, so a quick peak also counts what earlier
+commands kept: its memory figures are a smoke test, not a measurement.
 """
 
 from __future__ import annotations
@@ -31,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import http.server
+import io
 import json
 import os
 import shutil
@@ -207,6 +223,47 @@ def bench_spec(base: str, *, quick: bool, workers: int) -> dict:
 
 # ---------------------------------------------------------------- measuring
 
+CLI = ("flows.cli",)  # preloaded in every command's process: its import is start-up, not the command
+
+
+def run_stage(stage: str, spec: str, workspace: str) -> dict:
+    """`xylent run STAGE --spec SPEC --workspace WS --json` in this process, as a user runs it.
+    Returns whether the stage was cached (and its upstream), its manifest's seconds and metrics."""
+    from flows.cli import main as cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = cli(["run", stage, "--spec", spec, "--workspace", workspace, "--json"])
+    if rc != 0:
+        raise RuntimeError(f"xylent run {stage} exited {rc}:\n{out.getvalue()[-3000:]}")
+    stages = json.loads(out.getvalue())["stages"]
+    manifest = json.loads((Path(stages[stage]["output_dir"]) / "_manifest.json").read_text())
+    return {"cached": stages[stage]["cached"],
+            "upstream_cached": all(r["cached"] for s, r in stages.items() if s != stage),
+            "manifest_seconds": manifest["seconds"], "metrics": manifest.get("metrics", {})}
+
+
+def prime_mlflow(uri: str) -> int:
+    """Create the MLflow store's schema once, so no timed command pays for it."""
+    from mlflow import MlflowClient
+
+    return len(MlflowClient(tracking_uri=uri).search_experiments())
+
+
+def in_sequence(calls: list[list]) -> list[dict]:
+    """``[function name, kwargs]`` calls of this module one after the other in this
+    process (the --quick path: one start-up for all), its peak RSS reset (Linux
+    clear_refs) before each: a call's peak then still counts what earlier calls kept."""
+    out = []
+    for name, kwargs in calls:
+        reset = harness.reset_peak_rss()
+        before = harness.vm_rss_mb()
+        t = time.perf_counter()
+        result = globals()[name](**kwargs)
+        out.append({"result": result, "seconds": time.perf_counter() - t, "peak_rss_mb": round(harness.vm_hwm_mb(), 1),
+                    "rss_before_mb": round(before, 1), "peak_reset": reset})
+    return out
+
 def _record(r: dict, process_s: float | None) -> dict:
     res = r["result"]
     return {"process_s": None if process_s is None else round(process_s, 4), "command_s": round(r["seconds"], 4),
@@ -219,8 +276,8 @@ def _command(stage: str, spec: Path, ws: Path, threads: int) -> dict:
     command's (imports excluded), the stage's own (its manifest's `seconds`: the body,
     without the Prefect/MLflow records around it) and the process's peak RSS."""
     t = time.perf_counter()
-    r = harness.in_fresh_process("scaling_cli", "run_stage", {"stage": stage, "spec": str(spec), "workspace": str(ws)},
-                                 threads=threads)
+    r = harness.in_fresh_process("scaling", "run_stage", {"stage": stage, "spec": str(spec), "workspace": str(ws)},
+                                 threads=threads, preload=CLI)
     return _record(r, time.perf_counter() - t)
 
 
@@ -260,20 +317,19 @@ def ephemeral_prefect(spec: Path, ws: Path, threads: int, home: Path) -> dict:
     return {k: r[k] for k in ("process_s", "command_s", "peak_rss_mb", "cached")}
 
 
-def sampling_tables(languages: int, seed: int = 0) -> dict:
-    """The sampling stage's work on L languages: its computation (`build_tables`:
-    alpha-smoothing, Sinkhorn P*, M2M LP, temperature table, diagnostics), then its output
-    (`write_output`: Parquet tables, heatmaps, report) into a temporary folder. Counts:
-    log-normal example counts, a pair with data for 30 % of the language pairs (and for
-    neighbours, so none is isolated)."""
+def sampling_tables(languages: int, repeats: int = 1, seed: int = 0) -> dict:
+    """The sampling stage's work on L languages, ``repeats`` times: its computation
+    (`build_tables`: alpha-smoothing, Sinkhorn P*, M2M LP, temperature table, diagnostics),
+    then its output (`write_output`: Parquet tables, heatmaps, report) into a temporary
+    folder. Counts: log-normal example counts, a pair with data for 30 % of the language
+    pairs (and for neighbours, so none is isolated)."""
     from tasks.sampling import build_tables
     from tasks.sampling.output import write_output
     from xylent.spec import SamplingConfig
 
     cfg = SamplingConfig()
     with tempfile.TemporaryDirectory() as tmp:
-        for sub in ("warm", "out"):
-            (Path(tmp) / sub).mkdir()
+        (Path(tmp) / "warm").mkdir()
         # once untimed: the first call pays for imports inside the solvers and matplotlib
         write_output(build_tables({"a": 3, "b": 2, "c": 1}, {("a", "b"): 3, ("a", "c"): 2, ("b", "c"): 1}, cfg),
                      cfg, Path(tmp) / "warm")
@@ -284,13 +340,18 @@ def sampling_tables(languages: int, seed: int = 0) -> dict:
         present[np.arange(languages - 1), np.arange(1, languages)] = True
         i, j = np.nonzero(present)
         pairs = np.sqrt(mono[i] * mono[j]) * np.exp(rng.normal(-2, 1, len(i)))
-        t = time.perf_counter()
-        tables = build_tables({n: int(m) + 1 for n, m in zip(names, mono)},
-                              {(names[a], names[b]): int(c) + 1 for a, b, c in zip(i, j, pairs)}, cfg)
-        t1 = time.perf_counter()
-        write_output(tables, cfg, Path(tmp) / "out")
-        t2 = time.perf_counter()
-    return {"seconds": t1 - t, "output_seconds": t2 - t1, "pairs": int(len(i)),
+        mono_counts = {n: int(m) + 1 for n, m in zip(names, mono)}
+        pair_counts = {(names[a], names[b]): int(c) + 1 for a, b, c in zip(i, j, pairs)}
+        runs, output_runs = [], []
+        for r in range(repeats):
+            t = time.perf_counter()
+            tables = build_tables(mono_counts, pair_counts, cfg)
+            t1 = time.perf_counter()
+            (Path(tmp) / f"out{r}").mkdir()
+            write_output(tables, cfg, Path(tmp) / f"out{r}")
+            runs.append(t1 - t)
+            output_runs.append(time.perf_counter() - t1)
+    return {"seconds": runs, "output_seconds": output_runs, "pairs": int(len(i)),
             "max_marginal_error": tables.metrics.get("max_marginal_error.star")}
 
 
@@ -335,11 +396,11 @@ def _slopes(rows: list[dict]) -> dict:
     the worst peak RSS and the worst growth above the post-import RSS; plus segment slopes."""
     xs = [r["text_mb"] for r in rows]
     out = {}
-    for name, key, stat in (("stage_s", "stage_s", "median"), ("command_s", "command_s", "median"),
-                            ("peak_rss_mb", "peak_rss_mb", "max"), ("own_rss_mb", "own_rss_mb", "max")):
-        ys = [max(r[key][stat], 1e-3) for r in rows]
-        out[name] = harness.loglog_slope(xs, ys)
-        out[name + "_segments"] = [harness.loglog_slope(xs[i:i + 2], ys[i:i + 2]) for i in range(len(xs) - 1)]
+    for key, stat, floor in (("stage_s", "median", 1e-3), ("command_s", "median", 1e-3),
+                             ("peak_rss_mb", "max", 1.0), ("own_rss_mb", "max", 1.0)):
+        ys = [max(r[key][stat], floor) for r in rows]
+        out[key] = harness.loglog_slope(xs, ys)
+        out[key + "_segments"] = [harness.loglog_slope(xs[i:i + 2], ys[i:i + 2]) for i in range(len(xs) - 1)]
     return out
 
 
@@ -357,18 +418,31 @@ def _quick(specs: list[Path], tmp: Path, languages: list[int], threads: int) -> 
              for k, s in enumerate(specs) for stage, spec, ws in _pass_calls(s, tmp / f"ws-{k}-0")]
     calls += [["sampling_tables", {"languages": n}] for n in languages]
     t = time.perf_counter()
-    rows = harness.in_fresh_process("scaling_cli", "in_sequence", {"calls": calls}, threads=threads)["result"][1:]
+    rows = harness.in_fresh_process("scaling", "in_sequence", {"calls": calls}, threads=threads,
+                                    preload=CLI)["result"][1:]
     per = len(STAGES) + 1
     passes = {k: [_checked([_record(r, None) for r in rows[k * per:(k + 1) * per]])] for k in range(len(specs))}
     for k, mb in enumerate(specs):
         _progress(float(mb.stem.removeprefix("spec-").removesuffix("mb")), 0, passes[k][0])
-    sampling = {n: [r] for n, r in zip(languages, rows[len(specs) * per:])}
+    sampling = dict(zip(languages, rows[len(specs) * per:]))
     return passes, sampling, {"process_s": round(time.perf_counter() - t, 3),
                               "peak_reset": all(r["peak_reset"] for r in rows)}
 
 
+def _knobs(spec: dict) -> dict:
+    """The effective values of the knobs that bound a stage's memory or work."""
+    from xylent.spec import DedupConfig, PrepareConfig, ShardsConfig, VocabConfig
+
+    prepare, dedup, vocab, shards = PrepareConfig(), DedupConfig(), VocabConfig(**spec["vocab"]), ShardsConfig()
+    return {"prepare.part_rows": prepare.part_rows, "dedup.buckets": dedup.buckets,
+            "dedup.near_level": dedup.near_level, "dedup.langid": dedup.langid,
+            "vocab.input_sentence_size": vocab.input_sentence_size, "vocab.held_sentences": vocab.held_sentences,
+            "vocab.held_fraction": vocab.held_fraction, "vocab.grid": vocab.grid, "vocab.budget": vocab.budget,
+            "vocab.threads_per_model": vocab.threads_per_model, "shards.seq_len": shards.seq_len}
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = harness.parser(__doc__)
+    ap = harness.parser(__doc__, warmup=0)
     ap.add_argument("--sizes-mb", type=float, nargs="+", default=None,
                     help=f"corpus sizes, MB of text (default {' '.join(map(str, FULL_SIZES_MB))}; "
                     f"quick {' '.join(map(str, QUICK_SIZES_MB))})")
@@ -412,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.quick:
                 passes, sampling_runs, sequence = _quick(specs, tmp, languages, args.threads)
             else:
-                harness.in_fresh_process("scaling_cli", "prime_mlflow", {"uri": uri})
+                harness.in_fresh_process("scaling", "prime_mlflow", {"uri": uri})
                 for w in range(args.warmup):  # untimed: the smallest size, whole passes
                     warmups.append(run_pass(specs[0], tmp / f"ws-warmup-{w}", args.threads))
                     shutil.rmtree(tmp / f"ws-warmup-{w}")
@@ -426,23 +500,23 @@ def main(argv: list[str] | None = None) -> int:
                             shutil.rmtree(ws)
                 ephemeral = [ephemeral_prefect(specs[0], tmp / f"ws-0-{args.repeats - 1}", args.threads,
                                                tmp / "prefect-ephemeral") for _ in range(2)]
-        if not args.quick:
-            sampling_runs = {n: [harness.in_fresh_process("scaling", "sampling_tables", {"languages": n},
-                                                          threads=args.threads) for _ in range(args.repeats)]
-                             for n in languages}
+        if not args.quick:  # one process per L, its repeats inside
+            sampling_runs = {n: harness.in_fresh_process("scaling", "sampling_tables",
+                                                         {"languages": n, "repeats": args.repeats},
+                                                         threads=args.threads) for n in languages}
         sampling = []
-        for n, runs in sampling_runs.items():
-            sampling.append({"languages": n, "pairs": runs[0]["result"]["pairs"],
-                             "max_marginal_error": runs[0]["result"]["max_marginal_error"],
-                             "seconds": _spread([r["result"]["seconds"] for r in runs]),
-                             "output_seconds": _spread([r["result"]["output_seconds"] for r in runs]),
-                             "peak_rss_mb": _spread([r["peak_rss_mb"] for r in runs]),
-                             "rss_before_mb": _spread([r["rss_before_mb"] for r in runs])})
+        for n, run in sampling_runs.items():
+            res = run["result"]
+            sampling.append({"languages": n, "pairs": res["pairs"], "max_marginal_error": res["max_marginal_error"],
+                             "seconds": _spread(res["seconds"]), "output_seconds": _spread(res["output_seconds"]),
+                             "peak_rss_mb": run["peak_rss_mb"], "rss_before_mb": run["rss_before_mb"]})
             print(f"sampling, L = {n}: {sampling[-1]['seconds']['median']:.3f} s", flush=True)
     finally:
         os.environ.clear()
         os.environ.update(saved_env)
-        if not args.keep:
+        if args.keep:
+            print(f"kept {tmp}")
+        else:
             shutil.rmtree(tmp, ignore_errors=True)
 
     stages = _summarise(size_rows, passes)
@@ -456,20 +530,218 @@ def main(argv: list[str] | None = None) -> int:
         "thread_note": "every command's thread pools (OMP, MKL, OpenBLAS, polars, rayon, XYLENT_THREADS) capped at "
                        "`threads`; runner.kind threads with max_workers = `threads`; SentencePiece trainer "
                        "threads_per_model = 1 (the default)",
-        "spec": shown, "generate_seconds": round(generate_s, 2),
-        "sizes": [{k: v for k, v in s.items() if k != "files"} | {"files": s["files"]} for s in size_rows],
+        "spec": shown, "knobs": _knobs(shown), "generate_seconds": round(generate_s, 2),
+        "sizes": size_rows,
         "stages": stages,
         "slopes": {s: _slopes(stages[s]) for s in (*STAGES, "cached_rerun")},
-        "warmup_passes": warmups,
+        "warmup_passes": [{s: {k: p[s][k] for k in ("process_s", "command_s", "stage_s", "peak_rss_mb")} for s in p}
+                          for p in warmups],
         "ephemeral_prefect": ephemeral,
         "sampling_vs_languages": {"rows": sampling,
                                   "slope_time": harness.loglog_slope([r["languages"] for r in sampling],
                                                                      [r["seconds"]["median"] for r in sampling]),
                                   "slope_rss": harness.loglog_slope([r["languages"] for r in sampling],
-                                                                    [r["peak_rss_mb"]["max"] for r in sampling])},
+                                                                    [r["peak_rss_mb"] for r in sampling])},
     }
     harness.write_result("scaling", payload, args)
     return 0
+
+
+
+# ---------------------------------------------------------------- the doc
+
+def _trend(slope: float) -> str:
+    if slope > 1.15:
+        return "superlinear"
+    if slope >= 0.85:
+        return "linear"
+    return "sublinear" if slope >= 0.2 else "flat"
+
+
+def _mb(x: float) -> str:
+    return f"{harness.num(x / 1000)} GB" if x >= 1000 else f"{harness.num(x)} MB"
+
+
+def _rows_per_language(result: dict, k: int) -> dict[str, float]:
+    """Monolingual rows per language after dedup at size k (prepare's rows x dedup's kept share)."""
+    prep, dd = result["stages"]["prepare"][k]["metrics"], result["stages"]["dedup"][k]["metrics"]
+    return {lang: prep.get(f"mono.rows.{lang}", 0) * dd.get(f"mono.kept_fraction.{lang}", 1.0)
+            for lang in result["spec"]["languages"]}
+
+
+def markdown(result: dict) -> str:
+    stages, slopes = result["stages"], result["slopes"]
+    first = stages["download"]
+    sizes = [r["text_mb"] for r in first]
+    n = first[0]["stage_s"]["n"]
+    quick = result.get("quick")
+    head = [f"{_mb(x)}" for x in sizes]
+    big = sizes[-1]
+    out = []
+    runs = (f"median of {n} runs per point (every run in the JSON)" if n > 1 else
+            "one run per point (a --quick smoke run)")
+    out.append(f"Corpus sizes {', '.join(head)} of text ({result['spec']['languages'].__len__()} languages, "
+               f"{len(result['spec']['sources'][1]['pairs'])} pairs); {runs}; every command's thread pools and "
+               f"`runner.max_workers` at {result['threads']}.")
+    if quick:
+        out.append("*Quick run: all commands in one process, its peak RSS reset before each, so a peak also "
+                   "counts memory an earlier command kept; the full run gives each command its own process.*")
+    rows = []
+    for stage in STAGES:
+        rs, sl = stages[stage], slopes[stage]
+        t = [r["stage_s"]["median"] for r in rs]
+        rows.append([f"`{stage}`", *[harness.seconds(x) for x in t], f"**{sl['stage_s']:.2f}**",
+                     " → ".join(f"{x:.2f}" for x in sl["stage_s_segments"]),
+                     harness.seconds(t[-1] * 100 ** max(sl["stage_s"], 0)),
+                     harness.seconds(rs[-1]["command_s"]["median"])])
+    out.append("**Time** of each stage's own work (its manifest's `seconds`: the stage body, without the "
+               "command's start-up and records), log-log slope against the text size, and what 100× the "
+               f"largest corpus ({_mb(big * 100)}) would take by that slope (a slope below 0 counts as 0):")
+    out.append(harness.table(["stage", *head, "slope", "segment slopes", f"100× ({_mb(big * 100)}), by slope",
+                              f"whole command at {_mb(big)}"], rows))
+    rows = []
+    for stage in STAGES:
+        rs, sl = stages[stage], slopes[stage]
+        m = [r["peak_rss_mb"]["max"] for r in rs]
+        own = [r["own_rss_mb"]["max"] for r in rs]
+        rows.append([f"`{stage}`", *[f"{harness.num(a)} MB (+{harness.num(round(b))})" for a, b in zip(m, own)],
+                     f"**{sl['peak_rss_mb']:.2f}**", f"{sl['own_rss_mb']:.2f}",
+                     f"{harness.num(m[-1] * 100 ** max(sl['peak_rss_mb'], 0))} MB"])
+    base = _median([r["rss_before_mb"]["median"] for s in STAGES for r in stages[s]])
+    out.append("**Peak RSS** of each command's process (VmHWM; in brackets: above what the process held before "
+               f"the command, {harness.num(base)} MB (median) once the CLI is imported), the slope of the peak "
+               "and of the part in brackets, and the peak 100× the data would reach by the slope:")
+    out.append(harness.table(["stage", *head, "slope", "slope above baseline", f"100× ({_mb(big * 100)}), by slope"],
+                             rows))
+    out.append("![Stage time against corpus size, log-log](img/benchmarks/scaling_time.png)\n"
+               "![Peak RSS against corpus size, log-log](img/benchmarks/scaling_rss.png)")
+    out.append(_findings(result))
+    out.append(_fixed(result))
+    out.append(_sampling(result))
+    return "\n\n".join(out) + "\n"
+
+
+def _findings(result: dict) -> str:
+    stages, slopes, knobs = result["stages"], result["slopes"], result["knobs"]
+    sizes = [r["text_mb"] for r in stages["download"]]
+    lines = [f"- `{stage}`: time {_trend(slopes[stage]['stage_s'])} (slope {slopes[stage]['stage_s']:.2f}), "
+             f"peak RSS {_trend(slopes[stage]['peak_rss_mb'])} (slope {slopes[stage]['peak_rss_mb']:.2f}; "
+             f"above the baseline {slopes[stage]['own_rss_mb']:.2f})." for stage in STAGES]
+    # vocab: from which size on its training sample stops growing
+    want = knobs["vocab.input_sentence_size"] + knobs["vocab.held_sentences"]
+    fewest = [min(_rows_per_language(result, k).values()) for k in range(len(sizes))]
+    capped = [k for k, f in enumerate(fewest) if f >= want]
+    seg = " → ".join(f"{x:.2f}" for x in slopes["vocab"]["stage_s_segments"])
+    cap = (f"`vocab` trains on at most `vocab.input_sentence_size` + `held_sentences` = {harness.num(want)} "
+           "sentences per language (this run's setting; the defaults are 1 000 000 + 10 000)")
+    if capped:
+        lines.append(f"- {cap}. From {_mb(sizes[capped[0]])} on every language has more (the smallest: "
+                     f"{harness.num(round(fewest[capped[0]]))} rows after dedup), so only the pass that samples "
+                     f"the text still grows: segment slopes {seg}. Past the cap, vocab's cost is the cap's, "
+                     "whatever the corpus; below it, it follows the text of the smaller languages.")
+    else:
+        lines.append(f"- {cap}; at no size here does every language reach it (the smallest: "
+                     f"{harness.num(round(fewest[-1]))} rows), so vocab still grows with the text (segments {seg}).")
+    # memory bounds the stages are designed to
+    part, biggest = knobs["prepare.part_rows"], max(_rows_per_language(result, len(sizes) - 1).values())
+    prep = slopes["prepare"]["own_rss_mb"]
+    largest_file = max(f["text_bytes"] for f in result["sizes"][-1]["files"].values()) / 1e6
+    verdict = "flat" if prep < 0.2 else "it grows"
+    bound = "."
+    if largest_file < 32:
+        bound = (f"; every file here is smaller than that (the largest: {harness.num(largest_file)} MB of text), so "
+                 "growth is possible at these sizes and says nothing of larger files.")
+    lines.append("- `prepare` streams each file in 8 MB blocks of text (up to 3 queued and 1 in work), so its memory "
+                 "should stop following the files once they pass ~32 MB: slope above the baseline "
+                 f"{prep:.2f} ({verdict})" + bound)
+    lines.append(f"- `dedup` holds one Parquet part (`prepare.part_rows` = {harness.num(part)} rows) or one bucket "
+                 f"at a time: the largest language here has {harness.num(round(biggest))} rows at {_mb(sizes[-1])}, "
+                 + ("so every language fits in one part and its peak may still grow with the text at these sizes; "
+                    "past one part it should stop (`benchmarks/dedup.py` measures corpora of several parts)."
+                    if biggest <= part else "more than one part: its peak should stop growing from there."))
+    return "\n".join(lines)
+
+
+def _fixed(result: dict) -> str:
+    stages = result["stages"]
+    rerun = [r["command_s"]["median"] for r in stages["cached_rerun"]]
+    overhead = [r["command_s"]["median"] - r["stage_s"]["median"] for s in STAGES for r in stages[s]]
+    startup = [r["process_s"]["median"] - r["command_s"]["median"] for s in (*STAGES, "cached_rerun")
+               for r in stages[s] if r["process_s"] is not None]
+    text = ("**Fixed cost of a command**, beside the stage's work: "
+            + (f"starting Python and importing the CLI (process wall − command) {harness.seconds(_median(startup))} "
+               "(median over every command); " if startup else "")
+            + f"a rerun with every stage cached {harness.seconds(_median(rerun))} (Prefect flow run, MLflow runs, "
+            f"the cache check); around a computed stage (command − stage time) {harness.seconds(_median(overhead))}. "
+            "The Prefect API server (one for the whole run, a separate process like a user's `prefect server "
+            "start`) is not in any command's memory or time.")
+    fractions = [r["command_s"]["median"] % 1 for s in (*STAGES, "cached_rerun") for r in stages[s]]
+    if max(fractions) - min(fractions) < 0.25:
+        text += (f" Every command's time lies between {min(fractions):.2f} and {max(fractions):.2f} s past a whole "
+                 "second: Prefect's flow-run heartbeat thread sleeps in 1 s steps and is joined when the flow ends, "
+                 "so a command's end waits for the next whole second of its flow run.")
+    eph = result.get("ephemeral_prefect")
+    if eph:
+        e = eph[-1]
+        text += (f" Without `PREFECT_API_URL` a command starts Prefect's ephemeral server itself (a subprocess, "
+                 f"its memory not counted): the cached rerun then took {harness.seconds(e['command_s'])} "
+                 f"(+{harness.seconds(e['command_s'] - _median(rerun))}; the second of two such runs, so its "
+                 "database already existed).")
+    else:
+        text += " The ephemeral-server start-up (no `PREFECT_API_URL`) is measured by the full run only."
+    return text
+
+
+def _median(xs: list[float]) -> float:
+    return float(np.median(xs))
+
+
+def _sampling(result: dict) -> str:
+    samp = result["sampling_vs_languages"]
+    stages = result["stages"]
+    flat = result["slopes"]["sampling"]["stage_s"]
+    rows = [[r["languages"], harness.num(r["pairs"]), harness.seconds(r["seconds"]["median"]),
+             harness.seconds(r["output_seconds"]["median"]), f"{harness.num(r['peak_rss_mb'])} MB",
+             f"{r['max_marginal_error']:.1e}"] for r in samp["rows"]]
+    ls, tables = [r["languages"] for r in samp["rows"]], [r["seconds"]["median"] for r in samp["rows"]]
+    out_slope = harness.loglog_slope(ls, [r["output_seconds"]["median"] for r in samp["rows"]])
+    pair_slope = harness.loglog_slope([r["pairs"] for r in samp["rows"]], tables)
+    big = samp["rows"][-1]
+    return ("**Sampling against the number of languages.** The stage reads per-language and per-pair counts, "
+            f"not text: against text size its time is {_trend(flat)} (slope {flat:.2f}, "
+            f"{harness.seconds(stages['sampling'][-1]['stage_s']['median'])} at the largest size). Its cost "
+            "follows L, the number of languages: the stage's computation (`build_tables`: α-smoothing, Sinkhorn "
+            "P\\*, M2M LP, temperature table, diagnostics) and its output (`write_output`: Parquet, heatmaps, "
+            "report) on synthetic counts (log-normal sizes, 30 % of pairs with data), "
+            + ("all in the quick run's one process" if result.get("quick") else
+               "one fresh process per L, its runs inside it after an untimed call; the peak RSS is that process's")
+            + ":\n\n"
+            + harness.table(["L", "pairs with data", "tables", "output", "peak RSS", "max marginal error"], rows)
+            + "\n\n![Sampling stage against the number of languages, log-log]"
+              "(img/benchmarks/scaling_sampling_languages.png)"
+            + f"\n\nSlope against L: tables {samp['slope_time']:.2f} (of pairs, ~L², "
+            f"{pair_slope:.2f}), output {out_slope:.2f}, peak RSS {samp['slope_rss']:.2f}. "
+            f"At L = {big['languages']} the stage's work takes "
+            f"{harness.seconds(big['seconds']['median'] + big['output_seconds']['median'])}.")
+
+
+def plots(result: dict, folder: Path) -> list[Path]:
+    stages = result["stages"]
+    xs = [r["text_mb"] for r in stages["download"]]
+    time_series = {s: (xs, [max(r["stage_s"]["median"], 1e-3) for r in stages[s]]) for s in STAGES}
+    rss_series = {s: (xs, [r["peak_rss_mb"]["max"] for r in stages[s]]) for s in STAGES}
+    samp = result["sampling_vs_languages"]["rows"]
+    ls = [r["languages"] for r in samp]
+    return [
+        harness.plot_loglog(folder / "scaling_time.png", time_series, xlabel="text (MB)",
+                            ylabel="stage time (s, median)", title="Stage time against corpus size"),
+        harness.plot_loglog(folder / "scaling_rss.png", rss_series, xlabel="text (MB)",
+                            ylabel="peak RSS of the command (MB)", title="Peak memory against corpus size"),
+        harness.plot_loglog(folder / "scaling_sampling_languages.png",
+                            {"tables": (ls, [r["seconds"]["median"] for r in samp]),
+                             "output": (ls, [r["output_seconds"]["median"] for r in samp])},
+                            xlabel="languages (L)", ylabel="seconds (median)", title="Sampling stage against L"),
+    ]
 
 
 if __name__ == "__main__":
