@@ -18,7 +18,7 @@
    agreement of the two sides' pairs; xylent at 1 and N threads, and datasketch
    serial and pooled, must give identical clusters or the script fails.
    xylent's MinHash blocks run on a fixed thread count (the `threads` default of
-   `signatures_from_shingles`, not sized by XYLENT_THREADS); each row pins it to
+   `signatures_from_shingles`, not sized by any environment variable); each row pins it to
    the row's thread count, and the JSON records the library's default.
 2. Memory: peak RSS (VmHWM) of each side alone on the same corpus, one fresh
    process each, peak reset after the corpus is built; and the stage's

@@ -40,7 +40,7 @@ QUICK_RESULTS = RESULTS / "quick"  # git-ignored: smoke runs land here
 
 # every variable a library we call reads to size its thread pool
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
-               "POLARS_MAX_THREADS", "RAYON_NUM_THREADS", "VECLIB_MAXIMUM_THREADS", "XYLENT_THREADS")
+               "POLARS_MAX_THREADS", "RAYON_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 PACKAGES = ("numpy", "pyarrow", "polars", "sentencepiece", "torch", "deepspeed", "faiss-cpu", "pot", "scipy",
             "datasketch", "transformers", "accelerate", "prefect", "mlflow", "xylent")
 
