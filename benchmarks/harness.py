@@ -232,9 +232,12 @@ def repeated_in_fresh_processes(sides: dict[str, tuple[str, str, dict]], *, repe
 
 def _git() -> dict:
     def git(*a):
-        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    commit = git("rev-parse", "HEAD")
-    return {"commit": commit or None, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+        return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.rstrip("\n")
+    commit = git("rev-parse", "HEAD").strip()
+    # result files are tracked and rewritten by `make bench` itself: they are not changes to the measured code
+    changed = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no").splitlines()
+               if not line[3:].startswith("benchmarks/results/")]
+    return {"commit": commit or None, "dirty": bool(changed), "changed_files": changed[:20]}
 
 
 def _cpu_model() -> str | None:
