@@ -569,6 +569,16 @@ def markdown(result: dict) -> str:
                                "extra per re-sampling step"], rows), "",
                 f"Target ≤ {target * 100:g} %: " + ("**met**" if so["pass"] else "**missed**")
                 + f" (worst schedule {_pct(worst)}).", ""]
+        for v in so["variants"]:
+            ctl = v.get(SAME_BATCHES)
+            if ctl:
+                tok = {k: statistics.median(r["median_tokens"] for r in v[k]["runs"]) for k in ("plain", "audit")}
+                out.append(
+                    f"The control does all of the audit's bookkeeping with q ≈ Q and costs "
+                    f"{_pct(ctl['vs_plain']['overhead_median'])}; the audit proper costs "
+                    f"{_pct(v['overhead_median'])} with {tok['audit']:g} tokens per step against {tok['plain']:g} "
+                    "plain, so the rest is not more tokens: it comes with the rows that q draws instead of Q.")
+                out.append("")
         comp = so.get("components")
         if comp:
             out.append(
