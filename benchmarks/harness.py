@@ -21,6 +21,7 @@ Module level imports stay stdlib + numpy: render.py imports every script.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import importlib.metadata as _md
 import json
@@ -155,10 +156,8 @@ def pin_cores(cores: int | None) -> list[int]:
         return cpus
     mask = set(cpus[:cores])
     for tid in os.listdir("/proc/self/task"):
-        try:
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
             os.sched_setaffinity(int(tid), mask)
-        except OSError:  # a thread that ended meanwhile
-            pass
     return sorted(mask)
 
 
@@ -252,16 +251,11 @@ def environment() -> dict:
     """Machine, versions, git state and thread settings of this run."""
     versions = {}
     for p in PACKAGES:
-        try:
+        with contextlib.suppress(_md.PackageNotFoundError):  # a peer not installed here
             versions[p] = _md.version(p)
-        except _md.PackageNotFoundError:
-            pass
     mem = None
-    try:
-        with open("/proc/meminfo") as f:
-            mem = round(int(next(line for line in f if line.startswith("MemTotal")).split()[1]) / 2**20, 1)
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/meminfo") as f:  # not Linux: memory left unknown
+        mem = round(int(next(line for line in f if line.startswith("MemTotal")).split()[1]) / 2**20, 1)
     return {
         "machine": {"cpus": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)), "cpu_model": _cpu_model(),
                     "memory_gib": mem, "platform": platform.platform(), "python": platform.python_version()},
