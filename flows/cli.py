@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 
 from flows.registry import STAGE_NAMES, STAGES
-from xylent.errors import XylentError
+from xylent.errors import XylentError, environment_error
 from xylent.stage import find_stage, stage_fingerprints, workspace_for
 from xylent.workspace import read_manifest
 
@@ -152,7 +152,7 @@ class _UserErrorsWithoutTraceback(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, XylentError):
+        if isinstance(exc, XylentError) or (exc is not None and environment_error(exc) is not None):
             record.exc_info = None
             record.exc_text = None
         return True
@@ -160,7 +160,8 @@ class _UserErrorsWithoutTraceback(logging.Filter):
 
 def _quiet_user_errors() -> None:
     filt = _UserErrorsWithoutTraceback()
-    for name in ("prefect.task_runs", "prefect.flow_runs", "prefect"):
+    # MLflow's SQL store logs the database error with its traceback before raising it
+    for name in ("prefect.task_runs", "prefect.flow_runs", "prefect", "mlflow.store.db.utils"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, _UserErrorsWithoutTraceback) for f in logger.filters):
             logger.addFilter(filt)
@@ -225,7 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("xylent: interrupted; nothing half-written is kept (rerun to continue)", file=sys.stderr)
         return 130
-    except Exception:
+    except Exception as exc:
+        env = environment_error(exc, getattr(args, "workspace", None))
+        if env is not None:
+            print(f"xylent: error: {env.render()}", file=sys.stderr)
+            return 2
         traceback.print_exc()
         print("xylent: internal error (a bug): please report it with the traceback above", file=sys.stderr)
         return 1

@@ -23,6 +23,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, State
 
 import xylent
+from xylent.errors import XylentError, environment_error
 from xylent.spec import Spec, load_spec
 from xylent.stage import StageContext, StageDef, StageOutcome, stage_fingerprints, workspace_for
 from xylent.tracking import Tracker, tracking_uri_for
@@ -78,6 +79,7 @@ class Invocation:
         """``flows``: the stage flows this invocation runs (their upstream stages are added)."""
         spec = load_spec(spec_file, overrides or [])
         ws = workspace_for(spec, workspace)
+        ws.ensure_writable()
         uri = tracking_uri_for(ws.root, spec.tracking.tracking_uri)
         tracker = Tracker(uri, spec.tracking.experiment, artifact_root=ws.root / "mlartifacts", workspace=ws.root)
         tracker.end_orphaned_runs()  # runs of invocations killed with -9 would say RUNNING forever
@@ -99,7 +101,10 @@ class Invocation:
 
     def finish(self, ok: bool) -> None:
         if self.owns_parent:
-            self.tracker.end_run(self.parent_run_id, "FINISHED" if ok else "FAILED")
+            if ok:
+                self.tracker.end_run(self.parent_run_id)
+            else:
+                self.tracker.end_failed_run(self.parent_run_id)
 
     def record(self, result: dict) -> None:
         """Take the stages a (sub)flow reports; the first report of a stage is what this run did."""
@@ -181,8 +186,12 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
                     "started": started, "seconds": round(time.time() - started, 3),
                     "mlflow_run_id": run_id, "prefect_flow_run_id": flow_run.id, **outcome.manifest,
                 }, known_files=outcome.known_files)
-        except BaseException:
-            inv.tracker.end_run(run_id, "FAILED")
+        except BaseException as exc:
+            inv.tracker.end_failed_run(run_id)
+            if isinstance(exc, Exception) and not isinstance(exc, XylentError):
+                env = environment_error(exc, str(inv.ws.root))
+                if env is not None:
+                    raise env from exc  # a full disk is the user's to fix, not a bug to report
             raise
         inv.tracker.log_metrics(run_id, {**outcome.metrics, "seconds": manifest["seconds"]})
         inv.tracker.log_artifact(run_id, out / "_manifest.json")

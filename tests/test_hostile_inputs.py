@@ -244,3 +244,67 @@ def test_a_tsv_bitext_without_tabs_is_an_error_not_zero_pairs(tmp_path, run_cli)
     assert rc == 2 and "100 of 100 lines" in err and "de-en.tsv" in err and "max_malformed_rate" in err, err
     rc, _, err = run_cli("run", "prepare", "--spec", spec, "--set", "prepare.max_malformed_rate=1.0")
     assert rc == 0, err  # the user's explicit choice: keep what is well formed (here nothing)
+
+
+def _in_own_mounts(tmp_path: Path, mount: str, *cli: str) -> tuple[int, str]:
+    """Run the real CLI in a user and mount namespace where ``mount`` (a shell
+    command) has been run first: a tmpfs that fills up, or a read-only bind
+    mount, without root on the host or touching its file systems."""
+    import shlex
+    import subprocess
+    import sys
+
+    if subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True).returncode:
+        pytest.fail("this machine refuses user namespaces (unshare --user --map-root-user --mount), so a full "
+                    "disk cannot be made here; the test needs them")
+    # the mounts vanish with the namespace: list what was published before leaving it
+    command = (f"{mount} && {shlex.quote(sys.executable)} -m flows.cli {' '.join(map(shlex.quote, cli))}; rc=$?; "
+               f"echo published:; find {shlex.quote(str(tmp_path))} -name _manifest.json; exit $rc")
+    proc = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", command],
+                          cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=600)
+    return proc.returncode, proc.stdout
+
+
+def _big_text_source(tmp_path: Path, mb: float) -> Path:
+    import random
+
+    rng = random.Random(0)  # words that do not compress away: prepare's output is as big as its input
+    text = tmp_path / "en.txt"
+    text.write_text("".join(" ".join(f"{rng.getrandbits(32):x}" for _ in range(7)) + "\n"
+                            for _ in range(int(mb * 1e6 / 63))))
+    return write_spec(tmp_path / "spec.yaml", {"name": "full", "languages": ["en"], "sources": [
+        {"name": "web", "kind": "url", "url": text.as_uri(), "format": "text", "lang": "en"}]})
+
+
+@pytest.mark.parametrize("size", ["1400k", "6m"])  # the download fills it / prepare does
+def test_a_full_disk_is_one_clear_error_and_nothing_is_published(tmp_path, size):
+    spec = _big_text_source(tmp_path, 4)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    rc, out = _in_own_mounts(tmp_path, f"mount -t tmpfs -o size={size} tmpfs {ws} && touch {ws}/mounted",
+                             "run", "prepare", "--spec", str(spec), "--workspace", str(ws))
+    assert rc == 2 and "no space left" in out and "Traceback" not in out, out[-3000:]
+    assert "what to do: free space" in out and "internal error" not in out
+    published = out.split("published:")[-1]
+    assert "/prepare/" not in published, "nothing of the failed stage is published"
+    assert ("/download/" in published) == (size == "6m"), "6m holds the download, not prepare's output"
+    assert not (ws / "mounted").exists(), "the tmpfs was the namespace's own"
+
+
+def test_a_read_only_workspace_is_one_clear_error_at_once(tmp_path, run_cli):
+    import time
+
+    spec = _big_text_source(tmp_path, 0.1)
+    ws = tmp_path / "ws"
+    rc, _, err = run_cli("run", "download", "--spec", spec, "--workspace", ws)
+    assert rc == 0, err
+    before = sorted((p.relative_to(ws), p.stat().st_mtime_ns) for p in ws.rglob("*"))
+    for target in (ws, tmp_path / "empty"):  # a cached workspace and a new one
+        target.mkdir(exist_ok=True)
+        started = time.time()
+        rc, out = _in_own_mounts(tmp_path, f"mount --bind {target} {target} && mount -o remount,bind,ro {target}",
+                                 "run", "prepare", "--spec", str(spec), "--workspace", str(target))
+        assert rc == 2 and "read-only file system" in out and str(target) in out and "Traceback" not in out, out
+        assert time.time() - started < 60, "refused at once, not after MLflow's minutes of retries"
+    assert sorted((p.relative_to(ws), p.stat().st_mtime_ns) for p in ws.rglob("*")) == before

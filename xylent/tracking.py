@@ -148,6 +148,20 @@ class Tracker:
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
 
+    def end_failed_run(self, run_id: str) -> None:
+        """Mark a run FAILED while its failure propagates.  When the store itself
+        cannot be written (a full disk, a read-only workspace), the original error
+        is what the user must see; the run stays RUNNING until the next run on
+        the workspace marks it KILLED (see :meth:`end_orphaned_runs`)."""
+        try:
+            self.end_run(run_id, "FAILED")
+        except Exception as exc:  # noqa: BLE001 - reported below, the cause is already on its way up
+            from xylent.errors import environment_error
+
+            why = environment_error(exc)
+            logging.getLogger(__name__).warning("could not mark MLflow run %s FAILED: %s", run_id,
+                                                why.what if why else str(exc).splitlines()[0][:200])
+
     def end_orphaned_runs(self) -> list[str]:
         """Mark KILLED the RUNNING runs of this workspace whose process is gone
         (a kill -9 never lets a run end itself) -> their ids.  Runs started on

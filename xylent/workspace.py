@@ -17,6 +17,7 @@ import json
 import os
 import secrets
 import shutil
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -126,6 +127,18 @@ class Workspace:
         if taken is not None and not taken.is_dir():  # the workspace, or a folder it would go in, is a file
             raise XylentError(f"the workspace {self.root} cannot be a folder: {taken} is a file", where=str(taken),
                               fix="pass --workspace a folder (new or existing), not a file")
+
+    def ensure_writable(self) -> None:
+        """Create the workspace and prove it takes a file, before anything opens
+        it: MLflow's SQLite store retries a read-only database for minutes."""
+        from xylent.errors import environment_error
+
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=self.root, prefix=".xylent-probe-"):
+                pass
+        except OSError as exc:
+            raise (environment_error(exc, str(self.root)) or exc) from None
 
     # -- paths -------------------------------------------------------------
     def stage_dir(self, stage: str) -> Path:

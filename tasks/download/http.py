@@ -15,7 +15,7 @@ from typing import Callable
 
 import requests
 
-from xylent.errors import XylentError
+from xylent.errors import XylentError, environment_error
 
 _PERMANENT = {400, 401, 403, 404, 405, 410, 451}
 
@@ -144,7 +144,12 @@ def _stream_fsspec(url: str, part: Path, *, max_bytes: int | None, chunk: int, o
                 on_bytes(len(block))
     except FileNotFoundError:
         raise XylentError("file not found", where=url, fix="check the URL or path in the spec") from None
+    except IsADirectoryError:
+        raise XylentError("the URL names a folder, not a file", where=url,
+                          fix="name one file in the spec (a folder's files are separate sources)") from None
     except (OSError, ValueError) as exc:
+        if isinstance(exc, OSError) and (env := environment_error(exc, str(part.parent))) is not None:
+            raise env from None  # a full disk or a read-only folder: retrying cannot help
         raise _Retry(str(exc)) from None
     return {"url": url, "etag": None}
 
