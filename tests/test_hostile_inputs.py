@@ -308,3 +308,16 @@ def test_a_read_only_workspace_is_one_clear_error_at_once(tmp_path, run_cli):
         assert rc == 2 and "read-only file system" in out and str(target) in out and "Traceback" not in out, out
         assert time.time() - started < 60, "refused at once, not after MLflow's minutes of retries"
     assert sorted((p.relative_to(ws), p.stat().st_mtime_ns) for p in ws.rglob("*")) == before
+
+
+def test_a_po_file_with_an_unterminated_string_is_refused_not_garbled(tmp_path, run_cli):
+    from conftest import po_file
+
+    po = tmp_path / "django.po"
+    po.write_text(po_file(ENTRIES).replace('msgstr "Hallo"', 'msgstr "Hallo'))  # polib would read "Hall"
+    spec = write_spec(tmp_path / "spec.yaml", {
+        "name": "po", "languages": ["en", "de"], "workspace": str(tmp_path / "ws"),
+        "sources": [{"name": "cat", "kind": "local", "format": "gettext", "lang": "de", "path": str(po)}]})
+    rc, _, err = run_cli("run", "prepare", "--spec", spec)
+    assert rc == 2 and "unterminated string" in err and "django.po:6" in err and "msgfmt" in err, err
+    assert "Traceback" not in err and not list((tmp_path / "ws").glob("prepare/*/_manifest.json"))

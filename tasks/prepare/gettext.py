@@ -12,6 +12,7 @@ msgstr[1], ``skip`` drops them.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import polib
@@ -21,8 +22,27 @@ from xylent.errors import XylentError
 Key = tuple[str, str, str]  # (catalog, msgctxt, msgid[#plural])
 
 
+# A keyword line or a continuation line: one complete "..." string (escapes allowed) and nothing after it.
+_PO_LINE = re.compile(r'(?:(?:msgctxt|msgid|msgid_plural|msgstr(?:\[\d+\])?)\s+)?"(?:[^"\\]|\\.)*"\s*')
+
+
+def _check_strings(path: Path) -> None:
+    """polib reads an unterminated string by dropping its last character
+    ("Hallo → "Hall"); refuse the file instead, naming the line, as msgfmt does."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            text = line.strip()
+            if not text or text.startswith("#"):
+                continue
+            if not _PO_LINE.fullmatch(text):
+                raise XylentError(f"malformed line in gettext catalog (an unterminated string, or text "
+                                  f"outside quotes): {text[:80]!r}", where=f"{path}:{number}",
+                                  fix="fix the line (check it with `msgfmt -c`), or leave this catalog out")
+
+
 def read_catalog(path: Path, catalog: str, plurals: str) -> tuple[dict[Key, str], dict[Key, str], dict]:
     """-> (translations by key, source texts by key, counts)."""
+    _check_strings(path)
     try:
         po = polib.pofile(str(path), wrapwidth=0)
     except (OSError, ValueError, UnicodeDecodeError) as exc:
