@@ -124,6 +124,9 @@ def _print_summary(result: dict, *, ran: bool) -> None:
         state = ("cached" if r["cached"] else ("done" if ran else "missing"))
         table.add_row(name, state, r["fingerprint"], r["output_dir"], r.get("mlflow_run_id") or "-")
     console.print(table)
+    for name, r in result["stages"].items():
+        for w in r.get("warnings", []):
+            console.print(f"[bold yellow]warning[/] ({name}): {w}", highlight=False, soft_wrap=True)
     if ran:
         for line in result.get("where", []):
             console.print(line, highlight=False, soft_wrap=True)

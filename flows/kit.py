@@ -150,7 +150,20 @@ def _prefect_tags() -> dict[str, str]:
 
 def _result(out: Path, manifest: dict, *, cached: bool) -> dict:
     return {"output_dir": str(out), "fingerprint": manifest["fingerprint"], "cached": cached,
-            "mlflow_run_id": manifest.get("mlflow_run_id")}
+            "mlflow_run_id": manifest.get("mlflow_run_id"), "warnings": manifest.get("warnings", [])}
+
+
+def _console_warning(stage: str, text: str) -> None:
+    """A stage's warning on the console as it happens (the run summary repeats it at the end)."""
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+
+    try:
+        get_run_logger().warning("%s: %s", stage, text)
+    except MissingContextError:  # the body called outside a flow run (library use): plain logging
+        import logging
+
+        logging.getLogger("xylent").warning("%s: %s", stage, text)
 
 
 def execute(inv: Invocation, stage: StageDef, force: bool):
@@ -185,6 +198,7 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
                     "metrics": outcome.metrics, "versions": _versions(),
                     "started": started, "seconds": round(time.time() - started, 3),
                     "mlflow_run_id": run_id, "prefect_flow_run_id": flow_run.id, **outcome.manifest,
+                    **({"warnings": outcome.warnings} if outcome.warnings else {}),
                 }, known_files=outcome.known_files)
         except BaseException as exc:
             inv.tracker.end_failed_run(run_id)
@@ -194,6 +208,10 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
                     raise env from exc  # a full disk is the user's to fix, not a bug to report
             raise
         inv.tracker.log_metrics(run_id, {**outcome.metrics, "seconds": manifest["seconds"]})
+        if outcome.warnings:
+            inv.tracker.set_tags(run_id, {"xylent.warnings": "\n".join(outcome.warnings)})
+            for w in outcome.warnings:
+                _console_warning(stage.name, w)
         inv.tracker.log_artifact(run_id, out / "_manifest.json")
         for extra in sorted(out.glob("*.parquet")) + sorted(out.glob("*.md")) + sorted(out.glob("*.png")):
             inv.tracker.log_artifact(run_id, extra)

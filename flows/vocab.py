@@ -34,4 +34,8 @@ def vocab(ctx: StageContext) -> StageOutcome:
               "seed": ctx.spec.seed} for lang in langs]
     results = {r["lang"]: r for r in run_tasks(grid_task, calls, runner=ctx.spec.runner, title="vocab grids",
                                                unit="languages", key="vocab-progress")}
-    return compose(results, read_counts(dedup_dir)[0], grid, cfg, ctx.spec.seed, ctx.out)
+    outcome = compose(results, read_counts(dedup_dir)[0], grid, cfg, ctx.spec.seed, ctx.out)
+    outcome.warnings.extend(f"{lang} is in the spec's languages but has no text after prepare and dedup: the "
+                            "vocabulary covers it only through other languages' pieces"
+                            for lang in ctx.spec.languages if lang not in langs)
+    return outcome

@@ -321,3 +321,25 @@ def test_a_po_file_with_an_unterminated_string_is_refused_not_garbled(tmp_path, 
     rc, _, err = run_cli("run", "prepare", "--spec", spec)
     assert rc == 2 and "unterminated string" in err and "django.po:6" in err and "msgfmt" in err, err
     assert "Traceback" not in err and not list((tmp_path / "ws").glob("prepare/*/_manifest.json"))
+
+
+def test_a_language_left_without_text_is_a_warning_in_the_summary_and_the_run(tmp_path, run_cli):
+    import json
+
+    from mlflow import MlflowClient
+
+    (tmp_path / "en.txt").write_text("".join(f"an English sentence number {i}\n" for i in range(50)))
+    (tmp_path / "de.txt").write_text("ja\nnein\n" * 20)  # every line shorter than min_chars (set below)
+    spec = write_spec(tmp_path / "spec.yaml", {"name": "w", "languages": ["en", "de"], "workspace": str(tmp_path / "ws"),
+                                               "prepare": {"min_chars": 5},
+                                               "sources": [{"name": f"loc-{lang}", "kind": "local", "format": "text",
+                                                            "lang": lang, "path": str(tmp_path / f"{lang}.txt")}
+                                                           for lang in ("en", "de")]})
+    rc, out, err = run_cli("run", "prepare", "--spec", spec)
+    assert rc == 0, err
+    assert "warning (prepare): no monolingual text survived cleaning for de" in " ".join(out.split()), out
+    rc, out, err = run_cli("run", "prepare", "--spec", spec, "--json")  # cached: the warning stays with the output
+    prepare = json.loads(out)["stages"]["prepare"]
+    assert prepare["cached"] and len(prepare["warnings"]) == 1 and "for de" in prepare["warnings"][0]
+    run = MlflowClient(f"sqlite:///{(tmp_path / 'ws').resolve()}/mlflow.db").get_run(prepare["mlflow_run_id"])
+    assert "for de" in run.data.tags["xylent.warnings"]

@@ -23,13 +23,16 @@ from xylent.workspace import Workspace, fingerprint
 class StageOutcome:
     """What a stage body hands back: numbers for MLflow, rows for the stats
     table, a markdown summary, extra manifest fields and files it already
-    described (so publishing does not hash them again)."""
+    described (so publishing does not hash them again), and warnings: what
+    the user must hear about although the stage succeeded (console, run
+    summary, manifest and the MLflow run say them)."""
 
     metrics: dict[str, float] = field(default_factory=dict)
     table: list[dict] = field(default_factory=list)
     summary: str = ""
     manifest: dict[str, Any] = field(default_factory=dict)
     known_files: dict[str, dict] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,11 @@ def assemble(manifests: list[dict], ws: Workspace, out: Path) -> StageOutcome:
     empty = sorted({r["name"] for r in mono} - {r["name"] for r in mono if r["rows_out"]})
     summary = (f"{metrics['mono.rows']:,} monolingual rows in {metrics['mono.languages']} languages, "
                f"{metrics['bitext.rows']:,} sentence pairs in {metrics['bitext.pairs']} pairs.")
+    warnings = [f"no monolingual text survived cleaning for {lang}: it gets no vocabulary of its own and no "
+                f"MRTD data (see stats.md for why its rows were dropped; check its sources and prepare's "
+                f"min_chars/max_chars)" for lang in empty]
     if empty:
-        summary += f"\n\n**Warning:** no text survived for {', '.join(empty)}."
+        summary += "".join(f"\n\n**Warning:** {w}" for w in warnings)
     return StageOutcome(metrics=metrics, table=stats, summary=summary + "\n\n" + markdown_table(mono),
-                        known_files=known, manifest={"units": [m["fingerprint"] for m in manifests]})
+                        known_files=known, manifest={"units": [m["fingerprint"] for m in manifests]},
+                        warnings=warnings)

@@ -91,10 +91,10 @@ def compose(results: dict[str, dict], examples: dict[str, int], grid_dir: Path, 
         metrics[f"tokens_per_sentence.vocap.{lang}"] = metrics_v[lang]["tokens_per_sentence"]
         if metrics_j:
             metrics[f"tokens_per_sentence.joint.{lang}"] = metrics_j[lang]["tokens_per_sentence"]
-    notes = []
+    tips, notes = [], []  # tips: how to do better; notes: what the user must hear (warnings)
     if report["capped"]:
-        notes.append(f"languages at the grid's maximum while budget remained (extend vocab.grid): "
-                     f"{', '.join(report['capped'])}")
+        tips.append(f"languages at the grid's maximum while budget remained (extend vocab.grid): "
+                    f"{', '.join(report['capped'])}")
     if report["over_budget_at_floor"]:
         notes.append(f"even the smallest grid sizes exceed the budget ({report['union_size']} > {cfg.budget}); "
                      "every language got the smallest size")
@@ -103,11 +103,12 @@ def compose(results: dict[str, dict], examples: dict[str, int], grid_dir: Path, 
                      + (" and byte fallback" if cfg.byte_fallback else ""))
     summary = "\n".join([
         f"VoCAP vocabulary: **{vocab_size}** pieces (union of the chosen vocabularies: {report['union_size']}, "
-        f"budget {cfg.budget}).", "", *[f"- **note:** {n}" for n in notes], "",
+        f"budget {cfg.budget}).", "", *[f"- **note:** {n}" for n in tips + notes], "",
         markdown_table(cmp.select("lang", "examples", "tokens_per_sentence_vocap",
                                   *(["tokens_per_sentence_joint"] if metrics_j else []),
                                   "unk_rate_vocap", "chars_per_token_vocap").to_dicts()),
         "", markdown_table(alloc.select("lang", "q", "chosen_size", "capped").to_dicts()),
     ])
     (out / "report.md").write_text(summary)
-    return StageOutcome(metrics=metrics, table=cmp.to_dicts(), summary=summary, manifest={"notes": notes})
+    return StageOutcome(metrics=metrics, table=cmp.to_dicts(), summary=summary, manifest={"notes": tips + notes},
+                        warnings=notes)
