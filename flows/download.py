@@ -12,7 +12,7 @@ from flows.kit import StageContext, StageOutcome, stage_flow
 from flows.progress import Progress
 from flows.runners import run_tasks
 from tasks.download.assemble import assemble
-from xylent.errors import XylentError
+from xylent.errors import XylentError, environment_error
 from xylent.spec import DownloadConfig
 from xylent.workspace import Workspace
 
@@ -22,8 +22,8 @@ def _retry_unless_user_error(task, task_run, state) -> bool:
         state.result()
     except XylentError:
         return False  # 404, checksum mismatch ...: retrying cannot help
-    except Exception:
-        return True
+    except Exception as exc:
+        return environment_error(exc) is None  # nor can it free a full disk
     return False
 
 

@@ -57,6 +57,9 @@ class Corpus:
         self.redirects: dict[str, str] = {}  # path -> where a 302 sends it
         self.ignore_if_range: set[str] = set()  # paths answered with the range even after the file changed
         self.gzip: set[str] = set()  # paths sent with Content-Encoding: gzip whatever the client asked
+        self.no_length: set[str] = set()  # paths sent without Content-Length, the body ended by closing
+        self.ignore_ranges: set[str] = set()  # paths always answered 200 with the whole file
+        self.slow: dict[str, int] = {}  # path -> trickle the body at this many bytes a second
         self.lock = threading.Lock()
 
     def count(self, path: str) -> int:
@@ -94,7 +97,7 @@ def _handler(corpus: Corpus):
                 body = gzip.compress(body, mtime=0)
             etag = '"' + hashlib.md5(body).hexdigest() + '"'
             start, status = 0, 200
-            rng = self.headers.get("Range")
+            rng = None if url.path in corpus.ignore_ranges else self.headers.get("Range")
             if rng and (self.headers.get("If-Range") in (None, etag) or url.path in corpus.ignore_if_range):
                 a, b = rng.removeprefix("bytes=").split("-")
                 start = int(a)
@@ -108,7 +111,11 @@ def _handler(corpus: Corpus):
                 chunk, extra = body, {}
             drop = corpus.drop_after.pop(url.path, None)
             self.send_response(status)
-            self.send_header("Content-Length", str(len(chunk)))
+            if url.path in corpus.no_length:
+                self.send_header("Connection", "close")
+                self.close_connection = True
+            else:
+                self.send_header("Content-Length", str(len(chunk)))
             self.send_header("ETag", etag)
             self.send_header("Accept-Ranges", "bytes")
             if url.path in corpus.gzip:
@@ -120,6 +127,15 @@ def _handler(corpus: Corpus):
                 self.wfile.write(chunk[:drop])
                 self.wfile.flush()
                 self.close_connection = True
+                return
+            if url.path in corpus.slow:
+                import time
+
+                step = max(1, corpus.slow[url.path] // 20)
+                for i in range(0, len(chunk), step):
+                    self.wfile.write(chunk[i : i + step])
+                    self.wfile.flush()
+                    time.sleep(0.05)
                 return
             self.wfile.write(chunk)
 

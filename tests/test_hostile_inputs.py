@@ -343,3 +343,63 @@ def test_a_language_left_without_text_is_a_warning_in_the_summary_and_the_run(tm
     assert prepare["cached"] and len(prepare["warnings"]) == 1 and "for de" in prepare["warnings"][0]
     run = MlflowClient(f"sqlite:///{(tmp_path / 'ws').resolve()}/mlflow.db").get_run(prepare["mlflow_run_id"])
     assert "for de" in run.data.tags["xylent.warnings"]
+
+
+def test_one_enormous_line_is_cut_while_streaming_not_held_whole(tmp_path, run_cli):
+    import json
+
+    import pyarrow.parquet as pq
+
+    from tasks.prepare.readers import iter_line_blocks
+
+    big = tmp_path / "en.txt"
+    with open(big, "wb") as f:  # 40 MB without a newline between two ordinary lines
+        f.write(b"a first line\n")
+        for _ in range(40):
+            f.write(b"x" * (1 << 20))
+        f.write(b"\na last line\n")
+    blocks = list(iter_line_blocks(big, "text", where=str(big), block_bytes=1 << 20, max_line_bytes=100_000))
+    assert max(map(len, blocks)) <= (2 << 20) + 100_000, "memory stays a couple of blocks, not the line"
+    lines = b"\n".join(blocks).split(b"\n")
+    assert lines[0] == b"a first line" and lines[-1] == b"a last line" and len(lines) == 3
+    assert lines[1] == b"x" * 100_000, "the long line stays one line, cut to the cap"
+    # through the stage: the cut line is dropped as too long and counted, the others kept
+    spec = write_spec(tmp_path / "spec.yaml", {"name": "long", "languages": ["en"], "workspace": str(tmp_path / "ws"),
+                                               "sources": [{"name": "loc", "kind": "local", "format": "text",
+                                                            "lang": "en", "path": str(big)}]})
+    rc, out, err = run_cli("run", "prepare", "--spec", spec, "--json")
+    assert rc == 0, err
+    stats = pq.read_table(Path(json.loads(out)["stages"]["prepare"]["output_dir"]) / "stats.parquet").to_pylist()
+    assert [(r["lines_in"], r["too_long"], r["rows_out"]) for r in stats] == [(3, 1, 2)], stats
+
+
+@pytest.mark.parametrize("case", ["html-for-xz", "gopher", "file-folder"])
+def test_urls_that_cannot_give_the_declared_file_are_named_clearly(tmp_path, http_corpus, run_cli, case):
+    http_corpus.files["/cc100/en.txt.xz"] = b"<!DOCTYPE html><html><body>Please log in</body></html>\n"
+    (tmp_path / "folder").mkdir()
+    url, fmt, message = {
+        "html-for-xz": (f"{http_corpus.base}/cc100/en.txt.xz", "text-xz", "got an HTML page where a text-xz file"),
+        "gopher": ("gopher://example.org/0/en.txt", "text", "unsupported URL scheme 'gopher://'"),
+        "file-folder": ((tmp_path / "folder").as_uri(), "text", "names a folder, not a file"),
+    }[case]
+    spec = write_spec(tmp_path / "spec.yaml", {"name": "u", "languages": ["en"], "workspace": str(tmp_path / "ws"),
+                                               "sources": [{"name": "web", "kind": "url", "url": url, "format": fmt,
+                                                            "lang": "en"}]})
+    rc, _, err = run_cli("run", "download", "--spec", spec)
+    assert rc == 2 and message in err and "Traceback" not in err and "attempts" not in err, err
+    assert not list((tmp_path / "ws").rglob("_manifest.json")), "nothing published"
+
+
+def test_a_download_whose_end_cannot_be_verified_is_a_warning(tmp_path, http_corpus, run_cli):
+    import json
+
+    http_corpus.files["/en.txt"] = "".join(f"line {i}\n" for i in range(100)).encode()
+    http_corpus.no_length.add("/en.txt")
+    http_corpus.ignore_ranges.add("/en.txt")
+    spec = write_spec(tmp_path / "spec.yaml", {"name": "u", "languages": ["en"], "workspace": str(tmp_path / "ws"),
+                                               "sources": [{"name": "web", "kind": "url", "format": "text",
+                                                            "url": f"{http_corpus.base}/en.txt", "lang": "en"}]})
+    rc, out, err = run_cli("run", "download", "--spec", spec, "--json")
+    assert rc == 0, err
+    (warning,) = json.loads(out)["stages"]["download"]["warnings"]
+    assert "/en.txt: the server sent no length" in warning and "sha256" in warning

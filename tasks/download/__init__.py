@@ -15,6 +15,7 @@ from pathlib import Path
 from xylent.spec import DownloadConfig
 from xylent.workspace import Workspace, fingerprint, read_manifest, sha256_file
 
+from tasks.download.content import check_content
 from tasks.download.http import fetch
 from tasks.download.identity import source_identity, spec_slice
 from tasks.download.plan import FetchItem, opus_list_pairs, plan_source
@@ -56,10 +57,12 @@ def materialise(item: FetchItem, ws: Workspace, cfg: DownloadConfig, on_bytes=la
             got = fetch(
                 item.url, part, sha256=item.sha256, size=item.size, max_bytes=item.max_bytes,
                 retries=cfg.retries, backoff_s=cfg.backoff_s, timeout_s=cfg.timeout_s,
+                total_timeout_s=cfg.total_timeout_s,
                 chunk_bytes=cfg.chunk_bytes, on_bytes=on_bytes,
             )
             dest = tmp / Path(item.filename).name
-            shutil.move(str(part), dest)
+            shutil.move(str(part), dest)  # out of _partial: a wrong file is not resumed either
+            check_content(dest, item.format, where=item.url, fetched=True)
             record.update(got, file=dest.name)
         elif item.copy:
             dest = tmp / Path(item.filename).name
@@ -67,6 +70,7 @@ def materialise(item: FetchItem, ws: Workspace, cfg: DownloadConfig, on_bytes=la
             record.update(bytes=dest.stat().st_size, sha256=sha256_file(dest), file=dest.name, truncated=False)
         else:
             src = Path(item.path)
+            check_content(src, item.format, where=str(src), fetched=False)
             st = src.stat()
             record.update(bytes=st.st_size, sha256=sha256_file(src), file=None, mtime_ns=st.st_mtime_ns,
                           truncated=False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from xylent.redact import redact
+from xylent.redact import redact, redact_text
 from xylent.stage import StageOutcome
 from xylent.workspace import Workspace, link_or_copy
 
@@ -35,4 +35,10 @@ def assemble(records: list[dict], ws: Workspace, out: Path) -> StageOutcome:
     metrics = {"files": len(records), "bytes": sum(r["bytes"] for r in records)}
     metrics.update({f"bytes.{s['source']}": s["bytes"] for s in table})
     summary = f"{len(records)} files, {metrics['bytes'] / 1e6:.1f} MB from {len(table)} sources."
-    return StageOutcome(metrics=metrics, table=table, summary=summary, known_files=known, manifest={"sources": table})
+    unverified = [redact_text(r["url"]) for r in records if r.get("length_verified") is False]
+    warnings = [f"{url}: the server sent no length and ignores range requests, so a connection cut short cannot "
+                "be told from the end of the file; give the source a sha256 (or size) in the spec to verify it"
+                for url in unverified]
+    return StageOutcome(metrics=metrics, table=table, summary=summary + "".join(f"\n\n**Warning:** {w}"
+                                                                                for w in warnings),
+                        known_files=known, manifest={"sources": table}, warnings=warnings)

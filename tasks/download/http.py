@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 import requests
+import urllib3
 
 from xylent.errors import XylentError, environment_error
 
@@ -31,6 +32,44 @@ def _load_meta(meta_path: Path) -> dict:
         return {}
 
 
+class _Deadline:
+    """``download.total_timeout_s`` for one file, across its attempts."""
+
+    def __init__(self, seconds: float | None, url: str):
+        self.seconds, self.url = seconds, url
+        self.at = None if seconds is None else time.monotonic() + seconds
+
+    def timeout(self, per_read: float) -> float:
+        return per_read if self.at is None else max(0.01, min(per_read, self.at - time.monotonic()))
+
+    def check(self, fetched: int, total: int | None = None) -> None:
+        if self.at is not None and time.monotonic() > self.at:
+            of = f" of {total:,}" if total else ""
+            raise XylentError(f"the download took longer than download.total_timeout_s = {self.seconds:g} s "
+                              f"({fetched:,}{of} bytes fetched)", where=self.url,
+                              fix="raise download.total_timeout_s (or unset it) or use a faster mirror; the bytes "
+                              "fetched are kept and the next run resumes from them")
+
+
+def _confirm_end(session: requests.Session, url: str, have: int, etag: str | None, timeout: float) -> bool | None:
+    """A body sent without a length ends when the connection closes, so a cut
+    connection looks like a whole file: ask for the bytes after it.  -> True
+    (nothing more: complete), False (there is more), None (the server ignores
+    ranges and cannot say)."""
+    headers = {"Accept-Encoding": "identity", "Range": f"bytes={have}-"}
+    if etag:
+        headers["If-Range"] = etag
+    try:
+        with session.get(url, headers=headers, stream=True, timeout=timeout) as resp:
+            if resp.status_code == 416:
+                return True
+            if resp.status_code == 206 and resp.headers.get("Content-Range", "").startswith(f"bytes {have}-"):
+                return False
+            return None
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        raise _Retry(f"connection failed while checking the end of the file: {exc}") from None
+
+
 def _stream_http(
     session: requests.Session,
     url: str,
@@ -41,6 +80,7 @@ def _stream_http(
     timeout: float,
     chunk: int,
     on_bytes: Callable[[int], None],
+    deadline: _Deadline,
 ) -> dict:
     have = part.stat().st_size if part.exists() else 0
     meta = _load_meta(meta_path)
@@ -57,7 +97,7 @@ def _stream_http(
         if have and meta.get("etag"):
             headers["If-Range"] = meta["etag"]
     try:
-        resp = session.get(url, headers=headers, stream=True, timeout=timeout)
+        resp = session.get(url, headers=headers, stream=True, timeout=deadline.timeout(timeout))
     except requests.TooManyRedirects:
         raise XylentError("the server redirects in a loop (more than 30 redirects)", where=url,
                           fix="open the URL in a browser to see where it leads, and put the final URL in the spec"
@@ -104,12 +144,17 @@ def _stream_http(
             total = expected
         if encoded:
             total = None  # decoded bytes: no range of them can be resumed against the server's
+        # no length and not chunked: the body's end is the connection's close, which a cut also looks like
+        unsized = (length is None and not encoded
+                   and "chunked" not in resp.headers.get("Transfer-Encoding", "").lower())
         meta = {"url": url, "etag": resp.headers.get("ETag"), "total": total, "encoded": encoded}
         meta_path.write_text(json.dumps(meta))
         got = 0
         try:
             with open(part, mode) as f:
-                for block in resp.iter_content(chunk_size=chunk):
+                # read1 hands over what has arrived (iter_content waits for a whole chunk): a trickling
+                # server still meets total_timeout_s between blocks
+                while block := resp.raw.read1(chunk, decode_content=True):
                     if max_bytes is not None and have + got + len(block) > max_bytes:
                         block = block[: max_bytes - have - got]
                     f.write(block)
@@ -117,16 +162,34 @@ def _stream_http(
                     on_bytes(len(block))
                     if max_bytes is not None and have + got >= max_bytes:
                         break
-        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, requests.Timeout) as exc:
+                    deadline.check(have + got, total)
+        except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, requests.Timeout,
+                urllib3.exceptions.HTTPError) as exc:
             raise _Retry(f"connection dropped after {have + got} bytes: {exc}") from None
         if expected is not None and got < expected and not (max_bytes is not None and have + got >= max_bytes):
             raise _Retry(f"connection dropped after {have + got} bytes")
+    if unsized and not (max_bytes is not None and have + got >= max_bytes):
+        whole = _confirm_end(session, url, have + got, meta["etag"], deadline.timeout(timeout))
+        if whole is False:
+            raise _Retry(f"the body (sent without a length) ended after {have + got} bytes but the server has more")
+        meta["length_verified"] = bool(whole)
+        meta_path.write_text(json.dumps(meta))
     return meta
 
 
-def _stream_fsspec(url: str, part: Path, *, max_bytes: int | None, chunk: int, on_bytes) -> dict:
+def _stream_fsspec(url: str, part: Path, *, max_bytes: int | None, chunk: int, on_bytes, deadline: _Deadline) -> dict:
     import fsspec
 
+    protocol = url.split("://", 1)[0] if "://" in url else "file"
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ValueError:
+        raise XylentError(f"unsupported URL scheme {protocol + '://'!r}", where=url,
+                          fix="use http(s)://, file:// or a scheme fsspec knows (s3://, gs://, ... with its "
+                          "package installed)") from None
+    except ImportError as exc:
+        raise XylentError(f"reading {protocol}:// URLs needs a package that is not installed ({exc})", where=url,
+                          fix="install it (e.g. pip install s3fs for s3://)") from None
     have = part.stat().st_size if part.exists() else 0
     try:
         with fsspec.open(url, "rb") as src, open(part, "ab") as dst:
@@ -142,6 +205,7 @@ def _stream_fsspec(url: str, part: Path, *, max_bytes: int | None, chunk: int, o
                 dst.write(block)
                 have += len(block)
                 on_bytes(len(block))
+                deadline.check(have)
     except FileNotFoundError:
         raise XylentError("file not found", where=url, fix="check the URL or path in the spec") from None
     except IsADirectoryError:
@@ -164,12 +228,15 @@ def fetch(
     retries: int = 5,
     backoff_s: float = 0.5,
     timeout_s: float = 60.0,
+    total_timeout_s: float | None = None,
     chunk_bytes: int = 1 << 20,
     on_bytes: Callable[[int], None] = lambda n: None,
 ) -> dict:
     """Fetch ``url`` into ``part`` (resuming what is there) and verify it.
 
-    Returns ``{"url", "bytes", "sha256", "etag", "truncated"}``.  A checksum or
+    Returns ``{"url", "bytes", "sha256", "etag", "truncated"}``, and
+    ``length_verified`` when the server sent no length (False: nothing could
+    tell a cut connection from the file's end).  A checksum or
     size mismatch deletes the partial file (it cannot be trusted) and raises.
     """
     part.parent.mkdir(parents=True, exist_ok=True)
@@ -177,15 +244,17 @@ def fetch(
     is_http = url.startswith(("http://", "https://"))
     session = requests.Session() if is_http else None
     attempt = 0
+    deadline = _Deadline(total_timeout_s, url)
     while True:
         try:
             if is_http:
                 meta = _stream_http(
                     session, url, part, meta_path,
-                    max_bytes=max_bytes, timeout=timeout_s, chunk=chunk_bytes, on_bytes=on_bytes,
+                    max_bytes=max_bytes, timeout=timeout_s, chunk=chunk_bytes, on_bytes=on_bytes, deadline=deadline,
                 )
             else:
-                meta = _stream_fsspec(url, part, max_bytes=max_bytes, chunk=chunk_bytes, on_bytes=on_bytes)
+                meta = _stream_fsspec(url, part, max_bytes=max_bytes, chunk=chunk_bytes, on_bytes=on_bytes,
+                                      deadline=deadline)
             break
         except _Retry as exc:
             attempt += 1
@@ -195,6 +264,7 @@ def fetch(
                     where=url,
                     fix="check the network and the server; rerunning resumes from the bytes already fetched",
                 ) from None
+            deadline.check(part.stat().st_size if part.exists() else 0)
             time.sleep(backoff_s * 2 ** (attempt - 1))
     if not part.exists():
         part.touch()
@@ -225,4 +295,7 @@ def fetch(
             fix="check the sha256 in the spec, or whether the mirror serves a different version",
         )
     meta_path.unlink(missing_ok=True)
-    return {"url": url, "bytes": got, "sha256": digest, "etag": meta.get("etag"), "truncated": truncated}
+    out = {"url": url, "bytes": got, "sha256": digest, "etag": meta.get("etag"), "truncated": truncated}
+    if "length_verified" in meta:  # only for bodies sent without a length
+        out["length_verified"] = meta["length_verified"] or sha256 is not None or size is not None
+    return out

@@ -29,7 +29,7 @@ from tasks.prepare.clean import clean_array, decode_lines, length_mask
 from tasks.prepare.gettext import read_catalog
 from tasks.prepare.holdout import drop_reserved
 from tasks.prepare.layout import BITEXT, MONO, partition
-from tasks.prepare.readers import iter_line_blocks, iter_moses_pairs, lines_to_array
+from tasks.prepare.readers import iter_line_blocks, iter_moses_pairs, line_cap, lines_to_array
 from tasks.prepare.writer import BITEXT_SCHEMA, MONO_SCHEMA, PartWriter
 
 __all__ = ["VERSION", "group_units", "prepare_unit", "unit_fingerprint"]
@@ -105,7 +105,8 @@ def _prepare_text(path: Path, rec: dict, out: Path, cfg: PrepareConfig, max_line
     st = _Stats(rec["source"], "mono", lang)
     writer = PartWriter(out, partition(MONO, lang), key, MONO_SCHEMA, cfg.part_rows)
     doc_base, last_doc, seen = 0, -1, 0
-    for block in iter_line_blocks(path, rec["format"], where=str(path), prefix_only=rec["truncated"]):
+    for block in iter_line_blocks(path, rec["format"], where=str(path), prefix_only=rec["truncated"],
+                                  max_line_bytes=line_cap(cfg.max_chars)):
         on_bytes(len(block) + 1)
         arr = lines_to_array(block)
         if arr is None:  # invalid UTF-8 somewhere in this block: find the bad lines
@@ -189,7 +190,7 @@ def _prepare_moses(path: Path, rec: dict, out: Path, cfg: PrepareConfig, max_lin
     a, b = rec["pair"].split("-")
     pw = _PairWriter(out, rec["source"], a, b, key, cfg)
     seen = 0
-    for la, lb in iter_moses_pairs(path, a, b, where=str(path)):
+    for la, lb in iter_moses_pairs(path, a, b, where=str(path), max_line_bytes=line_cap(cfg.max_chars)):
         if max_lines is not None:
             la, lb = la[: max_lines - seen], lb[: max_lines - seen]
         seen += len(la)
@@ -208,7 +209,8 @@ def _prepare_tsv(path: Path, rec: dict, out: Path, cfg: PrepareConfig, max_lines
     a, b = rec["pair"].split("-")
     pw = _PairWriter(out, rec["source"], a, b, key, cfg)
     seen = 0
-    for block in iter_line_blocks(path, "text", where=str(path), prefix_only=rec["truncated"]):
+    for block in iter_line_blocks(path, "text", where=str(path), prefix_only=rec["truncated"],
+                                  max_line_bytes=line_cap(cfg.max_chars)):
         on_bytes(len(block) + 1)
         lines = block.split(b"\n")
         if max_lines is not None:

@@ -48,13 +48,23 @@ def _read_error(exc: BaseException, where: str, fmt: str) -> XylentError:
     )
 
 
+def line_cap(max_chars: int) -> int:
+    """Bytes beyond which a line cannot survive ``max_chars`` (UTF-8 spends at
+    most 4 bytes a character): readers keep only this much of a longer line, so
+    one 150 MB line costs no more memory than a block."""
+    return 4 * (max_chars + 1)
+
+
 def iter_line_blocks(
-    path: Path, fmt: str, *, where: str, prefix_only: bool = False, block_bytes: int = 8 << 20
+    path: Path, fmt: str, *, where: str, prefix_only: bool = False, block_bytes: int = 8 << 20,
+    max_line_bytes: int | None = None,
 ) -> Iterator[bytes]:
     """Yield blocks of whole lines (joined by ``\\n``, no trailing newline).
 
     ``prefix_only``: the file was cut on purpose (max_bytes); its end is not an
-    error, and the incomplete last line is dropped.
+    error, and the incomplete last line is dropped.  ``max_line_bytes``: a line
+    that grows past it across blocks is cut to that length (it stays one line,
+    later dropped as too long) and the rest of it is skipped as it streams by.
     """
     q: queue.Queue = queue.Queue(maxsize=3)
     stop = threading.Event()
@@ -94,7 +104,7 @@ def iter_line_blocks(
     thread = threading.Thread(target=produce, name=f"read:{path.name}", daemon=True)
     thread.start()
     rest = b""
-    clean_end = False
+    clean_end = skipping = False
     try:
         while True:
             item = q.get()
@@ -107,9 +117,16 @@ def iter_line_blocks(
                 if isinstance(item, (EOFError, lzma.LZMAError, gzip.BadGzipFile, OSError, zlib.error)):
                     raise _read_error(item, where, fmt) from None
                 raise item
+            if skipping:  # the overlong line goes on: drop its bytes up to its end
+                end = item.find(b"\n")
+                if end < 0:
+                    continue
+                item, skipping = item[end:], False
             data = rest + item if rest else item
             cut = data.rfind(b"\n")
             if cut < 0:
+                if max_line_bytes is not None and len(data) > max_line_bytes:
+                    data, skipping = data[:max_line_bytes], True
                 rest = data
                 continue
             yield data[:cut]
@@ -179,9 +196,23 @@ def open_moses_zip(path: Path, lang_a: str, lang_b: str, *, where: str):
     return zf, found[lang_a], found[lang_b]
 
 
-def iter_moses_pairs(path: Path, lang_a: str, lang_b: str, *, where: str, batch: int = 50_000):
+def _capped_line(reader, cap: int | None) -> bytes:
+    """One line, of which at most ``cap`` bytes are kept (the rest is read past)."""
+    if cap is None:
+        return reader.readline()
+    line = reader.readline(cap)
+    if len(line) == cap and not line.endswith(b"\n"):
+        while (more := reader.readline(1 << 20)) and not more.endswith(b"\n"):
+            continue
+        line += b"\n"
+    return line
+
+
+def iter_moses_pairs(path: Path, lang_a: str, lang_b: str, *, where: str, batch: int = 50_000,
+                     max_line_bytes: int | None = None):
     """Yield (src_lines, tgt_lines) as lists of bytes, checking that both sides
-    have the same number of lines."""
+    have the same number of lines (longer lines than ``max_line_bytes`` are cut
+    to it, to be dropped as too long)."""
     zf, ma, mb = open_moses_zip(path, lang_a, lang_b, where=where)
     n = 0
     try:
@@ -190,7 +221,7 @@ def iter_moses_pairs(path: Path, lang_a: str, lang_b: str, *, where: str, batch:
             while True:
                 la, lb = [], []
                 for _ in range(batch):
-                    x, y = ra.readline(), rb.readline()
+                    x, y = _capped_line(ra, max_line_bytes), _capped_line(rb, max_line_bytes)
                     if not x or not y:
                         if x or y:
                             rest_a = n + len(la) + (1 if x else 0) + sum(1 for _ in ra)
