@@ -105,8 +105,11 @@ def _run(args) -> dict:
             raise XylentError("--until only goes with 'pipeline'", fix=f"xylent run pipeline --until {target}")
     elif args.until:
         find_stage(STAGES, args.until)
+    from flows.hygiene import own_prefect_server
     from flows.pipeline import pipeline
     from flows.registry import STAGE_FLOWS
+
+    own_prefect_server()
 
     kwargs = {"spec_file": args.spec, "workspace": args.workspace, "overrides": args.overrides}
     if target == "pipeline":
@@ -161,7 +164,7 @@ class _UserErrorsWithoutTraceback(logging.Filter):
         return True
 
 
-def _quiet_user_errors() -> None:
+def quiet_user_errors() -> None:
     filt = _UserErrorsWithoutTraceback()
     # MLflow's SQL store logs the database error with its traceback before raising it
     for name in ("prefect.task_runs", "prefect.flow_runs", "prefect", "mlflow.store.db.utils"):
@@ -175,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     # Prefect's telemetry heartbeat phones home and, on the ephemeral server,
     # races the first flow run for the sqlite database ("database is locked").
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    _quiet_user_errors()
+    quiet_user_errors()
     try:
         if args.command == "stages":
             width = max(len(s.name) for s in STAGES)

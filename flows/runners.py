@@ -18,9 +18,13 @@ def make_task_runner(cfg: RunnerConfig):
 
         return ThreadPoolTaskRunner(max_workers=cfg.max_workers)
     if cfg.kind == "processes":
+        import os
+
         from prefect.task_runners import ProcessPoolTaskRunner
 
-        return ProcessPoolTaskRunner(max_workers=cfg.max_workers)
+        from flows.hygiene import worker_init
+
+        return ProcessPoolTaskRunner(max_workers=cfg.max_workers, initializer=worker_init, initargs=(os.getpid(),))
     if cfg.kind == "dask":
         try:
             from prefect_dask import DaskTaskRunner

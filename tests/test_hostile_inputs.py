@@ -403,3 +403,46 @@ def test_a_download_whose_end_cannot_be_verified_is_a_warning(tmp_path, http_cor
     assert rc == 0, err
     (warning,) = json.loads(out)["stages"]["download"]["warnings"]
     assert "/en.txt: the server sent no length" in warning and "sha256" in warning
+
+
+def test_kill_9_of_the_cli_under_the_processes_runner_leaves_no_process_behind(tmp_path):
+    """Its own Prefect server (no PREFECT_API_URL, as on a user's machine), pool workers, their helpers."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    text = tmp_path / "en.txt"
+    text.write_text("".join(f"sentence {i} of a corpus big enough to keep prepare busy\n" for i in range(600_000)))
+    spec = write_spec(tmp_path / "spec.yaml", {
+        "name": "k9", "languages": ["en"], "runner": {"kind": "processes", "max_workers": 2},
+        "sources": [{"name": "loc", "kind": "local", "format": "text", "lang": "en", "path": str(text)}]})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    cli = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "prepare", "--spec", str(spec),
+                            "--workspace", str(tmp_path / "ws")], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[1])
+    deadline, family = time.time() + 120, []
+    while time.time() < deadline and cli.poll() is None:
+        family = psutil.Process(cli.pid).children(recursive=True)
+        if any("spawn_main" in " ".join(p.cmdline()) for p in family if p.is_running()):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the pool workers never started")
+    watchdogs = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and len(p.info["cmdline"]) >= 4
+                 and p.info["cmdline"][-2] == str(cli.pid)]
+    assert any("uvicorn" in " ".join(p.cmdline()) for p in family), "the CLI's own Prefect server is watched"
+    assert watchdogs, "a watchdog waits for the CLI"
+    cli.send_signal(signal.SIGKILL)
+    cli.wait()
+    left = family + watchdogs
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        if not left:
+            break
+        time.sleep(0.2)
+    assert not left, [" ".join(p.cmdline())[:120] for p in left]

@@ -1,0 +1,65 @@
+"""No process outlives the `xylent` that started it, even after kill -9.
+
+- The temporary Prefect server: Prefect starts one per process that has no
+  ``PREFECT_API_URL`` and stops it at exit, which a kill -9 skips.  The CLI
+  starts it itself, shares its URL with every worker it spawns (which would
+  each start another), and leaves a watchdog process that stops the server
+  when the CLI is gone.
+- Process-pool workers (``runner.kind: processes``) watch their parent and exit
+  when it is gone; they also drop a user error's traceback from their logs,
+  as the CLI does.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+_WATCHDOG = """
+import os, signal, sys, time
+import psutil
+parent, server = int(sys.argv[1]), int(sys.argv[2])
+while psutil.pid_exists(parent) and psutil.Process(parent).status() != psutil.STATUS_ZOMBIE:
+    time.sleep(0.5)
+try:
+    proc = psutil.Process(server)
+    proc.terminate()
+    proc.wait(10)
+except psutil.TimeoutExpired:
+    proc.kill()
+except psutil.NoSuchProcess:
+    pass
+"""
+
+
+def own_prefect_server() -> None:
+    """Start the temporary Prefect server now, when no API is configured."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()  # the instance Prefect's own client would start and use
+    server.start()
+    os.environ["PREFECT_API_URL"] = server.api_url  # inherited by pool workers: one server, not one each
+    subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(server.server_process.pid)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)  # not in our process group: a Ctrl-C reaches us, not it
+
+
+def _exit_with_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.2)
+    os._exit(1)  # the parent is gone (kill -9): nobody waits for this worker's results
+
+
+def worker_init(parent: int) -> None:
+    """Initializer of each process-pool worker."""
+    from flows.cli import quiet_user_errors
+
+    quiet_user_errors()
+    threading.Thread(target=_exit_with_parent, args=(parent,), name="exit-with-parent", daemon=True).start()
