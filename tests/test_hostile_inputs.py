@@ -424,20 +424,22 @@ def test_kill_9_of_the_cli_under_the_processes_runner_leaves_no_process_behind(t
     cli = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "prepare", "--spec", str(spec),
                             "--workspace", str(tmp_path / "ws")], env=env, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[1])
-    deadline, family = time.time() + 120, []
-    while time.time() < deadline and cli.poll() is None:
-        family = psutil.Process(cli.pid).children(recursive=True)
-        if any("spawn_main" in " ".join(p.cmdline()) for p in family if p.is_running()):
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the pool workers never started")
-    watchdogs = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and len(p.info["cmdline"]) >= 4
-                 and p.info["cmdline"][-2] == str(cli.pid)]
+    try:
+        deadline, family = time.time() + 120, []
+        while time.time() < deadline and cli.poll() is None:
+            family = psutil.Process(cli.pid).children(recursive=True)
+            if any("spawn_main" in " ".join(p.cmdline()) for p in family if p.is_running()):
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the pool workers never started")
+        watchdogs = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"]
+                     and len(p.info["cmdline"]) >= 4 and p.info["cmdline"][-2] == str(cli.pid)]
+    finally:
+        cli.send_signal(signal.SIGKILL)
+        cli.wait()
     assert any("uvicorn" in " ".join(p.cmdline()) for p in family), "the CLI's own Prefect server is watched"
     assert watchdogs, "a watchdog waits for the CLI"
-    cli.send_signal(signal.SIGKILL)
-    cli.wait()
     left = family + watchdogs
     deadline = time.time() + 30
     while time.time() < deadline:
