@@ -449,3 +449,26 @@ def test_kill_9_of_the_cli_under_the_processes_runner_leaves_no_process_behind(t
             break
         time.sleep(0.2)
     assert not left, [" ".join(p.cmdline())[:120] for p in left]
+
+
+def test_a_copied_workspace_logs_into_its_own_artifact_store_not_the_originals(tmp_path, run_cli):
+    import json
+    import shutil
+    import sqlite3
+
+    (tmp_path / "en.txt").write_text("".join(f"sentence {i}\n" for i in range(100)))
+    spec = write_spec(tmp_path / "spec.yaml", {"name": "c", "languages": ["en"], "sources": [
+        {"name": "loc", "kind": "url", "format": "text", "lang": "en", "url": (tmp_path / "en.txt").as_uri()}]})
+    first, copy = (tmp_path / "first_ws").resolve(), (tmp_path / "copy_ws").resolve()
+    assert run_cli("run", "download", "--spec", spec, "--workspace", first)[0] == 0
+    shutil.copytree(first, copy)
+    before = sorted(p for p in (first / "mlartifacts").rglob("*"))
+    rc, out, err = run_cli("run", "download", "--spec", spec, "--workspace", copy, "--force", "--json")
+    assert rc == 0, err
+    assert sorted(p for p in (first / "mlartifacts").rglob("*")) == before, "the original workspace is untouched"
+    run_id = json.loads(out)["stages"]["download"]["mlflow_run_id"]
+    assert list((copy / "mlartifacts").rglob(f"{run_id}/artifacts/_manifest.json")), "the copy's run logs here"
+    with sqlite3.connect(copy / "mlflow.db") as con:
+        locations = [r[0] for r in con.execute("SELECT artifact_uri FROM runs")]
+        locations += [r[0] for r in con.execute("SELECT artifact_location FROM experiments WHERE name = 'xylent'")]
+    assert locations and all(loc.startswith(copy.as_uri() + "/mlartifacts/") for loc in locations), locations

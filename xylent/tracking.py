@@ -8,6 +8,7 @@ One parent run per ``xylent run``; one nested run per stage (linked with the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -66,6 +67,34 @@ def owner_is_gone(tag: str) -> bool:
         return True
 
 
+# Where the workspace's own MLflow store writes paths: a copied or moved workspace rewrites them.
+_LOCATIONS = (("experiments", "artifact_location"), ("runs", "artifact_uri"), ("model_versions", "source"),
+              ("model_versions", "storage_location"), ("logged_models", "artifact_location"))
+
+
+def relocate_own_store(db: Path, artifact_root: Path) -> str | None:
+    """A workspace copied (or moved) with its ``mlflow.db`` still sends artifacts
+    to the original's ``mlartifacts/``; point every stored location at this one.
+    -> the old artifact root, when it was elsewhere."""
+    import sqlite3
+
+    if not db.exists():
+        return None
+    new = artifact_root.as_uri()
+    with contextlib.closing(sqlite3.connect(db, timeout=60)) as con, con:
+        rows = con.execute("SELECT artifact_location FROM experiments WHERE artifact_location LIKE 'file://%'")
+        olds = {loc.rsplit("/", 1)[0] for (loc,) in rows if loc.rsplit("/", 1)[0].endswith("/mlartifacts")}
+        olds.discard(new)
+        tables = {name for (name,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        for old in sorted(olds):
+            for table, column in _LOCATIONS:
+                if table in tables:
+                    pattern = old.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "/%"
+                    con.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
+                                f"WHERE {column} LIKE ? ESCAPE '\\'", (new, len(old) + 1, pattern))
+    return ", ".join(sorted(olds)) or None
+
+
 class Tracker:
     """Thin wrapper over ``MlflowClient`` bound to one tracking store and experiment."""
 
@@ -82,6 +111,13 @@ class Tracker:
         # MLflow logs its sqlite migrations at INFO on first use; they are noise to our users.
         logging.getLogger("alembic").setLevel(logging.WARNING)
         self.uri = tracking_uri
+        own_db = artifact_root.parent / "mlflow.db" if artifact_root is not None else None
+        if own_db is not None and tracking_uri == f"sqlite:///{own_db}":
+            moved_from = relocate_own_store(own_db, artifact_root)
+            if moved_from:
+                logging.getLogger(__name__).warning("this workspace's MLflow store was copied or moved from "
+                                                    "%s: its artifact locations now point to %s", moved_from,
+                                                    artifact_root)
         self.client = MlflowClient(tracking_uri=tracking_uri)
         try:
             exp = self.client.get_experiment_by_name(experiment)
