@@ -35,7 +35,7 @@ def apply_task(items, work, out, cfg):
 
 
 @stage_flow("dedup", description="exact and near-duplicate removal (MinHash LSH), bitext cleaning "
-            "(copies, ratio, hubs, lang-id)", version="1", reads=("dedup", "languages"), upstream=(prepare,))
+            "(copies, ratio, hubs, lang-id)", version="2", reads=("dedup", "languages"), upstream=(prepare,))
 def dedup(ctx: StageContext) -> StageOutcome:
     cfg = ctx.spec.dedup
     items = [p.as_dict() for p in layout.parts(ctx.upstream["prepare"])]

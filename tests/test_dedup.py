@@ -113,3 +113,28 @@ def test_signatures_estimate_jaccard_and_are_deterministic():
     other_seed = minhash_signatures([" ".join(a)], num_perm=1024, seed=2)
     assert not np.array_equal(sig[:1], other_seed)
     assert minhash_signatures([], num_perm=8).shape == (0, 8)
+
+
+def test_length_ratio_between_a_spaced_and_an_unspaced_language_compares_like_with_like():
+    """Thai has ~6 characters per English word: characters against words would flag nearly every good pair."""
+    import polars as pl
+
+    from tasks.dedup.bitext import length_outliers
+    from xylent.spec import DedupConfig
+
+    cfg = DedupConfig()
+    en = ["Save changes", "Delete the selected items", "Are you sure you want to log out of the site now?",
+          "Yes", "This field is required."]
+    th = ["บันทึกการเปลี่ยนแปลง", "ลบรายการที่เลือก", "คุณแน่ใจหรือไม่ว่าต้องการออกจากระบบเว็บไซต์ตอนนี้",
+          "ใช่", "ต้องกรอกช่องนี้"]
+    ok = length_outliers(pl.Series(en), pl.Series(th), "en", "th", "auto", cfg.char_languages, 3.0)
+    assert not ok.any(), "good translations are not length outliers"
+    words_vs_chars = [len(t) > 3 * len(e.split()) for e, t in zip(en, th)]
+    assert sum(words_vs_chars) >= 3, "the old rule (words against characters) flags most of them"
+    # a real outlier still is one: a one-word side against a long sentence
+    bad = length_outliers(pl.Series(en + ["OK"]), pl.Series(th + [th[2] * 3]), "en", "th", "auto",
+                          cfg.char_languages, 3.0)
+    assert bad.tolist() == [False] * 5 + [True]
+    # two spaced languages keep OpusFilter's word rule
+    assert length_outliers(pl.Series(["a b c d e f g"]), pl.Series(["x y"]), "en", "de", "auto",
+                           cfg.char_languages, 3.0).tolist() == [True]

@@ -23,7 +23,7 @@ from xylent.errors import XylentError
 from xylent.spec import DedupConfig
 from xylent.workspace import read_manifest
 
-from tasks.dedup.bitext import side_lengths
+from tasks.dedup.bitext import length_outliers
 from tasks.dedup.keys import normalize_expr
 from tasks.dedup.stats import BITEXT_REASONS, HUBS_FILE, STATS_FILE
 from tasks.prepare import layout
@@ -85,10 +85,8 @@ def _kept_evidence(dedup_dir: Path, pair: str, hub_min_sources: int, max_length_
     row["copy_rate"] = int((df["s"] == df["t"]).sum()) / n
     row["duplicate_rate"] = (n - df.select("src", "tgt").n_unique()) / n
     src_lang, tgt_lang = pair.split("-")
-    ls = side_lengths(df["src"], length_unit, src_lang, char_languages)
-    lt = side_lengths(df["tgt"], length_unit, tgt_lang, char_languages)
-    longer, shorter = np.maximum(ls, lt), np.maximum(np.minimum(ls, lt), 1)  # as dedup: an empty side counts as 1
-    row["length_outlier_rate"] = float(np.mean(longer > max_length_ratio * shorter))
+    row["length_outlier_rate"] = float(np.mean(length_outliers(df["src"], df["tgt"], src_lang, tgt_lang, length_unit,
+                                                               char_languages, max_length_ratio)))
     sides = {"src": _hub_side(df, "s", "t", "src", hub_min_sources, top_hubs),
              "tgt": _hub_side(df, "t", "s", "tgt", hub_min_sources, top_hubs)}
     side = "src" if sides["src"][:2] > sides["tgt"][:2] else "tgt"  # ties: the target, as the paper's hubs

@@ -39,6 +39,28 @@ def side_lengths(col: pl.Series, unit: str, lang: str, char_languages: list[str]
     return col.str.len_chars().to_numpy()
 
 
+def length_outliers(src: pl.Series, tgt: pl.Series, src_lang: str, tgt_lang: str, unit: str,
+                    char_languages: list[str], max_ratio: float) -> np.ndarray:
+    """Rows whose longer side is more than ``max_ratio`` times the shorter (an
+    empty side counts as 1).  Public: the audit's evidence uses the same rule.
+
+    ``auto`` with a side written without spaces (Thai, Chinese, Japanese ...):
+    counting its characters against the other side's words would flag most
+    good pairs (a Thai sentence has ~6 characters per English word), and even
+    characters against characters differ by script (Thai vs Chinese ~2.5), so
+    both sides count characters and their ratio is taken relative to the rows'
+    median ratio, the pair's own script density (as length-based sentence
+    aligners do).  Two spaced languages keep OpusFilter's word counts."""
+    if unit == "auto" and (src_lang in char_languages or tgt_lang in char_languages):
+        ls = np.maximum(side_lengths(src, "chars", src_lang, char_languages), 1).astype(float)
+        lt = np.maximum(side_lengths(tgt, "chars", tgt_lang, char_languages), 1).astype(float)
+        ratio = (ls / lt) / np.median(ls / lt) if len(ls) else ls
+        return np.maximum(ratio, 1 / np.maximum(ratio, 1e-12)) > max_ratio
+    ls = side_lengths(src, unit, src_lang, char_languages)
+    lt = side_lengths(tgt, unit, tgt_lang, char_languages)
+    return np.maximum(ls, lt) > max_ratio * np.maximum(np.minimum(ls, lt), 1)
+
+
 @lru_cache(maxsize=8)
 def _detector(codes: tuple[str, ...]):
     try:
@@ -89,9 +111,8 @@ def map_part(part: Path, part_idx: int, work: Path, cfg: DedupConfig, languages:
             sim = process.cpdist(norm["s"].to_list(), norm["t"].to_list(), scorer=fuzz.ratio, workers=1)
             flags["copy"] = np.asarray(sim) >= cfg.copy_threshold * 100
         if cfg.length_ratio:
-            ls = side_lengths(df["src"], cfg.length_unit, src_lang, cfg.char_languages)
-            lt = side_lengths(df["tgt"], cfg.length_unit, tgt_lang, cfg.char_languages)
-            flags["ratio"] = np.maximum(ls, lt) > cfg.max_length_ratio * np.maximum(np.minimum(ls, lt), 1)
+            flags["ratio"] = length_outliers(df["src"], df["tgt"], src_lang, tgt_lang, cfg.length_unit,
+                                             cfg.char_languages, cfg.max_length_ratio)
         if cfg.langid:
             flags["langid"] = (_langid_mismatch(df["src"], src_lang, languages, cfg)
                                | _langid_mismatch(df["tgt"], tgt_lang, languages, cfg))
