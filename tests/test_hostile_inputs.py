@@ -1,6 +1,9 @@
-"""Hostile but realistic inputs through the real CLI: each ends in exit 2, one
-message that says what, where and what to do, no traceback, and nothing written
-outside the workspace (issue 19's findings, one test each)."""
+"""The bad-input zoo: hostile but realistic inputs and faults through the real
+CLI (issue 19's findings, one test each).  Each ends in exit 2 with one message
+that says what, where and what to do, no traceback, nothing published and
+nothing written outside the workspace; and no case leaves a process behind.
+They share the session's Prefect server and a loopback HTTP server; a full
+disk and a read-only workspace are made in a user+mount namespace."""
 
 from __future__ import annotations
 
@@ -11,6 +14,26 @@ import pytest
 from conftest import write_spec
 
 ENTRIES = [{"msgid": "Hello", "msgstr": "Hallo"}, {"msgid": "World", "msgstr": "Welt"}]
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+    """Every case here, failing or not, ends with no process of ours still running."""
+    import time
+
+    import psutil
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    yield
+    deadline = time.time() + 15
+    while True:
+        left = [p for p in me.children(recursive=True) if p.pid not in before and p.is_running()
+                and p.status() != psutil.STATUS_ZOMBIE]
+        if not left or time.time() > deadline:
+            break
+        time.sleep(0.2)
+    assert not left, f"processes left behind: {[' '.join(p.cmdline())[:100] for p in left]}"
 
 
 def _gettext_spec(tmp_path: Path, package: str, **source) -> Path:
@@ -472,3 +495,19 @@ def test_a_copied_workspace_logs_into_its_own_artifact_store_not_the_originals(t
         locations = [r[0] for r in con.execute("SELECT artifact_uri FROM runs")]
         locations += [r[0] for r in con.execute("SELECT artifact_location FROM experiments WHERE name = 'xylent'")]
     assert locations and all(loc.startswith(copy.as_uri() + "/mlartifacts/") for loc in locations), locations
+
+
+def test_a_user_error_in_a_pool_worker_is_one_message(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "de-en.tsv").write_text("".join(f"Satz {i} sentence {i}\n" for i in range(100)))
+    spec = write_spec(tmp_path / "spec.yaml", {"name": "p", "languages": ["de", "en"],
+                                               "runner": {"kind": "processes", "max_workers": 2},
+                                               "sources": [{"name": "bt", "kind": "local", "format": "tsv",
+                                                            "pair": "de-en", "path": str(tmp_path / "de-en.tsv")}]})
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", "prepare", "--spec", str(spec), "--workspace",
+                           str(tmp_path / "ws")], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                          text=True, timeout=300)  # the workers write to the same stderr, which capsys cannot see
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    assert "xylent: error: 100 of 100 lines" in proc.stderr and "Starting temporary server" not in proc.stderr
