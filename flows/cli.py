@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import traceback
 from pathlib import Path
 
+from flows.hygiene import quiet_user_errors
 from flows.registry import STAGE_NAMES, STAGES
 from xylent.errors import XylentError, environment_error
 from xylent.stage import find_stage, stage_fingerprints, workspace_for
@@ -151,26 +151,6 @@ def _where(result: dict, args) -> list[str]:
         lines.append(f"Prefect:  flow run {fr}" + (f" at {url}" if url else
                      " (recorded in the local Prefect database; `prefect server start` shows it in the UI)"))
     return lines
-
-
-class _UserErrorsWithoutTraceback(logging.Filter):
-    """Prefect logs a failed task's traceback; for a user error the message is enough."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if isinstance(exc, XylentError) or (exc is not None and environment_error(exc) is not None):
-            record.exc_info = None
-            record.exc_text = None
-        return True
-
-
-def quiet_user_errors() -> None:
-    filt = _UserErrorsWithoutTraceback()
-    # MLflow's SQL store logs the database error with its traceback before raising it
-    for name in ("prefect.task_runs", "prefect.flow_runs", "prefect", "mlflow.store.db.utils"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _UserErrorsWithoutTraceback) for f in logger.filters):
-            logger.addFilter(filt)
 
 
 def main(argv: list[str] | None = None) -> int:

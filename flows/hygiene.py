@@ -6,17 +6,21 @@
   each start another), and leaves a watchdog process that stops the server
   when the CLI is gone.
 - Process-pool workers (``runner.kind: processes``) watch their parent and exit
-  when it is gone; they also drop a user error's traceback from their logs,
-  as the CLI does.
+  when it is gone.
+- Logs: a user error (or a full disk) is its message, without the traceback
+  Prefect and MLflow would print, in the CLI and in every worker.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 import threading
 import time
+
+from xylent.errors import XylentError, environment_error
 
 _WATCHDOG = """
 import os, signal, sys, time
@@ -33,6 +37,26 @@ except psutil.TimeoutExpired:
 except psutil.NoSuchProcess:
     pass
 """
+
+
+class _UserErrorsWithoutTraceback(logging.Filter):
+    """Prefect logs a failed task's traceback; for a user error the message is enough."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, XylentError) or (exc is not None and environment_error(exc) is not None):
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def quiet_user_errors() -> None:
+    filt = _UserErrorsWithoutTraceback()
+    # MLflow's SQL store logs the database error with its traceback before raising it
+    for name in ("prefect.task_runs", "prefect.flow_runs", "prefect", "mlflow.store.db.utils"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _UserErrorsWithoutTraceback) for f in logger.filters):
+            logger.addFilter(filt)
 
 
 def own_prefect_server() -> None:
@@ -59,7 +83,5 @@ def _exit_with_parent(parent: int) -> None:
 
 def worker_init(parent: int) -> None:
     """Initializer of each process-pool worker."""
-    from flows.cli import quiet_user_errors
-
     quiet_user_errors()
     threading.Thread(target=_exit_with_parent, args=(parent,), name="exit-with-parent", daemon=True).start()
