@@ -23,17 +23,22 @@ def no_process_left_behind():
 
     import psutil
 
+    def alive(p) -> str | None:
+        try:
+            return None if p.status() == psutil.STATUS_ZOMBIE else " ".join(p.cmdline())[:100]
+        except psutil.Error:
+            return None
+
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     yield
     deadline = time.time() + 15
     while True:
-        left = [p for p in me.children(recursive=True) if p.pid not in before and p.is_running()
-                and p.status() != psutil.STATUS_ZOMBIE]
+        left = [cmd for p in me.children(recursive=True) if p.pid not in before and (cmd := alive(p)) is not None]
         if not left or time.time() > deadline:
             break
         time.sleep(0.2)
-    assert not left, f"processes left behind: {[' '.join(p.cmdline())[:100] for p in left]}"
+    assert not left, f"processes left behind: {left}"
 
 
 def _gettext_spec(tmp_path: Path, package: str, **source) -> Path:
@@ -447,18 +452,24 @@ def test_kill_9_of_the_cli_under_the_processes_runner_leaves_no_process_behind(t
     cli = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", "prepare", "--spec", str(spec),
                             "--workspace", str(tmp_path / "ws")], env=env, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[1])
+    def cmd(p) -> str:
+        try:
+            return " ".join(p.cmdline())
+        except psutil.Error:  # gone, or a zombie in between
+            return ""
+
     try:
         deadline, family = time.time() + 120, []
         while time.time() < deadline and cli.poll() is None:
             family = psutil.Process(cli.pid).children(recursive=True)
-            if any("spawn_main" in " ".join(p.cmdline()) for p in family if p.is_running()):
+            if any("spawn_main" in cmd(p) for p in family):
                 break
             time.sleep(0.1)
         else:
             pytest.fail("the pool workers never started")
         watchdogs = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"]
                      and len(p.info["cmdline"]) >= 4 and p.info["cmdline"][-2] == str(cli.pid)]
-        servers = [p for p in family if "uvicorn" in " ".join(p.cmdline())]
+        servers = [p for p in family if "uvicorn" in cmd(p)]
     finally:
         cli.send_signal(signal.SIGKILL)
         cli.wait()
@@ -471,7 +482,7 @@ def test_kill_9_of_the_cli_under_the_processes_runner_leaves_no_process_behind(t
         if not left:
             break
         time.sleep(0.2)
-    assert not left, [" ".join(p.cmdline())[:120] for p in left]
+    assert not left, [cmd(p)[:120] for p in left]
 
 
 def test_a_copied_workspace_logs_into_its_own_artifact_store_not_the_originals(tmp_path, run_cli):
