@@ -121,12 +121,22 @@ def _print_summary(result: dict, *, ran: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from flows.run_record import headline
+
     console = Console()
-    table = Table("stage", "state", "fingerprint", "output", "MLflow run")
+    table = Table("stage", "state", "time", "headline", "fingerprint")
     for name, r in result["stages"].items():
-        state = ("cached" if r["cached"] else ("done" if ran else "missing"))
-        table.add_row(name, state, r["fingerprint"], r["output_dir"], r.get("mlflow_run_id") or "-")
+        manifest = read_manifest(Path(r["output_dir"])) or {}
+        state = "cached" if r["cached"] else ("done" if ran else "missing")
+        took = f"{manifest['seconds']:.1f} s" if manifest.get("seconds") is not None and not r["cached"] else "-"
+        numbers = "  ".join(f"{k.rsplit('/', 1)[-1] if '/' in k else k} {_short(v)}"
+                            for k, v in list(headline(name, manifest.get("metrics", {})).items())[:3])
+        table.add_row(name, state, took, numbers or "-", r["fingerprint"][:16])
     console.print(table)
+    # what a user copies is printed whole, below the table, never cut to the terminal's width
+    for name, r in result["stages"].items():
+        run = r.get("mlflow_run_id") or "-"
+        console.print(f"  {name:<9} {r['output_dir']}  (MLflow run {run})", highlight=False, soft_wrap=True)
     for name, r in result["stages"].items():
         for w in r.get("warnings", []):
             console.print(f"[bold yellow]warning[/] ({name}): {w}", highlight=False, soft_wrap=True)
@@ -135,16 +145,24 @@ def _print_summary(result: dict, *, ran: bool) -> None:
             console.print(line, highlight=False, soft_wrap=True)
 
 
+def _short(v: float) -> str:
+    if abs(v) >= 1e6:
+        return f"{v / 1e6:.1f}M"
+    if abs(v) >= 1e4:
+        return f"{v / 1e3:.0f}k"
+    return f"{v:.4g}"
+
+
 def _where(result: dict, args) -> list[str]:
     from xylent.spec import load_spec
-    from xylent.tracking import tracking_uri_for
+    from xylent.tracking import how_to_view, tracking_uri_for
 
     spec = load_spec(args.spec, args.overrides)
     ws = workspace_for(spec, args.workspace)
     uri = tracking_uri_for(ws.root, spec.tracking.tracking_uri)
     lines = [f"outputs:  {ws.root}"]
     lines.append(f"MLflow:   parent run {result['mlflow_parent_run_id']} in experiment '{spec.tracking.experiment}' "
-                 f"({uri}); see it with: mlflow ui --backend-store-uri {uri}")
+                 f"({uri}); to see it, {how_to_view(uri)}")
     fr = result.get("prefect_flow_run_id")
     if fr:
         url = result.get("prefect_flow_run_url")

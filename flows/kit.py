@@ -23,10 +23,11 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, State
 
 import xylent
+from flows.run_record import effective_params, headline, log_stage_inputs, run_name, source_tags
 from xylent.errors import XylentError, environment_error
 from xylent.spec import Spec, load_spec
 from xylent.stage import StageContext, StageDef, StageOutcome, stage_fingerprints, workspace_for
-from xylent.tracking import Tracker, tracking_uri_for
+from xylent.tracking import Tracker, artifact_root_for, tracking_uri_for
 from xylent.workspace import Workspace, read_manifest, verified_manifest
 
 __all__ = ["Invocation", "StageContext", "StageOutcome", "stage_flow"]
@@ -75,25 +76,30 @@ class Invocation:
 
     @classmethod
     def open(cls, spec_file: str, workspace: str | None, overrides: list[str] | None,
-             parent_run_id: str | None, name: str, flows: list) -> "Invocation":
-        """``flows``: the stage flows this invocation runs (their upstream stages are added)."""
+             parent_run_id: str | None, name: str, flows: list, until: str | None = None) -> "Invocation":
+        """``flows``: the stage flows this invocation runs (their upstream stages are added);
+        ``until``: the last of them it builds (default: the last one)."""
         spec = load_spec(spec_file, overrides or [])
         ws = workspace_for(spec, workspace)
         ws.ensure_writable()
         uri = tracking_uri_for(ws.root, spec.tracking.tracking_uri)
-        tracker = Tracker(uri, spec.tracking.experiment, artifact_root=ws.root / "mlartifacts", workspace=ws.root)
+        tracker = Tracker(uri, spec.tracking.experiment, artifact_root=artifact_root_for(ws.root, uri),
+                          workspace=ws.root)
         tracker.end_orphaned_runs()  # runs of invocations killed with -9 would say RUNNING forever
+        chain = lineage(flows)
+        fingerprints = stage_fingerprints((f.stage for f in chain), spec, ws)
         owns = parent_run_id is None
         if owns:
+            last = until or flows[-1].stage.name  # what the invocation builds, named by its fingerprint
             parent_run_id = tracker.start_run(
-                f"{spec.name}:{name}",
+                run_name(spec, name, fingerprints.get(last), overrides),
                 tags={"xylent.spec": str(Path(spec_file).resolve()), "xylent.target": name,
-                      "xylent.workspace": str(ws.root), **_prefect_tags()},
+                      "xylent.workspace": str(ws.root), **source_tags(spec_file), **_prefect_tags()},
                 params={"spec": spec.dump(), "overrides": " ".join(overrides or [])},
             )
-        chain = lineage(flows)
-        return cls(spec, spec_file, list(overrides or []), ws, tracker, parent_run_id, owns,
-                   stage_fingerprints((f.stage for f in chain), spec, ws), {f.stage.name: f for f in chain})
+            tracker.log_artifact(parent_run_id, Path(spec_file))
+        return cls(spec, spec_file, list(overrides or []), ws, tracker, parent_run_id, owns, fingerprints,
+                   {f.stage.name: f for f in chain})
 
     def flow_kwargs(self) -> dict:
         return {"spec_file": self.spec_file, "workspace": str(self.ws.root), "overrides": self.overrides,
@@ -102,6 +108,7 @@ class Invocation:
     def finish(self, ok: bool) -> None:
         if self.owns_parent:
             if ok:
+                self.tracker.log_metrics(self.parent_run_id, self.headlines())
                 self.tracker.end_run(self.parent_run_id)
             else:
                 self.tracker.end_failed_run(self.parent_run_id)
@@ -110,6 +117,25 @@ class Invocation:
         """Take the stages a (sub)flow reports; the first report of a stage is what this run did."""
         for name, r in result["stages"].items():
             self.results.setdefault(name, r)
+
+    def headlines(self) -> dict[str, float]:
+        """Each stage's headline numbers (``pretrain.final.trtd/discriminator_loss`` ...), built or cached."""
+        out = {}
+        for name, r in self.results.items():
+            manifest = read_manifest(Path(r["output_dir"])) or {}
+            out.update({f"{name}.{k}": v for k, v in headline(name, manifest.get("metrics", {})).items()})
+        return out
+
+    def upstream_chain(self, stage: StageDef) -> dict[str, str]:
+        """Every stage ``stage`` reads, directly or not -> its fingerprint."""
+        out: dict[str, str] = {}
+        todo = list(stage.upstream_of(self.spec))
+        while todo:
+            up = todo.pop()
+            if up not in out:
+                out[up] = self.fingerprints[up]
+                todo.extend(self.flows[up].stage.upstream_of(self.spec))
+        return out
 
     def result(self) -> dict:
         return {"stages": self.results, "mlflow_parent_run_id": self.parent_run_id,
@@ -171,23 +197,27 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
     fp = inv.fingerprints[stage.name]
     out = inv.ws.output_dir(stage.name, fp)
     config = stage.spec_slice(inv.spec, inv.ws)
-    tags = {"xylent.stage": stage.name, "xylent.fingerprint": fp, "xylent.output_dir": str(out), **_prefect_tags()}
+    params = effective_params(inv.spec, fp, inv.upstream_chain(stage))
+    name = run_name(inv.spec, stage.name, fp)
+    tags = {"xylent.stage": stage.name, "xylent.fingerprint": fp, "xylent.output_dir": str(out),
+            **source_tags(inv.spec_file), **_prefect_tags()}
     with inv.ws.lock():
         upstream = inv.upstream_dirs(stage)
         manifest = read_manifest(out) if force else verified_manifest(out, stage.name)
         if manifest is not None and not force:
+            # a link to the run that built the output, not a copy of its metrics (which would pile up columns)
             run_id = inv.tracker.start_run(
-                stage.name, parent_run_id=inv.parent_run_id, params=config,
+                f"{name} (cached)", parent_run_id=inv.parent_run_id, params=params,
                 tags={**tags, "xylent.cached": "true", "xylent.output_run_id": manifest.get("mlflow_run_id") or ""},
             )
-            inv.tracker.log_metrics(run_id, manifest.get("metrics", {}))
             inv.tracker.end_run(run_id)
             result = _result(out, manifest, cached=True)
             inv.results[stage.name] = result
             return Completed(name="Cached", message=f"{stage.name} output {fp} is up to date", data=result)
 
-        run_id = inv.tracker.start_run(stage.name, parent_run_id=inv.parent_run_id, params=config,
+        run_id = inv.tracker.start_run(name, parent_run_id=inv.parent_run_id, params=params,
                                        tags={**tags, "xylent.cached": "false"})
+        log_stage_inputs(inv.tracker.client, run_id, {u: (d, inv.fingerprints[u]) for u, d in upstream.items()})
         started = time.time()
         try:
             with inv.ws.building(out) as tmp:

@@ -15,7 +15,8 @@ def pipeline(spec_file: str, workspace: str | None = None, overrides: list[str] 
     """Run every stage in pipeline order (or every stage up to and including ``until``); cached
     stages are skipped."""
     last = STAGE_NAMES.index(find_stage(STAGES, until).name) if until else len(STAGE_NAMES) - 1
-    inv = Invocation.open(spec_file, workspace, overrides, mlflow_parent_run_id, "pipeline", STAGE_FLOWS)
+    inv = Invocation.open(spec_file, workspace, overrides, mlflow_parent_run_id, "pipeline", STAGE_FLOWS,
+                          until=STAGE_NAMES[last])
     ok = False
     try:
         with inv.ws.lock():

@@ -98,7 +98,8 @@ def pretrain(ctx: StageContext) -> StageOutcome:
         **({"init": init["source"]} if init else {})})
     if result.resumed_from_step:
         publish.backfill(tracker.client, ctx.run_id, rows, result.resumed_from_step)
-    model_uri, version = publish.register_model(tracker, ctx.run_id, ctx.out / publish.MODEL_DIR, name, ckdir)
+    model_uri, version = publish.register_model(tracker, ctx.run_id, ctx.out / publish.MODEL_DIR, name, ckdir,
+                                                step=p.steps)
     metrics = publish.summary_metrics(rows, n_params, sum(v.numel() for v in enc_state.values()))
     summary = publish.summary(metrics, p, cfg, enc_cfg, f"{name} v{version}", model_uri, result.resumed_from_step)
     if init:

@@ -22,6 +22,25 @@ def tracking_uri_for(workspace_root: Path, configured: str | None = None) -> str
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{workspace_root}/mlflow.db"
 
 
+def is_server(uri: str) -> bool:
+    """A tracking server (its own artifact store, a UI of its own), not a local database or folder."""
+    return uri.split(":", 1)[0].lower() in ("http", "https", "databricks", "databricks-uc")
+
+
+def artifact_root_for(workspace_root: Path, uri: str) -> Path | None:
+    """Where a new experiment keeps its artifacts: the workspace's ``mlartifacts/``
+    for a local store; a server's own store (proxied ``mlflow-artifacts:`` or its
+    default root) otherwise, so teammates can open them."""
+    return None if is_server(uri) else workspace_root / "mlartifacts"
+
+
+def how_to_view(uri: str) -> str:
+    """The command or address that shows a store's runs."""
+    if is_server(uri):
+        return f"open {uri}"
+    return f"run `mlflow ui --backend-store-uri {uri}` first"
+
+
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested spec slice -> MLflow params (``a.b.c`` keys, values cut to MLflow's limit)."""
     out: dict[str, str] = {}
@@ -66,6 +85,9 @@ def owner_is_gone(tag: str) -> bool:
     except psutil.NoSuchProcess:
         return True
 
+
+# MLflow's UI opens an experiment without this tag in its GenAI view; ours train models.
+EXPERIMENT_KIND = "mlflow.experimentKind"
 
 # Where the workspace's own MLflow store writes paths: a copied or moved workspace rewrites them.
 _LOCATIONS = (("experiments", "artifact_location"), ("runs", "artifact_uri"), ("model_versions", "source"),
@@ -125,9 +147,12 @@ class Tracker:
                 self.experiment_id = self.client.create_experiment(
                     experiment,
                     artifact_location=(artifact_root / experiment).as_uri() if artifact_root else None,
+                    tags={EXPERIMENT_KIND: "custom_model_development"},
                 )
             else:
                 self.experiment_id = exp.experiment_id
+                if EXPERIMENT_KIND not in exp.tags:
+                    self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND, "custom_model_development")
         except mlflow.exceptions.MlflowException as exc:
             raise XylentError(
                 f"cannot use the MLflow tracking store: {exc}",
@@ -220,10 +245,8 @@ class Tracker:
     def run_url(self, run_id: str) -> str:
         """The run's page: on the tracking server, or where ``mlflow ui`` serves a
         local store by default."""
-        base = self.uri.rstrip("/") if self.uri.startswith("http") else "http://127.0.0.1:5000"
+        base = self.uri.rstrip("/") if is_server(self.uri) else "http://127.0.0.1:5000"
         return f"{base}/#/experiments/{self.experiment_id}/runs/{run_id}"
 
     def how_to_view(self) -> str:
-        if self.uri.startswith("http"):
-            return f"open {self.uri}"
-        return f"run `mlflow ui --backend-store-uri {self.uri}` first"
+        return how_to_view(self.uri)

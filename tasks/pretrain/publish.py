@@ -86,9 +86,10 @@ def export_run(cfg: TrainConfig, ckdir: Path, upstream: dict[str, Path], out: Pa
     return rows, enc_state, enc_cfg, n_params
 
 
-def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Path) -> tuple[str, int]:
-    """Log the exported model to the stage's MLflow run (a pyfunc: texts -> embeddings) and
-    register it; returns (model URI, registered version).
+def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Path, step: int = 0) -> tuple[str, int]:
+    """Log the exported model as an MLflow logged model (a pyfunc: texts -> embeddings),
+    the output of the stage's run (the Models column), and register it; returns
+    (model URI, registered version).
 
     Everything goes through the tracker's client with the run id: MLflow's fluent API
     (set_tracking_uri, start_run, log_model) is process-global and would redirect every
@@ -102,16 +103,22 @@ def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Pa
     mlflow.pyfunc.save_model(path=str(local), python_model=EncoderPyfunc(), artifacts={"model": str(model_dir)},
                              code_paths=[str(REPO / "models")],
                              pip_requirements=["torch", "sentencepiece", "safetensors"])
+    from mlflow.entities import LoggedModelOutput
+
     client = tracker.client
-    client.log_artifacts(run_id, str(local), "model")
+    logged = client.create_logged_model(tracker.experiment_id, name="encoder", source_run_id=run_id,
+                                        model_type="xylent-encoder")
+    client.log_model_artifacts(logged.model_id, str(local))
+    client.finalize_logged_model(logged.model_id, "READY")
+    client.log_outputs(run_id, models=[LoggedModelOutput(logged.model_id, step=step)])
     shutil.rmtree(local, ignore_errors=True)
     try:
         client.create_registered_model(name, description="xylent encoders (embeddings + discriminator)")
     except MlflowException as exc:
         if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
             raise
-    source = f"{client.get_run(run_id).info.artifact_uri}/model"
-    version = client.create_model_version(name, source, run_id=run_id)
+    # the logged model's own location: a models:/<id> source would be looked up in the process-global store
+    version = client.create_model_version(name, logged.artifact_location, run_id=run_id, model_id=logged.model_id)
     return f"models:/{name}/{version.version}", int(version.version)
 
 

@@ -1,0 +1,82 @@
+"""What an MLflow run records so that two runs compare on what changed: names
+that carry the spec and the fingerprint, the full effective configuration (the
+whole spec, model presets resolved, and the fingerprints of every upstream
+stage), the source (git commit, spec file), the stage outputs it read as MLflow
+dataset inputs, and headline numbers for the parent run."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+from xylent.spec import Spec
+
+# per stage, the metrics that say how it went at a glance (parent run, closing table)
+_HEADLINES = {
+    "download": r"bytes|files",
+    "prepare": r"(mono|bitext)\.rows",
+    "dedup": r"(mono|bitext)\.out",
+    "vocab": r"vocab_size",
+    "sampling": r"entropy\.star",
+    "shards": r"(mrtd|trtd)\.tokens",
+    "pretrain": r"final\.\w+/(generator|discriminator)_loss|final\.\w+/discriminator_base_loss|loss_final",
+    "evaluate": r"eval/[^/]+/avg",
+    "audit": r"pairs|.*q_final_max.*",
+}
+
+
+def headline(stage: str, metrics: dict) -> dict[str, float]:
+    pattern = re.compile(_HEADLINES.get(stage, r"(?!)"))
+    return {k: v for k, v in sorted(metrics.items()) if pattern.fullmatch(k) and v is not None}
+
+
+def run_name(spec: Spec, target: str, fingerprint: str | None, overrides: list[str] | None = None) -> str:
+    """``demo:pretrain 3f9a1c2e [sampling.temperature=5]``: what ran, on what, changed how."""
+    name = f"{spec.name}:{target}" + (f" {fingerprint[:8]}" if fingerprint else "")
+    if overrides:
+        shown = " ".join(overrides)
+        name += f" [{shown if len(shown) <= 80 else shown[:77] + '...'}]"
+    return name
+
+
+def effective_params(spec: Spec, fingerprint: str, upstream: dict[str, str]) -> dict:
+    """The whole spec as it ran (a changed upstream knob shows in every later stage's
+    run), the model's preset resolved to numbers, and the upstream fingerprints."""
+    from models.config import preset
+
+    params = spec.dump()
+    body = preset(spec.model.size, **spec.model.overrides()).to_dict()
+    params["model"] = {"size": spec.model.size, **{k: v for k, v in body.items()
+                                                   if isinstance(v, (int, float, str, bool))}}
+    return {**params, "fingerprint": fingerprint, "upstream": dict(sorted(upstream.items()))}
+
+
+def source_tags(spec_file: str) -> dict[str, str]:
+    """MLflow's own source tags (shown in its UI): the spec file and the code's git commit."""
+    repo = Path(__file__).resolve().parents[1]
+    tags = {"mlflow.source.name": str(Path(spec_file).resolve()), "mlflow.source.type": "LOCAL"}
+    try:
+        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return tags  # not a git checkout (an installed package): the xylent version is in the manifests
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+        tags["xylent.git_dirty"] = str(bool(dirty)).lower()
+    return tags
+
+
+def log_stage_inputs(client, run_id: str, upstream: dict[str, tuple[Path, str]]) -> None:
+    """Each upstream stage output a stage read, as an MLflow dataset input
+    (name = the stage, digest = its fingerprint, source = its folder)."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    if not upstream:
+        return
+    inputs = [DatasetInput(Dataset(name=stage, digest=fp[:36], source_type="local", source=str(out)),
+                           tags=[InputTag("mlflow.data.context", "training" if stage == "shards" else stage)])
+              for stage, (out, fp) in sorted(upstream.items())]
+    client.log_inputs(run_id, datasets=inputs)

@@ -1,0 +1,157 @@
+"""A team's MLflow: a real `mlflow server --serve-artifacts` on 127.0.0.1, and two
+pretrain runs that differ by one upstream knob, compared as a user would in
+its UI ("show diff only")."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "data_specs" / "demo.yaml"
+TINY = ["--set", "pretrain.steps=10", "--set", "pretrain.checkpoint_every=10", "--set", "pretrain.batch_size=16",
+        "--set", "pretrain.trtd_max_tokens=1024", "--set", "pretrain.warmup_steps=2", "--set", "pretrain.log_every=5",
+        "--set", "pretrain.system_metrics=false"]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A tracking server that proxies artifacts to its own store (as a team runs it)."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                             "--backend-store-uri", f"sqlite:///{root}/store.db", "--serve-artifacts",
+                             "--artifacts-destination", str(root / "artifacts"), "--workers", "1"],
+                            stdout=subprocess.DEVNULL, stderr=(root / "server.log").open("w"))
+    uri = f"http://127.0.0.1:{port}"
+    import requests
+
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            if requests.get(f"{uri}/health", timeout=2).ok:
+                break
+        except requests.ConnectionError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}")
+    yield uri, root / "artifacts"
+    proc.terminate()
+    proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def two_runs(mlflow_server, demo_run, tmp_path_factory):
+    """pretrain twice on the demo's data, the second with sampling.temperature changed, then once more (cached)."""
+    import contextlib
+    import io
+
+    from flows.cli import main
+
+    uri, _ = mlflow_server
+    ws = tmp_path_factory.mktemp("team") / "ws"
+    ws.mkdir()
+    for stage in ("download", "prepare", "dedup", "vocab", "shards"):  # sampling is rebuilt here: it changes
+        (ws / stage).symlink_to(Path(demo_run[1]) / stage, target_is_directory=True)
+
+    def run(*extra):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = main(["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), "--json", *TINY,
+                       "--set", f"tracking.tracking_uri={uri}", "--set", "tracking.experiment=team", *extra])
+        assert rc == 0
+        return json.loads(buf.getvalue())
+
+    return run(), run("--set", "sampling.temperature=2.0"), run("--set", "sampling.temperature=2.0"), ws
+
+
+def _client(uri):
+    from mlflow import MlflowClient
+
+    return MlflowClient(uri)
+
+
+def test_artifacts_and_the_registered_model_live_on_the_server(mlflow_server, two_runs, tmp_path):
+    import mlflow.pyfunc
+
+    uri, store = mlflow_server
+    first, _, _, ws = two_runs
+    client = _client(uri)
+    exp = client.get_experiment_by_name("team")
+    assert exp.artifact_location.startswith("mlflow-artifacts:"), exp.artifact_location
+    assert exp.tags.get("mlflow.experimentKind") == "custom_model_development", "not the GenAI view"
+    assert not (ws / "mlartifacts").exists(), "nothing goes to a local artifact root when the store is a server"
+    run_id = first["stages"]["pretrain"]["mlflow_run_id"]
+    names = {a.path for a in client.list_artifacts(run_id)}
+    assert {"_manifest.json", "loss_curves.png"} <= names, names
+    got = Path(client.download_artifacts(run_id, "_manifest.json", str(tmp_path)))
+    local = Path(first["stages"]["pretrain"]["output_dir"]) / "_manifest.json"
+    assert got.read_bytes() == local.read_bytes()
+    assert list(store.rglob("_manifest.json")), "the server's own artifact store holds them"
+    # the encoder: a logged model (the Models column) and a registered version, served from the server
+    models = client.search_logged_models([exp.experiment_id])
+    mine = [m for m in models if m.source_run_id == run_id]
+    assert len(mine) == 1 and str(mine[0].status).endswith("READY") and mine[0].name == "encoder"
+    assert [o.model_id for o in client.get_run(run_id).outputs.model_outputs] == [mine[0].model_id]
+    version = next(v for v in client.search_model_versions("name='xylent-demo'") if v.run_id == run_id)
+    mlflow.set_tracking_uri(uri)
+    try:
+        served = mlflow.pyfunc.load_model(f"models:/xylent-demo/{version.version}", dst_path=str(tmp_path / "m"))
+        emb = served.predict(["Hello world", "Hallo Welt"])
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert len(emb) == 2 and len(emb[0]) == 64
+
+
+def test_two_runs_differ_by_the_changed_upstream_knob_and_nothing_else(mlflow_server, two_runs):
+    uri, _ = mlflow_server
+    first, second, _, _ = two_runs
+    client = _client(uri)
+
+    def diff(a: str, b: str) -> dict:
+        pa, pb = client.get_run(a).data.params, client.get_run(b).data.params
+        return {k: (pa.get(k), pb.get(k)) for k in set(pa) | set(pb) if pa.get(k) != pb.get(k)}
+
+    runs = [{s: r["mlflow_run_id"] for s, r in inv["stages"].items()} for inv in (first, second)]
+    d = diff(runs[0]["pretrain"], runs[1]["pretrain"])
+    assert d["sampling.temperature"][1] == "2.0", d
+    assert "upstream.sampling" in d and "fingerprint" in d
+    assert not {k for k in d if not k.startswith(("sampling.", "upstream.sampling", "fingerprint"))}, d
+    d = diff(runs[0]["sampling"], runs[1]["sampling"])
+    assert "sampling.temperature" in d, "the stage run of the changed stage shows it too"
+    pretrain = client.get_run(runs[1]["pretrain"])
+    assert pretrain.data.params["model.hidden"] == "64" and pretrain.data.params["model.layers"] == "2"
+    assert pretrain.info.run_name.startswith("demo:pretrain ") and second["stages"]["pretrain"]["fingerprint"][:8] \
+        in pretrain.info.run_name
+    assert pretrain.data.tags.get("mlflow.source.git.commit") and pretrain.data.tags["mlflow.source.name"] \
+        .endswith("demo.yaml")
+    inputs = {d.dataset.name: d.dataset.digest for d in pretrain.inputs.dataset_inputs}
+    assert set(inputs) == {"vocab", "sampling", "shards"}
+    assert inputs["sampling"] == second["stages"]["sampling"]["fingerprint"][:36]
+    parent = client.get_run(second["mlflow_parent_run_id"])
+    assert "sampling.temperature=2.0" in parent.info.run_name
+    assert any(k.startswith("pretrain.final.") and k.endswith("discriminator_loss") for k in parent.data.metrics)
+
+
+def test_a_cached_rerun_links_to_its_run_and_adds_no_metrics(mlflow_server, two_runs):
+    uri, _ = mlflow_server
+    _, second, third, _ = two_runs
+    client = _client(uri)
+    cached = third["stages"]["pretrain"]
+    assert cached["cached"] and cached["mlflow_run_id"] == second["stages"]["pretrain"]["mlflow_run_id"]
+    children = client.search_runs([client.get_experiment_by_name("team").experiment_id],
+                                  f"tags.mlflow.parentRunId = '{third['mlflow_parent_run_id']}'")
+    assert children and all(r.data.tags["xylent.cached"] == "true" for r in children)
+    assert all(not r.data.metrics for r in children), "no copies of the metrics"
+    link = next(r for r in children if r.data.tags["xylent.stage"] == "pretrain")
+    assert link.data.tags["xylent.output_run_id"] == cached["mlflow_run_id"]
+    assert client.get_run(third["mlflow_parent_run_id"]).data.metrics, "the parent still shows the headlines"
