@@ -13,11 +13,14 @@ import sys
 import traceback
 from pathlib import Path
 
-from flows.hygiene import quiet_user_errors
-from flows.registry import STAGE_NAMES, STAGES
-from xylent.errors import XylentError, environment_error
-from xylent.stage import find_stage, stage_fingerprints, workspace_for
-from xylent.workspace import read_manifest
+from flows.hygiene import quiet_console, quiet_user_errors
+
+quiet_console(sys.argv[1:])  # before Prefect is imported: its console handler reads its level once
+
+from flows.registry import STAGE_NAMES, STAGES  # noqa: E402
+from xylent.errors import XylentError, environment_error  # noqa: E402
+from xylent.stage import find_stage, stage_fingerprints, workspace_for  # noqa: E402
+from xylent.workspace import read_manifest  # noqa: E402
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a spec field, e.g. --set prepare.min_chars=5 (repeatable)")
         sp.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
+        sp.add_argument("--verbose", "-v", action="store_true",
+                        help="also print Prefect's and MLflow's INFO logs (a line per task) on the console")
 
     run = sub.add_parser("run", help="run one stage (and whatever it needs) or the whole pipeline")
     run.add_argument("target", metavar="STAGE|pipeline", help=f"one of {', '.join(STAGE_NAMES)}, or pipeline")

@@ -59,6 +59,15 @@ def quiet_user_errors() -> None:
             logger.addFilter(filt)
 
 
+def quiet_console(argv: list[str]) -> None:
+    """Prefect prints an INFO line per task on the console, which breaks the
+    progress bars: keep warnings and errors there (the INFO lines still reach
+    the Prefect API and UI) unless ``--verbose``.  A level the user set wins."""
+    if "--verbose" not in argv and "-v" not in argv:
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
+        os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # "Creating initial MLflow database tables..."
+
+
 def own_prefect_server() -> None:
     """Start the temporary Prefect server now, when no API is configured."""
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE

@@ -10,14 +10,17 @@ orchestrates its tasks; see docs/architecture.md.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import platform
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 from prefect.states import Completed, State
@@ -73,39 +76,55 @@ class Invocation:
     fingerprints: dict[str, str]
     flows: dict[str, Any]  # stage name -> its flow, for every stage this invocation may run
     results: dict[str, dict] = field(default_factory=dict)
+    _slot: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    _parent_token: Any = None
 
     @classmethod
-    def open(cls, spec_file: str, workspace: str | None, overrides: list[str] | None,
-             parent_run_id: str | None, name: str, flows: list, until: str | None = None) -> "Invocation":
+    def open(cls, spec_file: str, workspace: str | None, overrides: list[str] | None, name: str, flows: list,
+             until: str | None = None) -> "Invocation":
         """``flows``: the stage flows this invocation runs (their upstream stages are added);
-        ``until``: the last of them it builds (default: the last one)."""
+        ``until``: the last of them it builds (default: the last one).  Inside another
+        invocation's flow (a stage the pipeline runs) its runs nest under that one's."""
         spec = load_spec(spec_file, overrides or [])
         ws = workspace_for(spec, workspace)
         ws.ensure_writable()
-        uri = tracking_uri_for(ws.root, spec.tracking.tracking_uri)
-        tracker = Tracker(uri, spec.tracking.experiment, artifact_root=artifact_root_for(ws.root, uri),
-                          workspace=ws.root)
-        tracker.end_orphaned_runs()  # runs of invocations killed with -9 would say RUNNING forever
-        chain = lineage(flows)
-        fingerprints = stage_fingerprints((f.stage for f in chain), spec, ws)
-        owns = parent_run_id is None
-        if owns:
-            last = until or flows[-1].stage.name  # what the invocation builds, named by its fingerprint
-            parent_run_id = tracker.start_run(
-                run_name(spec, name, fingerprints.get(last), overrides),
-                tags={"xylent.spec": str(Path(spec_file).resolve()), "xylent.target": name,
-                      "xylent.workspace": str(ws.root), **source_tags(spec_file), **_prefect_tags()},
-                params={"spec": spec.dump(), "overrides": " ".join(overrides or [])},
-            )
-            tracker.log_artifact(parent_run_id, Path(spec_file))
-        return cls(spec, spec_file, list(overrides or []), ws, tracker, parent_run_id, owns, fingerprints,
-                   {f.stage.name: f for f in chain})
+        parent_run_id = _PARENT_RUN.get()
+        slot = contextlib.ExitStack()
+        if parent_run_id is None:
+            slot.enter_context(workspace_slot(ws.root))
+        try:  # a failure before the invocation exists must not keep the workspace's slot
+            uri = tracking_uri_for(ws.root, spec.tracking.tracking_uri)
+            tracker = Tracker(uri, spec.tracking.experiment, artifact_root=artifact_root_for(ws.root, uri),
+                              workspace=ws.root)
+            tracker.end_orphaned_runs()  # runs of invocations killed with -9 would say RUNNING forever
+            chain = lineage(flows)
+            fingerprints = stage_fingerprints((f.stage for f in chain), spec, ws)
+            owns = parent_run_id is None
+            if owns:
+                last = until or flows[-1].stage.name  # what the invocation builds, named by its fingerprint
+                parent_run_id = tracker.start_run(
+                    run_name(spec, name, fingerprints.get(last), overrides),
+                    tags={"xylent.spec": str(Path(spec_file).resolve()), "xylent.target": name,
+                          "xylent.workspace": str(ws.root), **source_tags(spec_file), **_prefect_tags()},
+                    params={"spec": spec.dump(), "overrides": " ".join(overrides or [])},
+                )
+                tracker.log_artifact(parent_run_id, Path(spec_file))
+            inv = cls(spec, spec_file, list(overrides or []), ws, tracker, parent_run_id, owns, fingerprints,
+                      {f.stage.name: f for f in chain}, _slot=slot)
+            if owns:
+                inv._parent_token = _PARENT_RUN.set(parent_run_id)
+            return inv
+        except BaseException:
+            slot.close()
+            raise
 
     def flow_kwargs(self) -> dict:
-        return {"spec_file": self.spec_file, "workspace": str(self.ws.root), "overrides": self.overrides,
-                "mlflow_parent_run_id": self.parent_run_id}
+        return {"spec_file": self.spec_file, "workspace": str(self.ws.root), "overrides": self.overrides}
 
     def finish(self, ok: bool) -> None:
+        self._slot.close()
+        if self._parent_token is not None:
+            _PARENT_RUN.reset(self._parent_token)
         if self.owns_parent:
             if ok:
                 self.tracker.log_metrics(self.parent_run_id, self.headlines())
@@ -154,6 +173,35 @@ class Invocation:
                 self.results.setdefault(up, _result(out, manifest, cached=True))
             dirs[up] = out
         return dirs
+
+
+# The MLflow parent run of the invocation whose flow is running: the stage flows it
+# calls (Prefect subflows, run in this context) nest their runs under it.  Not a flow
+# parameter, so the Prefect UI's run form does not show it.
+_PARENT_RUN: ContextVar[str | None] = ContextVar("xylent_mlflow_parent_run", default=None)
+
+
+@contextlib.contextmanager
+def workspace_slot(root: Path):
+    """Deployment runs on one workspace queue for its Prefect concurrency slot
+    (limit 1) instead of failing on the workspace lock; CLI runs (no deployment)
+    keep the lock's immediate, clear refusal."""
+    from prefect.runtime import deployment
+
+    if not deployment.id:
+        yield
+        return
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.concurrency.sync import concurrency
+    from prefect.exceptions import ObjectAlreadyExists
+
+    name = "xylent-workspace-" + hashlib.sha256(str(root).encode()).hexdigest()[:16]
+    with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+    get_run_logger().info("waiting for the workspace %s (concurrency slot %s)", root, name)
+    with concurrency(name, occupy=1, strict=True, lease_duration=60):
+        yield
 
 
 def flow_run_url() -> str | None:
@@ -294,8 +342,8 @@ def stage_flow(name: str, *, description: str, version: str, reads: tuple[str, .
                          identity=identity)
 
         def run(spec_file: str, workspace: str | None = None, overrides: list[str] | None = None,
-                force: bool = False, mlflow_parent_run_id: str | None = None) -> Any:
-            inv = Invocation.open(spec_file, workspace, overrides, mlflow_parent_run_id, name, [stage_run])
+                force: bool = False) -> Any:
+            inv = Invocation.open(spec_file, workspace, overrides, name, [stage_run])
             ok = False
             try:
                 state = execute(inv, stage, force)

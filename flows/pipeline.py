@@ -11,11 +11,11 @@ from xylent.stage import find_stage
 
 @flow(name="pipeline", log_prints=True)
 def pipeline(spec_file: str, workspace: str | None = None, overrides: list[str] | None = None,
-             force: bool = False, until: str | None = None, mlflow_parent_run_id: str | None = None):
+             force: bool = False, until: str | None = None):
     """Run every stage in pipeline order (or every stage up to and including ``until``); cached
     stages are skipped."""
     last = STAGE_NAMES.index(find_stage(STAGES, until).name) if until else len(STAGE_NAMES) - 1
-    inv = Invocation.open(spec_file, workspace, overrides, mlflow_parent_run_id, "pipeline", STAGE_FLOWS,
+    inv = Invocation.open(spec_file, workspace, overrides, "pipeline", STAGE_FLOWS,
                           until=STAGE_NAMES[last])
     ok = False
     try:

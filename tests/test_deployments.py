@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from prefect.client.orchestration import get_client
 
@@ -15,17 +16,24 @@ from flows.registry import STAGE_NAMES
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_prefect_yaml_declares_every_stage_and_deploys(prefect_server):
+PREFECT = Path(sys.executable).with_name("prefect")
+
+
+@pytest.fixture(scope="module")
+def deployed(prefect_server):
+    env = {**os.environ, "PREFECT_API_URL": prefect_server}
+    subprocess.run([PREFECT, "work-pool", "create", "xylent", "--type", "process"], cwd=ROOT, env=env,
+                   check=False, capture_output=True)
+    done = subprocess.run([PREFECT, "--no-prompt", "deploy", "--all"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return prefect_server
+
+
+def test_prefect_yaml_declares_every_stage_and_deploys(deployed):
     decl = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     entry = {d["entrypoint"].split(":")[1] for d in decl["deployments"]}
     assert entry == set(STAGE_NAMES) | {"pipeline"}
-    env = {**os.environ, "PREFECT_API_URL": prefect_server, "XYLENT_HOME": str(ROOT)}
-    prefect = Path(sys.executable).with_name("prefect")
-    subprocess.run([prefect, "work-pool", "create", "xylent", "--type", "process"], cwd=ROOT, env=env,
-                   check=False, capture_output=True)
-    done = subprocess.run([prefect, "--no-prompt", "deploy", "--all"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     import asyncio
 
@@ -37,20 +45,66 @@ def test_prefect_yaml_declares_every_stage_and_deploys(prefect_server):
 
     found, flow_names = asyncio.run(read())
     deployments = {d.name: d for d in found}
-    assert {"pipeline-demo", *STAGE_NAMES} <= set(deployments)
+    assert {"pipeline-demo", "data-refresh-demo", "evaluate-weekly-demo", *STAGE_NAMES} <= set(deployments)
     for want in decl["deployments"]:
         got = deployments[want["name"]]
         function = want["entrypoint"].split(":")[1]
         assert got.entrypoint == want["entrypoint"] and flow_names[got.flow_id] == function, want["name"]
         assert got.work_pool_name == "xylent" and sorted(got.tags) == sorted(want["tags"])
-        assert got.parameters == {"spec_file": "data_specs/demo.yaml", "workspace": "workspace"}
+        assert got.parameters == want["parameters"]
         flow_params = set(got.parameter_openapi_schema["properties"])
         assert {"spec_file", "workspace", "overrides", "force"} <= flow_params, "the UI's form is the flow's signature"
-        assert got.pull_steps == [{"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}}], \
-            "a worker runs the flows from the repository (XYLENT_HOME)"
+        assert not {p for p in flow_params if "mlflow" in p}, "no internal parameter on the run form"
+        assert got.pull_steps == [{"flows.deployment_steps.enter_xylent_home": {}}], \
+            "nothing of the deploying machine is stored: the worker's XYLENT_HOME is read when a run starts"
     assert "gpu" in deployments["pretrain"].tags
-    pipe = deployments["pipeline-demo"]
-    (schedule,) = pipe.schedules
-    assert schedule.schedule.cron == "0 3 * * *" and schedule.schedule.timezone == "UTC"
-    assert schedule.active is False, "declared off: enabled from the UI"
-    assert all(not deployments[name].schedules for name in STAGE_NAMES)
+    crons = {name: [(s.schedule.cron, s.schedule.timezone, s.active) for s in d.schedules]
+             for name, d in deployments.items() if d.schedules}
+    assert crons == {"data-refresh-demo": [("0 3 * * *", "UTC", False)],
+                     "evaluate-weekly-demo": [("0 6 * * 0", "UTC", False)]}, "declared off: enabled from the UI"
+    assert deployments["data-refresh-demo"].parameters["until"] == "shards"
+
+
+def test_a_worker_elsewhere_runs_deployments_and_two_runs_on_one_workspace_queue(deployed, http_corpus, tmp_path):
+    """The worker starts in an unrelated folder with its own XYLENT_HOME; two runs of
+    the download deployment on one workspace overlap in time, and both complete."""
+    import asyncio
+    import time
+
+    from prefect.deployments import run_deployment
+
+    from conftest import write_spec
+
+    http_corpus.files["/slow/en.txt"] = "".join(f"line {i} of a slow corpus\n" for i in range(1500)).encode()
+    http_corpus.slow["/slow/en.txt"] = 8000  # ~5 s: the second run arrives while the first holds the workspace
+    ws = tmp_path / "shared-ws"
+    runs = []
+    for n in (1, 2):
+        spec = write_spec(tmp_path / f"spec{n}.yaml", {"name": f"queue{n}", "languages": ["en"], "sources": [
+            {"name": f"web{n}", "kind": "url", "format": "text", "lang": "en", "url": f"{http_corpus.base}/slow/en.txt"}]})
+        runs.append(run_deployment("download/download", parameters={"spec_file": str(spec), "workspace": str(ws)},
+                                   timeout=0))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "PREFECT_API_URL": deployed, "XYLENT_HOME": str(ROOT)}
+    worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "xylent", "--limit", "2"], cwd=elsewhere,
+                              env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "worker.log").open("w"))
+    try:
+        async def states():
+            async with get_client() as client:
+                return [await client.read_flow_run(r.id) for r in runs]
+
+        deadline = time.time() + 400
+        while time.time() < deadline:
+            done = asyncio.run(states())
+            if all(r.state.is_final() for r in done):
+                break
+            time.sleep(2)
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    log = (tmp_path / "worker.log").read_text()[-4000:]
+    assert [r.state.type.value for r in done] == ["COMPLETED", "COMPLETED"], log
+    first, second = sorted(done, key=lambda r: r.start_time)
+    assert second.start_time < first.end_time, "they overlapped, so the second had to wait for the workspace"
+    assert len(list(ws.glob("download/*/_manifest.json"))) == 2, "each run's output published"

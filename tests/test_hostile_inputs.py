@@ -522,3 +522,18 @@ def test_a_user_error_in_a_pool_worker_is_one_message(tmp_path):
                           text=True, timeout=300)  # the workers write to the same stderr, which capsys cannot see
     assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     assert "xylent: error: 100 of 100 lines" in proc.stderr and "Starting temporary server" not in proc.stderr
+
+
+def test_a_zip_member_expanding_past_the_cap_is_refused_before_it_is_read(tmp_path, run_cli):
+    from conftest import moses_zip
+
+    src = ["a" * 1000] * 5000  # 5 MB of one repeated line: a few kB zipped
+    (tmp_path / "de-en.zip").write_bytes(moses_zip("Bomb", "de", "en", src, src))
+    assert (tmp_path / "de-en.zip").stat().st_size < 100_000
+    spec = write_spec(tmp_path / "spec.yaml", {"name": "z", "languages": ["de", "en"], "workspace": str(tmp_path / "ws"),
+                                               "prepare": {"max_member_bytes": 1_000_000},
+                                               "sources": [{"name": "bomb", "kind": "local", "format": "moses-zip",
+                                                            "pair": "de-en", "path": str(tmp_path / "de-en.zip")}]})
+    rc, _, err = run_cli("run", "prepare", "--spec", spec)
+    assert rc == 2 and "Bomb.de-en.de expands to 5,005,000 bytes" in err and "max_member_bytes" in err, err
+    assert "Traceback" not in err and not list((tmp_path / "ws").glob("prepare/*/_manifest.json"))

@@ -188,8 +188,10 @@ class PrepareConfig(Strict):
     part_rows: int = Field(default=500_000, gt=0, description="rows per output Parquet part")
     max_malformed_rate: float = Field(default=0.5, ge=0, le=1, description="tsv bitext: a file with a larger "
                                       "share of lines that are not 'src<TAB>tgt' is an error, not a silent drop")
+    max_member_bytes: int | None = Field(default=None, gt=0, description="moses zip: a member that expands past "
+                                         "this many bytes is refused before it is read (a zip bomb's guard)")
 
-    ADDED_LATER: ClassVar[tuple[str, ...]] = ("max_malformed_rate",)
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("max_malformed_rate", "max_member_bytes")
 
     @model_validator(mode="after")
     def _bounds(self):

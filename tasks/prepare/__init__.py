@@ -190,7 +190,8 @@ def _prepare_moses(path: Path, rec: dict, out: Path, cfg: PrepareConfig, max_lin
     a, b = rec["pair"].split("-")
     pw = _PairWriter(out, rec["source"], a, b, key, cfg)
     seen = 0
-    for la, lb in iter_moses_pairs(path, a, b, where=str(path), max_line_bytes=line_cap(cfg.max_chars)):
+    for la, lb in iter_moses_pairs(path, a, b, where=str(path), max_line_bytes=line_cap(cfg.max_chars),
+                                     max_member_bytes=cfg.max_member_bytes):
         if max_lines is not None:
             la, lb = la[: max_lines - seen], lb[: max_lines - seen]
         seen += len(la)

@@ -170,8 +170,10 @@ def safe_member_name(name: str, *, where: str) -> str:
     return name
 
 
-def open_moses_zip(path: Path, lang_a: str, lang_b: str, *, where: str):
-    """Return (zipfile, member for lang_a, member for lang_b) after checking the archive."""
+def open_moses_zip(path: Path, lang_a: str, lang_b: str, *, where: str, max_member_bytes: int | None = None):
+    """Return (zipfile, member for lang_a, member for lang_b) after checking the
+    archive; a member that expands past ``max_member_bytes`` is refused before it
+    is read (a zip bomb would fill the disk with prepare's output)."""
     try:
         zf = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:
@@ -193,6 +195,13 @@ def open_moses_zip(path: Path, lang_a: str, lang_b: str, *, where: str):
                 fix="check the pair in the spec: the archive does not hold this language",
             )
         found[lang] = cands[0]
+        size = zf.getinfo(cands[0]).file_size  # zipfile stops reading past it: it cannot lie upwards
+        if max_member_bytes is not None and size > max_member_bytes:
+            zf.close()
+            raise XylentError(f"the zip member {cands[0]} expands to {size:,} bytes, more than "
+                              f"prepare.max_member_bytes = {max_member_bytes:,}", where=where,
+                              fix="raise prepare.max_member_bytes if the archive is what you expect (or unset it), "
+                              "else drop this source")
     return zf, found[lang_a], found[lang_b]
 
 
@@ -209,11 +218,11 @@ def _capped_line(reader, cap: int | None) -> bytes:
 
 
 def iter_moses_pairs(path: Path, lang_a: str, lang_b: str, *, where: str, batch: int = 50_000,
-                     max_line_bytes: int | None = None):
+                     max_line_bytes: int | None = None, max_member_bytes: int | None = None):
     """Yield (src_lines, tgt_lines) as lists of bytes, checking that both sides
     have the same number of lines (longer lines than ``max_line_bytes`` are cut
     to it, to be dropped as too long)."""
-    zf, ma, mb = open_moses_zip(path, lang_a, lang_b, where=where)
+    zf, ma, mb = open_moses_zip(path, lang_a, lang_b, where=where, max_member_bytes=max_member_bytes)
     n = 0
     try:
         with zf, zf.open(ma) as fa, zf.open(mb) as fb:
