@@ -108,7 +108,7 @@ class Invocation:
                           "xylent.workspace": str(ws.root), **source_tags(spec_file), **_prefect_tags()},
                     params={"spec": spec.dump(), "overrides": " ".join(overrides or [])},
                 )
-                tracker.log_artifact(parent_run_id, Path(spec_file))
+                _log_spec_file(tracker, parent_run_id, Path(spec_file))
             inv = cls(spec, spec_file, list(overrides or []), ws, tracker, parent_run_id, owns, fingerprints,
                       {f.stage.name: f for f in chain}, _slot=slot)
             if owns:
@@ -202,6 +202,18 @@ def workspace_slot(root: Path):
     get_run_logger().info("waiting for the workspace %s (concurrency slot %s)", root, name)
     with concurrency(name, occupy=1, strict=True, lease_duration=60):
         yield
+
+
+def _log_spec_file(tracker: Tracker, run_id: str, spec_file: Path) -> None:
+    """The spec as written, with any password in a URL masked (it is used, never recorded)."""
+    import tempfile
+
+    from xylent.redact import redact_text
+
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / spec_file.name
+        copy.write_text(redact_text(spec_file.read_text(encoding="utf-8")), encoding="utf-8")
+        tracker.log_artifact(run_id, copy)
 
 
 def flow_run_url() -> str | None:

@@ -69,7 +69,7 @@ def two_runs(mlflow_server, demo_run, tmp_path_factory):
             rc = main(["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), "--json", *TINY,
                        "--set", f"tracking.tracking_uri={uri}", "--set", "tracking.experiment=team", *extra])
         assert rc == 0
-        return json.loads(buf.getvalue())
+        return json.loads(buf.getvalue())  # stdout is ours: nothing of MLflow's may land in it
 
     return run(), run("--set", "sampling.temperature=2.0"), run("--set", "sampling.temperature=2.0"), ws
 
@@ -103,6 +103,7 @@ def test_artifacts_and_the_registered_model_live_on_the_server(mlflow_server, tw
     assert len(mine) == 1 and str(mine[0].status).endswith("READY") and mine[0].name == "encoder"
     assert [o.model_id for o in client.get_run(run_id).outputs.model_outputs] == [mine[0].model_id]
     version = next(v for v in client.search_model_versions("name='xylent-demo'") if v.run_id == run_id)
+    (tmp_path / "m").mkdir()
     mlflow.set_tracking_uri(uri)
     try:
         served = mlflow.pyfunc.load_model(f"models:/xylent-demo/{version.version}", dst_path=str(tmp_path / "m"))
@@ -138,7 +139,8 @@ def test_two_runs_differ_by_the_changed_upstream_knob_and_nothing_else(mlflow_se
     assert set(inputs) == {"vocab", "sampling", "shards"}
     assert inputs["sampling"] == second["stages"]["sampling"]["fingerprint"][:36]
     parent = client.get_run(second["mlflow_parent_run_id"])
-    assert "sampling.temperature=2.0" in parent.info.run_name
+    assert second["stages"]["pretrain"]["fingerprint"][:8] in parent.info.run_name
+    assert "sampling.temperature=2.0" in parent.data.params["overrides"]
     assert any(k.startswith("pretrain.final.") and k.endswith("discriminator_loss") for k in parent.data.metrics)
 
 

@@ -132,6 +132,10 @@ class Tracker:
 
         # MLflow logs its sqlite migrations at INFO on first use; they are noise to our users.
         logging.getLogger("alembic").setLevel(logging.WARNING)
+        # with a tracking server MLflow writes "View run ... at: <url>" to stdout at each run's end, which
+        # would break `--json`; the CLI prints the links itself
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+        os.environ.setdefault("MLFLOW_PRINT_MODEL_URLS_ON_CREATION", "false")
         self.uri = tracking_uri
         own_db = artifact_root.parent / "mlflow.db" if artifact_root is not None else None
         if own_db is not None and tracking_uri == f"sqlite:///{own_db}":
