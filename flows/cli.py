@@ -15,7 +15,7 @@ from pathlib import Path
 
 from flows.hygiene import quiet_console, quiet_user_errors
 
-quiet_console(sys.argv[1:])  # before Prefect is imported: its console handler reads its level once
+quiet_console(sys.argv)  # before Prefect is imported: its console handler reads its level once
 
 from flows.registry import STAGE_NAMES, STAGES  # noqa: E402
 from xylent.errors import XylentError, environment_error  # noqa: E402

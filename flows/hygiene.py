@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from xylent.errors import XylentError, environment_error
 
@@ -62,8 +63,15 @@ def quiet_user_errors() -> None:
 def quiet_console(argv: list[str]) -> None:
     """Prefect prints an INFO line per task on the console, which breaks the
     progress bars: keep warnings and errors there (the INFO lines still reach
-    the Prefect API and UI) unless ``--verbose``.  A level the user set wins."""
-    if "--verbose" not in argv and "-v" not in argv:
+    the Prefect API and UI) unless ``--verbose``.  A level the user set wins,
+    except over ``--verbose``.  Only for the ``xylent`` command itself: a
+    program that imports the CLI module keeps its own logging."""
+    if Path(argv[0]).name not in ("xylent", "cli.py"):
+        return
+    if "--verbose" in argv or "-v" in argv:
+        os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = "NOTSET"
+        os.environ["MLFLOW_LOGGING_LEVEL"] = "INFO"
+    else:
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # "Creating initial MLflow database tables..."
 
