@@ -27,6 +27,7 @@ from prefect.states import Completed, State
 
 import xylent
 from flows.run_record import effective_params, headline, log_stage_inputs, run_name, source_tags
+from flows.runners import cluster_tags, shared_cluster
 from xylent.errors import XylentError, environment_error
 from xylent.spec import Spec, load_spec
 from xylent.stage import StageContext, StageDef, StageOutcome, stage_fingerprints, workspace_for
@@ -92,7 +93,9 @@ class Invocation:
         slot = contextlib.ExitStack()
         if parent_run_id is None:
             slot.enter_context(workspace_slot(ws.root))
-        try:  # a failure before the invocation exists must not keep the workspace's slot
+        try:
+            if parent_run_id is None:  # every stage of this invocation fans out over one cluster
+                slot.enter_context(shared_cluster(spec.runner))  # a failure before the invocation exists must not keep the workspace's slot
             uri = tracking_uri_for(ws.root, spec.tracking.tracking_uri)
             tracker = Tracker(uri, spec.tracking.experiment, artifact_root=artifact_root_for(ws.root, uri),
                               workspace=ws.root)
@@ -260,7 +263,7 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
     params = effective_params(inv.spec, fp, inv.upstream_chain(stage))
     name = run_name(inv.spec, stage.name, fp)
     tags = {"xylent.stage": stage.name, "xylent.fingerprint": fp, "xylent.output_dir": str(out),
-            **source_tags(inv.spec_file), **_prefect_tags()}
+            **source_tags(inv.spec_file), **_prefect_tags(), **cluster_tags()}
     with inv.ws.lock():
         upstream = inv.upstream_dirs(stage)
         manifest = read_manifest(out) if force else verified_manifest(out, stage.name)

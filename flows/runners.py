@@ -3,16 +3,79 @@ fan work out over them: :func:`run_tasks`."""
 
 from __future__ import annotations
 
+import contextlib
+from contextvars import ContextVar
 from typing import Iterator
 
 from flows.progress import Progress
 from xylent.errors import XylentError
 from xylent.spec import RunnerConfig
 
+# The Dask scheduler or Ray cluster this invocation started (or joined): every stage's
+# task runner connects to it instead of starting a cluster of its own (~5 s each).
+_CLUSTER: ContextVar[str | None] = ContextVar("xylent_cluster", default=None)
+
+
+@contextlib.contextmanager
+def shared_cluster(cfg: RunnerConfig) -> Iterator[str | None]:
+    """One Dask or Ray cluster for a whole invocation, started here unless
+    ``runner.address`` names one (or an enclosing invocation already did); yields its
+    address.  Threads and processes need none."""
+    if cfg.kind not in ("dask", "ray") or _CLUSTER.get() is not None:
+        yield _CLUSTER.get()
+        return
+    with contextlib.ExitStack() as stack:
+        address = _start_dask(cfg, stack) if cfg.kind == "dask" else _start_ray(cfg, stack)
+        token = _CLUSTER.set(address)
+        stack.callback(_CLUSTER.reset, token)
+        yield address
+
+
+def _start_dask(cfg: RunnerConfig, stack: contextlib.ExitStack) -> str:
+    if cfg.address:
+        return cfg.address
+    _require("dask", "prefect_dask")
+    from distributed import LocalCluster
+
+    cluster = stack.enter_context(LocalCluster(n_workers=cfg.max_workers or 2, processes=True,
+                                               threads_per_worker=1, dashboard_address=None))
+    return cluster.scheduler_address
+
+
+def _start_ray(cfg: RunnerConfig, stack: contextlib.ExitStack) -> str:
+    _require("ray", "prefect_ray")
+    import ray
+
+    if not ray.is_initialized():
+        if cfg.address:
+            ray.init(cfg.address)
+        else:
+            ray.init(num_cpus=cfg.max_workers or 2, include_dashboard=False)
+        stack.callback(ray.shutdown)
+    return ray.get_runtime_context().gcs_address
+
+
+def cluster_tags() -> dict[str, str]:
+    """MLflow tags saying which cluster ran a stage (empty for threads and processes)."""
+    address = _CLUSTER.get()
+    return {"xylent.cluster": address} if address else {}
+
+
+def _require(kind: str, module: str) -> None:
+    try:
+        __import__(module)
+    except ImportError:
+        raise XylentError(
+            f"runner.kind is '{kind}' but {module.replace('_', '-')} is not installed",
+            where="spec field runner.kind",
+            fix=f"pip install 'xylent[{kind}]' (or {module.replace('_', '-')}), or use runner.kind: threads",
+        ) from None
+
 
 def make_task_runner(cfg: RunnerConfig):
     """Threads (default) and processes come with Prefect; Dask and Ray need
-    their integrations (``pip install prefect-dask`` / ``prefect-ray``)."""
+    their integrations (the ``dask`` / ``ray`` extras).  Inside :func:`shared_cluster`
+    they connect to the invocation's cluster."""
     if cfg.kind == "threads":
         from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -26,26 +89,17 @@ def make_task_runner(cfg: RunnerConfig):
 
         return ProcessPoolTaskRunner(max_workers=cfg.max_workers, initializer=worker_init, initargs=(os.getpid(),))
     if cfg.kind == "dask":
-        try:
-            from prefect_dask import DaskTaskRunner
-        except ImportError:
-            raise XylentError(
-                "runner.kind is 'dask' but prefect-dask is not installed",
-                where="spec field runner.kind",
-                fix="pip install prefect-dask, or use runner.kind: threads",
-            ) from None
-        if cfg.address:
-            return DaskTaskRunner(address=cfg.address)
+        _require("dask", "prefect_dask")
+        from prefect_dask import DaskTaskRunner
+
+        if address := cfg.address or _CLUSTER.get():
+            return DaskTaskRunner(address=address)
         return DaskTaskRunner(cluster_kwargs={"n_workers": cfg.max_workers or 2, "processes": True})
     if cfg.kind == "ray":
-        try:
-            from prefect_ray import RayTaskRunner
-        except ImportError:
-            raise XylentError(
-                "runner.kind is 'ray' but prefect-ray is not installed",
-                where="spec field runner.kind",
-                fix="pip install prefect-ray, or use runner.kind: threads",
-            ) from None
+        _require("ray", "prefect_ray")
+        from prefect_ray import RayTaskRunner
+
+        # inside shared_cluster() Ray is initialised: the runner joins it and leaves it running
         init_kwargs = {} if cfg.address else {"num_cpus": cfg.max_workers or 2}
         return RayTaskRunner(address=cfg.address, init_kwargs=init_kwargs)
     raise XylentError(f"unknown runner kind {cfg.kind!r}", where="spec field runner.kind")

@@ -12,6 +12,7 @@ import matplotlib.colors
 import matplotlib.image
 import numpy as np
 import polars as pl
+import pytest
 
 from conftest import kill_9_when, write_spec
 
@@ -143,15 +144,46 @@ def test_dedup_stage_removes_planted_duplicates_with_evidence(run_cli, tmp_path)
     assert table["pairs"].to_list() == [200], "sampling counts what dedup kept"
 
 
-def test_ray_runner_gives_identical_output(run_cli, tmp_path):
+def _cluster_tags(ws: Path) -> dict[str, str]:
+    """stage -> the xylent.cluster tag of the run that built it."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{ws / 'mlflow.db'}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              "tags.`xylent.cached` = 'false'")
+    return {r.data.tags["xylent.stage"]: r.data.tags.get("xylent.cluster") for r in runs}
+
+
+@pytest.mark.parametrize("kind", ["ray", "dask"])
+def test_cluster_runners_give_identical_output_on_one_cluster(run_cli, tmp_path, kind):
     spec = make_corpus(tmp_path)
     threads = run_json(run_cli, "run", "dedup", "--spec", spec, "--workspace", tmp_path / "ws-threads")
-    ray = run_json(run_cli, "run", "dedup", "--spec", spec, "--workspace", tmp_path / "ws-ray",
-                   "--set", "runner.kind=ray", "--set", "runner.max_workers=2")
+    other = run_json(run_cli, "run", "dedup", "--spec", spec, "--workspace", tmp_path / f"ws-{kind}",
+                     "--set", f"runner.kind={kind}", "--set", "runner.max_workers=2")
     files = manifest_files(threads)
     paths = [p for p, _ in files]
     assert any(p.startswith("mono/lang=de/") for p in paths) and any(p.startswith("bitext/pair=de-en/") for p in paths)
-    assert files == manifest_files(ray)
+    assert files == manifest_files(other)
+    clusters = _cluster_tags(tmp_path / f"ws-{kind}")
+    assert set(clusters) == {"download", "prepare", "dedup"}
+    assert len(set(clusters.values())) == 1 and None not in clusters.values(), f"one cluster for all stages: {clusters}"
+    assert set(_cluster_tags(tmp_path / "ws-threads").values()) == {None}
+    if kind == "ray":
+        import ray
+
+        assert not ray.is_initialized(), "the invocation's Ray instance is shut down with it"
+
+
+def test_dask_runner_joins_the_cluster_at_runner_address(run_cli, tmp_path):
+    from distributed import Client, LocalCluster
+
+    spec = make_corpus(tmp_path)
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster:
+        run_json(run_cli, "run", "dedup", "--spec", spec, "--workspace", tmp_path / "ws",
+                 "--set", "runner.kind=dask", "--set", f"runner.address={cluster.scheduler_address}")
+        assert set(_cluster_tags(tmp_path / "ws").values()) == {cluster.scheduler_address}
+        with Client(cluster) as client:  # a cluster the user runs is theirs: still up afterwards
+            assert client.submit(sum, [1, 2]).result() == 3
 
 
 def _big_spec(tmp: Path) -> Path:
