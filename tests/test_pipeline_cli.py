@@ -174,6 +174,9 @@ def test_prefect_artifacts_link_the_mlflow_run(run_cli, loopback):
     assert MlflowClient(tracking_uri=f"sqlite:///{ws}/mlflow.db").get_run(run_id).data.tags[
         "prefect.flow_run_id"] == str(prepare_run), "and so does the MLflow run"
 
+    progress = {a.key: float(a.data) for a in arts if a.type == "progress"}
+    assert {"download-progress", "prepare-progress"} <= set(progress), progress
+    assert set(progress.values()) == {100.0}, f"every stage's progress bar in the UI ends full: {progress}"
     mine = [a for a in arts if a.flow_run_id == prepare_run]
     keys = sorted(a.key for a in mine)
     assert keys == ["prepare-mlflow", "prepare-progress", "prepare-stats", "prepare-summary"], keys
