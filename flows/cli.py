@@ -126,7 +126,7 @@ def _print_summary(result: dict, *, ran: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from flows.run_record import headline
+    from flows.run_record import headline_text
 
     console = Console()
     table = Table("stage", "state", "time", "headline", "fingerprint")
@@ -134,8 +134,7 @@ def _print_summary(result: dict, *, ran: bool) -> None:
         manifest = read_manifest(Path(r["output_dir"])) or {}
         state = "cached" if r["cached"] else ("done" if ran else "missing")
         took = f"{manifest['seconds']:.1f} s" if manifest.get("seconds") is not None and not r["cached"] else "-"
-        numbers = "  ".join(f"{k.rsplit('/', 1)[-1] if '/' in k else k} {_short(v)}"
-                            for k, v in list(headline(name, manifest.get("metrics", {})).items())[:3])
+        numbers = headline_text(name, manifest.get("metrics", {}), _short)
         table.add_row(name, state, took, numbers or "-", r["fingerprint"][:16])
     console.print(table)
     # what a user copies is printed whole, below the table, never cut to the terminal's width

@@ -31,6 +31,31 @@ def headline(stage: str, metrics: dict) -> dict[str, float]:
     return {k: v for k, v in sorted(metrics.items()) if pattern.fullmatch(k) and v is not None}
 
 
+# short labels for the closing table: "trtd D" not "final.trtd/discriminator_loss"
+_LABELS = [
+    (r"final\.(\w+)/discriminator_loss", r"\1 D"), (r"final\.(\w+)/discriminator_base_loss", r"\1 D base"),
+    (r"final\.(\w+)/generator_loss", r"\1 G"), (r"eval/([^/]+)/avg", r"\1"),
+    (r"(mono|bitext)\.(rows|out)", r"\1"), (r"(\w+)\.tokens", r"\1 tokens"), (r"entropy\.star", "entropy P*"),
+    (r"vocab_size", "vocab"), (r"loss_final", "loss"),
+]
+
+
+def headline_text(stage: str, metrics: dict, short=lambda v: f"{v:.4g}") -> str:
+    """A stage's headline numbers for a terminal cell, one line per group (a pretraining
+    task, an evaluation task): short labels, the trivial baseline beside what it bounds."""
+    labelled = {}
+    for key, value in headline(stage, metrics).items():
+        label = next((re.sub(p, r, key) for p, r in _LABELS if re.fullmatch(p, key)), key)
+        labelled[label] = value
+    lines = []
+    for label, value in labelled.items():
+        if label.endswith(" D base") and label[:-5] in labelled:
+            continue  # shown beside the loss it bounds
+        base = labelled.get(f"{label} base")
+        lines.append(f"{label} {short(value)}" + (f" (base {short(base)})" if base is not None else ""))
+    return "\n".join(lines)
+
+
 def run_name(spec: Spec, target: str, fingerprint: str | None, overrides: list[str] | None = None) -> str:
     """``demo:pretrain 3f9a1c2e [sampling.temperature=5]``: what ran, on what, changed how."""
     name = f"{spec.name}:{target}" + (f" {fingerprint[:8]}" if fingerprint else "")

@@ -29,8 +29,21 @@ def test_the_console_shows_no_info_lines_unless_verbose_and_the_table_keeps_path
     assert quiet.returncode == 0, quiet.stderr
     assert "| INFO" not in quiet.stderr and "Creating initial MLflow database" not in quiet.stderr, quiet.stderr
     out = quiet.stdout
-    assert "time" in out and "headline" in out and "rows 300" in out, out
+    assert "time" in out and "headline" in out and "mono 300" in out, out
     manifest_dirs = sorted(p.parent for p in ws.glob("*/*/_manifest.json"))
     assert manifest_dirs and all(str(d) in out for d in manifest_dirs), "every output path, whole"
     loud = _cli("run", "prepare", "--spec", str(spec), "--verbose", PREFECT_LOGGING_LEVEL="INFO")  # the suite's is WARNING
     assert loud.returncode == 0 and "| INFO" in loud.stderr, "--verbose brings Prefect's lines back"
+
+
+def test_headline_cells_read_short_with_the_baseline_beside_the_loss():
+    from flows.cli import _short
+    from flows.run_record import headline_text
+
+    pretrain = {"final.trtd/discriminator_loss": 0.3301, "final.trtd/discriminator_base_loss": 0.3921,
+                "final.trtd/generator_loss": 6.27, "final.mrtd/discriminator_loss": 0.367,
+                "final.mrtd/discriminator_base_loss": 0.422, "final.mrtd/generator_loss": 6.51, "step": 400}
+    assert headline_text("pretrain", pretrain, _short).splitlines() == [
+        "mrtd D 0.367 (base 0.422)", "mrtd G 6.51", "trtd D 0.3301 (base 0.3921)", "trtd G 6.27"]
+    assert headline_text("evaluate", {"eval/allauth/avg": 12.6, "eval/allauth/en-de": 3.0}) == "allauth 12.6"
+    assert headline_text("dedup", {"bitext.out": 75745.0, "mono.out": 10735.0}, _short) == "bitext 76k\nmono 11k"
