@@ -16,16 +16,15 @@ from flows.registry import STAGE_NAMES
 ROOT = Path(__file__).resolve().parents[1]
 
 
-PREFECT = Path(sys.executable).with_name("prefect")
+ENTRYPOINT = ROOT / "infra" / "docker" / "entrypoint.sh"
+BIN_PATH = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
 
 
 @pytest.fixture(scope="module")
 def deployed(prefect_server):
-    env = {**os.environ, "PREFECT_API_URL": prefect_server}
-    subprocess.run([PREFECT, "work-pool", "create", "xylent", "--type", "process"], cwd=ROOT, env=env,
-                   check=False, capture_output=True)
-    done = subprocess.run([PREFECT, "--no-prompt", "deploy", "--all"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    # as compose's one-shot `deploy` service does it: the image's entrypoint creates the pool and deploys
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "XYLENT_HOME": str(ROOT), "PATH": BIN_PATH}
+    done = subprocess.run([ENTRYPOINT, "deploy"], cwd="/", env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return prefect_server
 
@@ -86,8 +85,8 @@ def test_a_worker_elsewhere_runs_deployments_and_two_runs_on_one_workspace_queue
                                    timeout=0))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {**os.environ, "PREFECT_API_URL": deployed, "XYLENT_HOME": str(ROOT)}
-    worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "xylent", "--limit", "2"], cwd=elsewhere,
+    env = {**os.environ, "PREFECT_API_URL": deployed, "XYLENT_HOME": str(ROOT), "PATH": BIN_PATH}
+    worker = subprocess.Popen([ENTRYPOINT, "worker", "--limit", "2"], cwd=elsewhere,  # as compose's worker starts
                               env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "worker.log").open("w"))
     try:
         async def states():

@@ -1,14 +1,19 @@
-"""infra/slurm/pretrain.sbatch run by bash as Slurm would, with stand-ins for
+"""infra/: the Docker image, its entrypoint and the compose file (linted, checked,
+the entrypoint run for real here and in test_team_tracking/test_deployments), and
+infra/slurm/pretrain.sbatch run by bash as Slurm would, with stand-ins for
 Slurm's `scontrol` and for the installed `xylent` (no cluster here): the hostfile
 it writes, the GPU counts it reads, and what it refuses."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SBATCH = ROOT / "infra" / "slurm" / "pretrain.sbatch"
@@ -62,3 +67,101 @@ def test_what_a_cluster_lacks_is_said_before_anything_starts(cluster, case, mess
                venv_dir=tmp / "nowhere" if case == "no-venv" else tmp / "venv")
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert not (tmp / "xylent-args").exists()
+
+
+# -- the image and the compose file (infra/docker) ----------------------------------------
+DOCKER = ROOT / "infra" / "docker"
+
+
+def _venv_tool(name: str) -> str:
+    tool = Path(sys.executable).with_name(name)
+    assert tool.exists(), f"{name} comes with the dev extra (make install); not found at {tool}"
+    return str(tool)
+
+
+def test_dockerfile_and_shell_scripts_pass_their_linters():
+    lint = subprocess.run([_venv_tool("hadolint"), str(DOCKER / "Dockerfile")], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    scripts = [DOCKER / "entrypoint.sh", SBATCH]
+    check = subprocess.run([_venv_tool("shellcheck"), *map(str, scripts)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_compose_runs_every_xylent_service_from_the_project_image_with_nothing_installed_at_start():
+    compose = yaml.safe_load((DOCKER / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"postgres", "prefect", "mlflow", "worker", "deploy", "minio"} <= set(services)
+    ours = {name: s for name, s in services.items() if s.get("image") == "xylent:latest"}
+    assert {"prefect", "mlflow", "worker", "deploy", "cli"} <= set(ours), \
+        "Prefect and MLflow servers run the client's own versions: the project image"
+    for name, s in ours.items():
+        assert s["build"] == {"context": "../..", "dockerfile": "infra/docker/Dockerfile"}, name
+    import re
+
+    roles = set(re.findall(r"^    ([\w|-]+)\)$", (DOCKER / "entrypoint.sh").read_text(), re.M))
+    roles = {r for alt in roles for r in alt.split("|")}
+    for name, s in services.items():
+        text = json.dumps(s)
+        assert "pip install" not in text and "apt-get" not in text, f"{name} installs at container start"
+        if name in ours and "command" in s:
+            assert s["command"][0] in roles or name == "cli", f"{name}: entrypoint has no role {s['command'][0]!r}"
+    mlflow_env = services["mlflow"]["environment"]
+    assert {"MLFLOW_BACKEND_STORE_URI", "MLFLOW_ARTIFACTS_DESTINATION"} <= set(mlflow_env)
+    assert mlflow_env["MLFLOW_BACKEND_STORE_URI"].startswith("postgresql://")
+    assert "psycopg2" in (ROOT / "pyproject.toml").read_text() and "server" in _dockerfile_extras()
+    worker = services["worker"]
+    assert worker["environment"]["PREFECT_API_URL"] == "http://prefect:4200/api"
+    assert worker["environment"]["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+    home = worker["environment"]["XYLENT_HOME"]
+    assert f"workspace:{home}/workspace" in worker["volumes"], "deployments' ./workspace is the shared volume"
+    assert worker["depends_on"]["deploy"] == {"condition": "service_completed_successfully"}
+    init = (DOCKER / "postgres-init.sql").read_text()
+    assert "CREATE DATABASE mlflow" in init and mlflow_env["MLFLOW_BACKEND_STORE_URI"].endswith("/mlflow")
+
+
+def _dockerfile_extras() -> set[str]:
+    line = next(ln for ln in (DOCKER / "Dockerfile").read_text().splitlines() if ln.startswith("ARG EXTRAS="))
+    return set(line.split("=", 1)[1].split(","))
+
+
+def test_image_extras_exist_in_pyproject():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert _dockerfile_extras() <= set(extras)
+
+
+@pytest.mark.parametrize("service,missing", [("mlflow-server", "MLFLOW_BACKEND_STORE_URI"),
+                                             ("worker", "PREFECT_API_URL"), ("deploy", "PREFECT_API_URL")])
+def test_entrypoint_names_the_setting_a_service_lacks(service, missing):
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/")}
+    done = subprocess.run([str(DOCKER / "entrypoint.sh"), service], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and f"{service} needs {missing} set" in done.stderr, done.stderr
+
+
+def test_entrypoint_gives_up_on_a_server_that_never_answers(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(tmp_path), "WAIT_TIMEOUT_S": "2",
+           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+    done = subprocess.run([str(DOCKER / "entrypoint.sh"), "worker"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode != 0 and f"127.0.0.1:{port}/api/health did not answer within 2 s" in done.stderr, \
+        done.stderr
+
+
+def test_image_builds_where_a_docker_daemon_runs():
+    import shutil
+
+    if shutil.which("docker") is None or subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        pytest.skip("no Docker daemon here: the image is linted (hadolint) and its entrypoint tested instead")
+    done = subprocess.run(["docker", "build", "-f", str(DOCKER / "Dockerfile"), "-t", "xylent:test", str(ROOT)],
+                          capture_output=True, text=True, timeout=3600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    version = subprocess.run(["docker", "run", "--rm", "xylent:test", "xylent", "--help"], capture_output=True,
+                             text=True, timeout=300)
+    assert version.returncode == 0 and "run" in version.stdout, version.stderr

@@ -1,10 +1,12 @@
-"""A team's MLflow: a real `mlflow server --serve-artifacts` on 127.0.0.1, and two
+"""A team's MLflow: a real `mlflow server --serve-artifacts` on 127.0.0.1 (started by the
+image's entrypoint, infra/docker/entrypoint.sh, as compose starts it), and two
 pretrain runs that differ by one upstream knob, compared as a user would in
 its UI ("show diff only")."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -27,9 +29,12 @@ def mlflow_server(tmp_path_factory):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--backend-store-uri", f"sqlite:///{root}/store.db", "--serve-artifacts",
-                             "--artifacts-destination", str(root / "artifacts"), "--workers", "1"],
+    # started as the compose file starts it: the image's entrypoint, configured by environment
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "MLFLOW_HOST": "127.0.0.1", "MLFLOW_PORT": str(port),
+           "MLFLOW_BACKEND_STORE_URI": f"sqlite:///{root}/store.db",
+           "MLFLOW_ARTIFACTS_DESTINATION": str(root / "artifacts")}
+    proc = subprocess.Popen([ROOT / "infra" / "docker" / "entrypoint.sh", "mlflow-server"], env=env,
                             stdout=subprocess.DEVNULL, stderr=(root / "server.log").open("w"))
     uri = f"http://127.0.0.1:{port}"
     import requests
