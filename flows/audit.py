@@ -41,7 +41,8 @@ def evidence_task(dedup_dir, pairs, spec):
 def audit(ctx: StageContext) -> StageOutcome:
     spec, p, tracker = ctx.spec, ctx.spec.pretrain, ctx.tracker
     ckdir = checkpoint_dir(ctx)
-    cfg = audit_train_config(spec, ctx.upstream, ckdir, ctx.run_id, tracker.uri)
+    cfg = audit_train_config(spec, ctx.upstream, ckdir, ctx.run_id, tracker.uri,
+                             shards_source=ctx.ws.url_of(ctx.upstream["shards"]))
     result = run_training(ctx, cfg, ckdir)
 
     name = f"{p.register_name or f'xylent-{spec.name}'}-audit"

@@ -29,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
 
     def spec_args(sp):
         sp.add_argument("--spec", required=True, help="YAML spec, e.g. data_specs/demo.yaml")
-        sp.add_argument("--workspace", help="output folder (default: the spec's 'workspace', else ./workspace)")
+        sp.add_argument("--workspace", help="output folder or s3://bucket/prefix (default: the spec's 'workspace', "
+                        "else ./workspace)")
         sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a spec field, e.g. --set prepare.min_chars=5 (repeatable)")
         sp.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")
@@ -62,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _outputs(spec_file: str, overrides: list[str], workspace: str | None):
+def _outputs(spec_file: str, overrides: list[str], workspace: str | None, fetch: bool = True):
     """(stage, fingerprint, output folder, manifest or None) for every stage of the spec."""
     from xylent.spec import load_spec
 
@@ -70,7 +71,7 @@ def _outputs(spec_file: str, overrides: list[str], workspace: str | None):
     ws = workspace_for(spec, workspace)
     for name, fp in stage_fingerprints(STAGES, spec, ws).items():
         out = ws.output_dir(name, fp)
-        yield name, fp, out, read_manifest(out)
+        yield name, fp, out, ws.manifest(out, fetch=fetch)
 
 
 def _compare(args) -> dict:
@@ -90,7 +91,8 @@ def _compare(args) -> dict:
 def _status(args) -> dict:
     return {"stages": {name: {"output_dir": str(out), "fingerprint": fp, "cached": manifest is not None,
                               "mlflow_run_id": manifest.get("mlflow_run_id") if manifest else None}
-                       for name, fp, out, manifest in _outputs(args.spec, args.overrides, args.workspace)}}
+                       for name, fp, out, manifest in _outputs(args.spec, args.overrides, args.workspace,
+                                                               fetch=False)}}
 
 
 def _verify(args) -> dict:

@@ -68,7 +68,7 @@ def download(ctx: StageContext) -> StageOutcome:
         # downloads are I/O-bound: always threads, download.concurrency at a time
         with ThreadPoolTaskRunner(max_workers=spec.download.concurrency) as runner:
             records = [rec for batch in run_tasks(fetch_task, [
-                {"label": label, "items": batch, "ws_root": str(ctx.ws.root), "cfg": spec.download,
+                {"label": label, "items": batch, "ws_root": ctx.ws.location, "cfg": spec.download,
                  "progress": progress} for label, batch in _batches(items).items()
             ], runner=runner, progress=progress, count=False) for rec in batch]
     finally:

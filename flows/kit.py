@@ -32,7 +32,7 @@ from xylent.errors import XylentError, environment_error
 from xylent.spec import Spec, load_spec
 from xylent.stage import StageContext, StageDef, StageOutcome, stage_fingerprints, workspace_for
 from xylent.tracking import Tracker, artifact_root_for, tracking_uri_for
-from xylent.workspace import Workspace, read_manifest, verified_manifest
+from xylent.workspace import Workspace, read_manifest
 
 __all__ = ["Invocation", "StageContext", "StageOutcome", "stage_flow"]
 
@@ -92,7 +92,7 @@ class Invocation:
         parent_run_id = _PARENT_RUN.get()
         slot = contextlib.ExitStack()
         if parent_run_id is None:
-            slot.enter_context(workspace_slot(ws.root))
+            slot.enter_context(workspace_slot(ws.location))
         try:
             if parent_run_id is None:  # every stage of this invocation fans out over one cluster
                 slot.enter_context(shared_cluster(spec.runner))  # a failure before the invocation exists must not keep the workspace's slot
@@ -108,7 +108,7 @@ class Invocation:
                 parent_run_id = tracker.start_run(
                     run_name(spec, name, fingerprints.get(last), overrides),
                     tags={"xylent.spec": str(Path(spec_file).resolve()), "xylent.target": name,
-                          "xylent.workspace": str(ws.root), **source_tags(spec_file), **_prefect_tags()},
+                          "xylent.workspace": ws.location, **source_tags(spec_file), **_prefect_tags()},
                     params={"spec": spec.dump(), "overrides": " ".join(overrides or [])},
                 )
                 _log_spec_file(tracker, parent_run_id, Path(spec_file))
@@ -122,7 +122,7 @@ class Invocation:
             raise
 
     def flow_kwargs(self) -> dict:
-        return {"spec_file": self.spec_file, "workspace": str(self.ws.root), "overrides": self.overrides}
+        return {"spec_file": self.spec_file, "workspace": self.ws.location, "overrides": self.overrides}
 
     def finish(self, ok: bool) -> None:
         self._slot.close()
@@ -169,7 +169,7 @@ class Invocation:
         dirs = {}
         for up in stage.upstream_of(self.spec):
             out = self.ws.output_dir(up, self.fingerprints[up])
-            manifest = verified_manifest(out, up)
+            manifest = self.ws.verified(out, up)
             if manifest is None:
                 self.record(self.flows[up](**self.flow_kwargs()))
             else:
@@ -266,7 +266,7 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
             **source_tags(inv.spec_file), **_prefect_tags(), **cluster_tags()}
     with inv.ws.lock():
         upstream = inv.upstream_dirs(stage)
-        manifest = read_manifest(out) if force else verified_manifest(out, stage.name)
+        manifest = None if force else inv.ws.verified(out, stage.name)
         if manifest is not None and not force:
             # a link to the run that built the output, not a copy of its metrics (which would pile up columns)
             run_id = inv.tracker.start_run(

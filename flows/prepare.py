@@ -30,7 +30,7 @@ def prepare_unit_task(key: str, records: list[dict], ws_root: str, cfg: PrepareC
 def prepare(ctx: StageContext) -> StageOutcome:
     units = prep.group_units(read_records(ctx.upstream["download"]))
     calls = [{"key": f"{u[0]['source']}/{u[0].get('lang') or u[0].get('pair') or 'catalogs'}", "records": u,
-              "ws_root": str(ctx.ws.root), "cfg": ctx.spec.prepare,
+              "ws_root": ctx.ws.location, "cfg": ctx.spec.prepare,
               "source_cfg": source_options(ctx.spec, u[0]["source"]), "force": ctx.force} for u in units]
     manifests = list(run_tasks(prepare_unit_task, calls, runner=ctx.spec.runner, title="prepare", unit="units",
                                key="prepare-progress"))

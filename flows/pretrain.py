@@ -88,7 +88,8 @@ def run_training(ctx: StageContext, cfg: TrainConfig, ckdir: Path):
 def pretrain(ctx: StageContext) -> StageOutcome:
     spec, p, tracker = ctx.spec, ctx.spec.pretrain, ctx.tracker
     ckdir = checkpoint_dir(ctx)
-    cfg = train_config(spec, ctx.upstream, ckdir, ctx.run_id, tracker.uri)
+    cfg = train_config(spec, ctx.upstream, ckdir, ctx.run_id, tracker.uri,
+                       shards_source=ctx.ws.url_of(ctx.upstream["shards"]))  # ranks stream from the bucket
     init = prepare_init(spec, ctx.ws, cfg, ctx.upstream, ckdir) if p.init is not None else None  # before training
     result = run_training(ctx, cfg, ckdir)
 

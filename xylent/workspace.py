@@ -6,6 +6,11 @@ made of (one file fetched, one source prepared).  Both are built in a sibling
 ``*.tmp-<pid>-<rand>`` directory and renamed into place only after
 ``_manifest.json`` has been written, so a directory with a manifest is complete
 and anything else is never trusted (left-overs are removed under the lock).
+
+An ``s3://`` workspace keeps the same guarantees on object storage (see
+:mod:`xylent.remote`): stages build in this machine's copy of it, publishing
+uploads the output (manifest last), and reading an output another machine built
+downloads and checks it first.
 """
 
 from __future__ import annotations
@@ -117,12 +122,15 @@ def link_or_copy(src: Path, dst: Path) -> None:
 class Workspace:
     def __init__(self, root: str | Path):
         root_s = str(root)
+        self.remote = None
         if "://" in root_s and not root_s.startswith("file://"):
-            raise XylentError(
-                f"workspace {root_s!r}: remote (fsspec) workspaces are not supported yet",
-                fix="use a local or network-mounted directory for --workspace",
-            )
+            from xylent.remote import ObjectStore
+
+            self.remote = ObjectStore(root_s)
+            root_s = str(self.remote.cache_dir)
         self.root = Path(root_s.removeprefix("file://")).expanduser().resolve()
+        # what names this workspace to another process or machine (a worker, a subflow)
+        self.location = self.remote.url if self.remote else str(self.root)
         taken = next((p for p in (self.root, *self.root.parents) if p.exists()), None)
         if taken is not None and not taken.is_dir():  # the workspace, or a folder it would go in, is a file
             raise XylentError(f"the workspace {self.root} cannot be a folder: {taken} is a file", where=str(taken),
@@ -139,6 +147,8 @@ class Workspace:
                 pass
         except OSError as exc:
             raise (environment_error(exc, str(self.root)) or exc) from None
+        if self.remote is not None:
+            self.remote.probe()
 
     # -- paths -------------------------------------------------------------
     def stage_dir(self, stage: str) -> Path:
@@ -151,7 +161,45 @@ class Workspace:
         return self.root / stage / "_units" / fp
 
     def is_complete(self, directory: Path) -> bool:
-        return read_manifest(directory) is not None
+        return self.manifest(directory) is not None
+
+    # -- reading published outputs (from the bucket when the workspace is remote) --
+    def _rel(self, directory: Path) -> str:
+        return Path(directory).resolve().relative_to(self.root).as_posix()
+
+    def manifest(self, directory: Path, fetch: bool = True) -> dict[str, Any] | None:
+        """The manifest of a complete output, or None.  Remote: the bucket decides; an
+        output this machine lacks (or holds in another version) is downloaded first
+        (unless ``fetch`` is false: only asking whether it is published)."""
+        if self.remote is None:
+            return read_manifest(directory)
+        rel = self._rel(directory)
+        published = self.remote.read_manifest(rel)
+        if published is None or not fetch:
+            return published
+        if read_manifest(directory) != published:
+            from xylent.remote import fresh_folder
+
+            with fresh_folder(Path(directory)) as tmp:
+                self.remote.download_dir(rel, published, tmp)
+        return published
+
+    def ensure_local(self, unit: Path) -> Path:
+        """A unit (content-addressed, never rebuilt in place) made by a worker on another
+        machine: downloaded here unless this machine already has it."""
+        if self.remote is not None and read_manifest(unit) is None and self.manifest(unit) is None:
+            raise XylentError("a unit this stage reads is not in the bucket", where=self.url_of(unit),
+                              fix="rerun the stage that makes it (its worker may have failed before publishing)")
+        return unit
+
+    def verified(self, directory: Path, stage: str) -> dict[str, Any] | None:
+        """:func:`verified_manifest`, through :meth:`manifest`."""
+        self.manifest(directory)
+        return verified_manifest(directory, stage)
+
+    def url_of(self, directory: Path) -> str | None:
+        """The object-store URL of an output (None for a local workspace)."""
+        return self.remote.url_of(self._rel(directory)) if self.remote else None
 
     # -- atomic build --------------------------------------------------------
     @contextlib.contextmanager
@@ -199,6 +247,8 @@ class Workspace:
             shutil.rmtree(old, ignore_errors=True)
         tmp.rename(final)
         _fsync_dir(final.parent)
+        if self.remote is not None:
+            self.remote.upload_dir(final, self._rel(final))
         return manifest
 
     # -- locking -------------------------------------------------------------
@@ -236,17 +286,28 @@ class Workspace:
                 Workspace._held[self.root] = (fd, 1)
                 acquired = True
         if acquired:
+            try:
+                if self.remote is not None:
+                    self.remote.acquire()
+            except BaseException:
+                self._release_local()
+                raise
             self.remove_stale_temporaries()
         try:
             yield
         finally:
-            with Workspace._local:
-                fd, depth = Workspace._held[self.root]
-                if depth == 1:
-                    del Workspace._held[self.root]
-                    os.close(fd)  # releases the flock
-                else:
-                    Workspace._held[self.root] = (fd, depth - 1)
+            if acquired and self.remote is not None:
+                self.remote.release()
+            self._release_local()
+
+    def _release_local(self) -> None:
+        with Workspace._local:
+            fd, depth = Workspace._held[self.root]
+            if depth == 1:
+                del Workspace._held[self.root]
+                os.close(fd)  # releases the flock
+            else:
+                Workspace._held[self.root] = (fd, depth - 1)
 
     def remove_stale_temporaries(self) -> list[Path]:
         """Delete half-built outputs left by killed runs (only safe under the lock)."""

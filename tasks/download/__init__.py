@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from xylent.spec import DownloadConfig
-from xylent.workspace import Workspace, fingerprint, read_manifest, sha256_file
+from xylent.workspace import Workspace, fingerprint, sha256_file
 
 from tasks.download.content import check_content
 from tasks.download.http import fetch
@@ -46,7 +46,7 @@ def materialise(item: FetchItem, ws: Workspace, cfg: DownloadConfig, on_bytes=la
     """
     fp = unit_fingerprint(item)
     unit = ws.unit_dir("download", fp)
-    manifest = read_manifest(unit)
+    manifest = ws.manifest(unit)
     if manifest is not None:
         return manifest["record"], True
     started = time.time()

@@ -22,7 +22,7 @@ def assemble(records: list[dict], ws: Workspace, out: Path) -> StageOutcome:
     for rec in records:
         if rec.get("file"):  # fetched or copied: visible in the stage output as <source>/<filename>
             rel = f"{rec['source']}/{rec['filename']}"
-            link_or_copy(ws.unit_dir("download", rec["unit"]) / rec["file"], out / rel)
+            link_or_copy(ws.ensure_local(ws.unit_dir("download", rec["unit"])) / rec["file"], out / rel)
             known[rel] = {"bytes": rec["bytes"], "sha256": rec["sha256"]}
     (out / RECORDS_FILE).write_text(json.dumps(redact(records), indent=1, sort_keys=True))
     by_source: dict[str, dict] = {}

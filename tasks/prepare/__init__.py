@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from xylent.errors import XylentError
 from xylent.spec import PrepareConfig
-from xylent.workspace import Workspace, fingerprint, read_manifest
+from xylent.workspace import Workspace, fingerprint
 
 from tasks.prepare.clean import clean_array, decode_lines, length_mask
 from tasks.prepare.gettext import read_catalog
@@ -73,7 +73,7 @@ def unit_fingerprint(records: list[dict], cfg: PrepareConfig, source_cfg: dict) 
 
 def _input_path(ws: Workspace, rec: dict) -> Path:
     if rec.get("file"):
-        return ws.unit_dir("download", rec["unit"]) / rec["file"]
+        return ws.ensure_local(ws.unit_dir("download", rec["unit"])) / rec["file"]
     path = Path(rec["path"])
     try:
         st = path.stat()
@@ -357,7 +357,7 @@ def prepare_unit(records: list[dict], ws: Workspace, cfg: PrepareConfig, source_
     """Prepare one unit into ``prepare/_units/<fp>/``; returns (manifest, cached?)."""
     fp = unit_fingerprint(records, cfg, source_cfg)
     unit = ws.unit_dir("prepare", fp)
-    manifest = read_manifest(unit)
+    manifest = ws.manifest(unit)
     if manifest is not None and not force:
         return manifest, True
     started = time.time()

@@ -28,7 +28,7 @@ def source_options(spec, name: str) -> dict:
 def assemble(manifests: list[dict], ws: Workspace, out: Path) -> StageOutcome:
     known, stats = {}, []
     for m in manifests:
-        unit = ws.unit_dir("prepare", m["fingerprint"])
+        unit = ws.ensure_local(ws.unit_dir("prepare", m["fingerprint"]))  # a worker may be elsewhere
         for f in m["files"]:
             link_or_copy(unit / f["path"], out / f["path"])
             known[f["path"]] = f

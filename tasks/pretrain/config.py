@@ -63,7 +63,9 @@ def deepspeed_config(spec: Spec) -> tuple[Path, int]:
 
 
 def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str | None,
-                 tracking_uri: str | None) -> TrainConfig:
+                 tracking_uri: str | None, shards_source: str | None = None) -> TrainConfig:
+    """``shards_source``: where the ranks read shards (an object-store workspace's URL),
+    when not the upstream's local folder."""
     p = spec.pretrain
     index = read_index(upstream["shards"])
     for t in p.tasks:
@@ -82,7 +84,7 @@ def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str
                           "key encoder", where="spec fields pretrain.objective and pretrain.deepspeed_config",
                           fix="use a ZeRO 0-2 DeepSpeed config for objective infoxlm")
     return TrainConfig(
-        shards_dir=str(upstream["shards"]), sampling_dir=str(upstream["sampling"]),
+        shards_dir=shards_source or str(upstream["shards"]), sampling_dir=str(upstream["sampling"]),
         checkpoint_dir=str(ckdir / "deepspeed"), metrics_file=str(ckdir / "metrics.jsonl"),
         deepspeed_config=str(ds_path), zero_stage=stage, model=enc.to_dict(),
         lr=p.lr or DEFAULT_LR[spec.model.size], clip=p.clip or DEFAULT_CLIP[spec.model.size], seed=spec.seed,
@@ -118,7 +120,7 @@ def pair_loss_weights(pair_loss: str, objective: str, disc_weight: float) -> lis
 
 
 def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str | None,
-                       tracking_uri: str | None) -> TrainConfig:
+                       tracking_uri: str | None, shards_source: str | None = None) -> TrainConfig:
     a, p = spec.audit, spec.pretrain
     if "trtd" not in p.tasks:
         raise XylentError("the audit re-weights TRTD language pairs, but pretrain.tasks has no 'trtd'",
@@ -127,7 +129,7 @@ def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_i
     if not has_rows(index, "trtd"):
         raise XylentError("the shards hold no TRTD (bitext) data: there are no language pairs to audit",
                           where=str(upstream["shards"]), fix="add bitext sources to the spec")
-    cfg = train_config(spec, upstream, ckdir, run_id, tracking_uri)
+    cfg = train_config(spec, upstream, ckdir, run_id, tracking_uri, shards_source)
     cfg.steps = a.steps or p.steps
     cfg.warmup_steps = min(cfg.warmup_steps, max(0, cfg.steps - 1))
     cfg.checkpoint_every = min(cfg.checkpoint_every, cfg.steps)

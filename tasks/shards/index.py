@@ -34,10 +34,54 @@ def write_index(out: Path, *, seq_len: int, tokenizer: dict, specials: dict, gro
     return index
 
 
-def read_index(shards_dir: Path) -> dict:
-    path = Path(shards_dir) / INDEX_FILE
+def is_url(location: str | Path) -> bool:
+    return "://" in str(location)
+
+
+def _join(shards_dir: str | Path, rel: str) -> str | Path:
+    return f"{str(shards_dir).rstrip('/')}/{rel}" if is_url(shards_dir) else Path(shards_dir) / rel
+
+
+def _read_bytes(location: str | Path) -> bytes:
+    if is_url(location):  # an object-store workspace: read straight from the bucket
+        import fsspec
+
+        with fsspec.open(str(location), "rb") as f:
+            return f.read()
+    return Path(location).read_bytes()
+
+
+def open_shard(shards_dir: str | Path, rel: str, sha256: str | None = None):
+    """One shard as an Arrow table: memory-mapped from disk, or read from the object
+    store into memory (no local copy); checked against ``sha256`` when given."""
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    from xylent.workspace import sha256_file
+
+    where = _join(shards_dir, rel)
     try:
-        index = json.loads(path.read_text())
+        if is_url(where):
+            data = _read_bytes(where)
+            digest, source = (hashlib.sha256(data).hexdigest() if sha256 else None), pa.py_buffer(data)
+        else:
+            digest = sha256_file(where) if sha256 else None
+            source = pa.memory_map(str(where))
+    except FileNotFoundError:
+        raise XylentError("a shard listed in index.json is missing", where=str(where),
+                          fix="rebuild the shards: xylent run shards --force") from None
+    if sha256 and digest != sha256:
+        raise XylentError("shard checksum mismatch: the file is corrupt or was changed after it was written",
+                          where=str(where), fix="rebuild the shards: xylent run shards --force")
+    return ipc.open_file(source).read_all()
+
+
+def read_index(shards_dir: str | Path) -> dict:
+    path = _join(shards_dir, INDEX_FILE)
+    try:
+        index = json.loads(_read_bytes(path))
     except FileNotFoundError:
         raise XylentError("no index.json: this is not a shards output", where=str(shards_dir),
                           fix="point at workspace/shards/<fingerprint>") from None

@@ -10,7 +10,8 @@ caller received — prefetching does not move it — and ``load_state_dict``
 makes the following batches identical to an uninterrupted run.
 
 Shards are memory-mapped (nothing is copied into memory up front) and checked
-against the sha256 in index.json when first opened.
+against the sha256 in index.json when first opened; ``shards_dir`` may also be the
+``s3://`` URL of a shards output, read straight from the bucket into memory.
 """
 
 from __future__ import annotations
@@ -22,31 +23,21 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.ipc as ipc
 
 from xylent.errors import XylentError
-from xylent.workspace import sha256_file
 
 from tasks.sampling.output import language_table, pair_table
-from tasks.shards.index import read_index
+from tasks.shards.index import is_url, open_shard, read_index
 
 
 class _Rows:
     """Rows of one language/pair across its shards: zero-copy numpy views."""
 
-    def __init__(self, root: Path, shards: list[dict], columns: list[str], verify: bool):
+    def __init__(self, root: str | Path, shards: list[dict], columns: list[str], verify: bool):
         self.chunks: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in columns]
         starts = [0]
         for sh in shards:
-            path = root / sh["path"]
-            if not path.exists():
-                raise XylentError("a shard listed in index.json is missing", where=str(path),
-                                  fix="rebuild the shards: xylent run shards --force")
-            if verify and sha256_file(path) != sh["sha256"]:
-                raise XylentError("shard checksum mismatch: the file is corrupt or was changed after it was written",
-                                  where=str(path), fix="rebuild the shards: xylent run shards --force")
-            table = ipc.open_file(pa.memory_map(str(path))).read_all()
+            table = open_shard(root, sh["path"], sh["sha256"] if verify else None)
             for batch in table.to_batches():
                 for k, name in enumerate(columns):
                     arr = batch.column(name)
@@ -78,7 +69,7 @@ class TrainingLoader:
             raise XylentError(f"unknown task {task!r}", fix="use 'mrtd' or 'trtd'")
         if not 0 <= rank < world_size:
             raise XylentError(f"rank {rank} is outside world_size {world_size}")
-        self.root = Path(shards_dir)
+        self.root = shards_dir if is_url(shards_dir) else Path(shards_dir)
         self.index = read_index(self.root)
         self.task, self.seed, self.rank, self.world = task, seed, rank, world_size
         self.batch_size, self.max_tokens, self.prefetch = batch_size, max_tokens, prefetch
