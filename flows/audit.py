@@ -17,7 +17,7 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.dedup import dedup
 from flows.kit import StageContext, StageOutcome, stage_flow
-from flows.pretrain import checkpoint_dir, pretrain, run_training
+from flows.pretrain import checkpoint_dir, pretrain, run_training, shards_source
 from flows.sampling import sampling
 from flows.shards import shards
 from flows.vocab import vocab
@@ -42,7 +42,7 @@ def audit(ctx: StageContext) -> StageOutcome:
     spec, p, tracker = ctx.spec, ctx.spec.pretrain, ctx.tracker
     ckdir = checkpoint_dir(ctx)
     cfg = audit_train_config(spec, ctx.upstream, ckdir, ctx.run_id, tracker.uri,
-                             shards_source=ctx.ws.url_of(ctx.upstream["shards"]))
+                             shards_source=shards_source(ctx))
     result = run_training(ctx, cfg, ckdir)
 
     name = f"{p.register_name or f'xylent-{spec.name}'}-audit"

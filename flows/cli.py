@@ -166,7 +166,7 @@ def _where(result: dict, args) -> list[str]:
     spec = load_spec(args.spec, args.overrides)
     ws = workspace_for(spec, args.workspace)
     uri = tracking_uri_for(ws.root, spec.tracking.tracking_uri)
-    lines = [f"outputs:  {ws.root}"]
+    lines = [f"outputs:  {ws.location}" + (f" (this machine's copy: {ws.root})" if ws.remote else "")]
     lines.append(f"MLflow:   parent run {result['mlflow_parent_run_id']} in experiment '{spec.tracking.experiment}' "
                  f"({uri}); to see it, {how_to_view(uri)}")
     fr = result.get("prefect_flow_run_id")

@@ -89,7 +89,7 @@ def pretrain(ctx: StageContext) -> StageOutcome:
     spec, p, tracker = ctx.spec, ctx.spec.pretrain, ctx.tracker
     ckdir = checkpoint_dir(ctx)
     cfg = train_config(spec, ctx.upstream, ckdir, ctx.run_id, tracker.uri,
-                       shards_source=ctx.ws.url_of(ctx.upstream["shards"]))  # ranks stream from the bucket
+                       shards_source=shards_source(ctx))
     init = prepare_init(spec, ctx.ws, cfg, ctx.upstream, ckdir) if p.init is not None else None  # before training
     result = run_training(ctx, cfg, ckdir)
 
@@ -113,3 +113,9 @@ def pretrain(ctx: StageContext) -> StageOutcome:
     return StageOutcome(metrics=metrics, table=table, summary=summary,
                         manifest={"checkpoints": str(ckdir), "registered_model": name, "model_uri": model_uri,
                                   "registered_version": version, "resumed_from_step": result.resumed_from_step})
+
+
+def shards_source(ctx: StageContext) -> str | None:
+    """Ranks on other nodes read the shards from the bucket of an object-store workspace;
+    on one node they memory-map this machine's copy."""
+    return ctx.ws.url_of(ctx.upstream["shards"]) if ctx.spec.pretrain.hostfile else None

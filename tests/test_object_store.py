@@ -177,16 +177,19 @@ def test_the_lease_lock_refuses_a_second_run_and_frees_a_dead_ones(s3, cache, mo
     with pytest.raises(s3.exceptions.NoSuchKey):
         s3.get_object(Bucket=BUCKET, Key="locked/.xylent.lock")
 
-    # a holder whose lease was taken over (it stalled past the lease) publishes nothing more
+    # a holder whose lease was taken over (it stalled past the lease) publishes nothing more,
+    # through any Workspace object of the process (each stage subflow opens its own)
     monkeypatch.setattr(xylent.remote, "LEASE_S", 0.6)
     out = ws.output_dir("stage", "fp")
     with ws.lock():
         s3.put_object(Bucket=BUCKET, Key="locked/.xylent.lock", Body=b'{"host": "thief", "expires": 0}')
         time.sleep(0.5)  # a renewal (every LEASE_S / 3) finds the object changed
-        with ws.building(out) as tmp, pytest.raises(XylentError, match="lost the workspace lock"):
+        stage_ws = _workspace("locked")
+        with stage_ws.building(out) as tmp, pytest.raises(XylentError, match="lease was taken by another run"):
             (tmp / "x").write_text("x")
-            ws.publish(tmp, out, {})
-    assert ws.manifest(out) is None
+            stage_ws.publish(tmp, out, {})
+    assert ws.manifest(out) is None and ws.verified(out, "stage") is None
+    assert not out.exists(), "the bucket first: nothing local to take as cached later"
 
 
 def test_unusable_object_store_workspaces_fail_clearly(s3, cache):
@@ -200,3 +203,21 @@ def test_unusable_object_store_workspaces_fail_clearly(s3, cache):
     with pytest.raises(XylentError, match="writing a probe object failed") as err:
         missing.ensure_writable()
     assert "AWS_ENDPOINT_URL" in err.value.fix
+
+
+def test_a_lease_is_ours_after_a_retried_write_and_lapses_without_renewals(s3, cache):
+    from xylent.remote import ObjectStore
+
+    store = _workspace("adopt").remote
+    store.acquire()
+    try:
+        lease = ObjectStore._leases[store.url]
+        # our conditional write went through but its answer was lost; the retry was refused:
+        # the lock names us as owner, so it is adopted, not reported as another run's
+        assert store._take_over_if_expired(lease["body"]) == lease["etag"]
+        assert store.lease_problem() is None
+        lease["valid_until"] = time.time() - 1  # renewals failed (store unreachable) for a whole lease
+        assert "could not be renewed" in store.lease_problem()
+    finally:
+        store.release()
+    assert store.lease_problem() is None and store.url not in ObjectStore._leases

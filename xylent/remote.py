@@ -74,8 +74,6 @@ class ObjectStore:
         self.url = f"s3://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
         self.fs = s3fs.S3FileSystem(use_listings_cache=False, skip_instance_cache=True)
         self.cache_dir = cache_root() / "s3" / self.bucket / (self.prefix or "_root")
-        self._lease: dict[str, Any] | None = None
-        self.lost_lock = False
 
     # -- names ---------------------------------------------------------------
     def key(self, rel: str) -> str:
@@ -91,13 +89,25 @@ class ObjectStore:
                 "profile) and endpoint (AWS_ENDPOINT_URL) can write it")
 
     def probe(self) -> None:
-        """Prove the prefix takes an object (wrong bucket, credentials or endpoint fail here, at once)."""
+        """Prove the prefix takes an object (wrong bucket, credentials or endpoint fail here,
+        at once) and that the store honours conditional writes, which the lock rests on."""
         probe = self.key(f".xylent-probe-{secrets.token_hex(4)}")
         try:
-            self.fs.call_s3("put_object", Bucket=self.bucket, Key=probe, Body=b"")
-            self.fs.call_s3("delete_object", Bucket=self.bucket, Key=probe)
+            self.fs.call_s3("put_object", Bucket=self.bucket, Key=probe, Body=b"", IfNoneMatch="*")
         except Exception as exc:
             raise self._fail(exc, "writing a probe object") from None
+        try:
+            self.fs.call_s3("put_object", Bucket=self.bucket, Key=probe, Body=b"", IfNoneMatch="*")
+            honoured = False
+        except Exception as exc:
+            honoured = _precondition_failed(exc)
+        with contextlib.suppress(Exception):
+            self.fs.call_s3("delete_object", Bucket=self.bucket, Key=probe)
+        if not honoured:
+            raise XylentError("this object store ignores conditional writes (If-None-Match), so two runs could "
+                              "both take the workspace lock", where=self.url,
+                              fix="use a store with S3 conditional writes (AWS S3, MinIO >= 2024-11, R2), or a "
+                                  "local/network folder as --workspace")
 
     # -- manifests and files -------------------------------------------------
     def read_manifest(self, rel_dir: str) -> dict[str, Any] | None:
@@ -112,10 +122,7 @@ class ObjectStore:
 
     def upload_dir(self, local: Path, rel_dir: str) -> None:
         """Files first, the manifest last; an older manifest goes before anything is replaced."""
-        if self.lost_lock:
-            raise XylentError("this run lost the workspace lock (its lease expired and another run took it): "
-                              "its output is not published", where=self.url,
-                              fix="rerun; keep runs on one workspace apart, or raise XYLENT_LOCK_LEASE_S")
+        self._check_lease()
         files = sorted(p for p in local.rglob("*") if p.is_file() and p.name != MANIFEST)
         try:
             with contextlib.suppress(FileNotFoundError):
@@ -123,25 +130,44 @@ class ObjectStore:
             if files:
                 self.fs.put([str(p) for p in files],
                             [self.url_of(f"{rel_dir}/{p.relative_to(local).as_posix()}") for p in files])
+            self._check_lease()  # again: an upload can outlast a lease
             self.fs.put_file(str(local / MANIFEST), self.url_of(f"{rel_dir}/{MANIFEST}"))
+        except XylentError:
+            raise
         except Exception as exc:
             raise self._fail(exc, f"uploading {rel_dir}") from None
+
+    def _check_lease(self) -> None:
+        if (why := self.lease_problem()) is not None:
+            raise XylentError(f"this run lost the workspace lock ({why}): its output is not published",
+                              where=self.url, fix="rerun; keep runs on one workspace apart, or raise "
+                              "XYLENT_LOCK_LEASE_S (seconds, default 60) if the store is slow to answer")
 
     def download_dir(self, rel_dir: str, manifest: dict[str, Any], local: Path) -> None:
         """The manifest's files into ``local`` (a fresh folder), each checked against its sha256."""
         from xylent.workspace import sha256_file
 
+        from xylent.errors import environment_error
+
         entries = manifest.get("files", [])
+        bad = [e["path"] for e in entries if e["path"].startswith("/") or ".." in Path(e["path"]).parts]
+        if bad:
+            raise XylentError(f"{rel_dir}/{MANIFEST} lists paths outside its folder: {bad[:3]}",
+                              where=self.url_of(rel_dir), fix="rebuild that stage with --force")
         targets = [local / e["path"] for e in entries]
-        for t in targets:
-            t.parent.mkdir(parents=True, exist_ok=True)
         try:
+            for t in targets:
+                t.parent.mkdir(parents=True, exist_ok=True)
             if entries:
                 self.fs.get([self.url_of(f"{rel_dir}/{e['path']}") for e in entries], [str(t) for t in targets])
         except FileNotFoundError as exc:
             raise XylentError(f"a file listed in {rel_dir}/{MANIFEST} is missing from the bucket: {exc}",
                               where=self.url_of(rel_dir),
                               fix="rebuild that stage with --force (its output was changed after publishing)") from None
+        except OSError as exc:
+            if (env := environment_error(exc, str(local))) is not None:
+                raise env from None  # this machine's disk, not the bucket
+            raise self._fail(exc, f"downloading {rel_dir}") from None
         except Exception as exc:
             raise self._fail(exc, f"downloading {rel_dir}") from None
         for e, t in zip(entries, targets):
@@ -155,21 +181,44 @@ class ObjectStore:
         return self.fs.open(self.url_of(rel), "rb")
 
     # -- the lease lock ------------------------------------------------------
+    # One lease per workspace URL and process: every Workspace object of an invocation
+    # (its stage subflows open their own) sees whether the lease still holds.
+    _leases: dict[str, dict[str, Any]] = {}
+
+    def lease_problem(self) -> str | None:
+        """Why this process may not publish to the workspace now (None: it holds the lease)."""
+        lease = ObjectStore._leases.get(self.url)
+        if lease is None:
+            return None  # a worker task: its invocation holds the lease
+        if lease["lost"]:
+            return "its lease was taken by another run"
+        if time.time() >= lease["valid_until"]:
+            return "its lease could not be renewed before it ran out"
+        return None
+
     def acquire(self) -> None:
-        self.lost_lock = False
         body = {"owner": secrets.token_hex(8), "host": socket.gethostname(), "pid": os.getpid(),
                 "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-        key = self.key(LOCK)
-        try:
-            etag = self._put_lock(body, IfNoneMatch="*")
-        except Exception as exc:
-            if not _precondition_failed(exc):
-                raise self._fail(exc, "creating the lock object") from None
-            etag = self._take_over_if_expired(body, key)
-        self._lease = {"body": body, "etag": etag, "stop": threading.Event()}
-        self._lease["thread"] = threading.Thread(target=self._renew, args=(self._lease,), daemon=True,
-                                                 name="xylent-lease")
-        self._lease["thread"].start()
+        for attempt in range(5):  # a lock released between our two requests: create it again
+            try:
+                etag = self._put_lock(body, IfNoneMatch="*")
+                break
+            except Exception as exc:
+                if not _precondition_failed(exc):
+                    raise self._fail(exc, "creating the lock object") from None
+            try:
+                etag = self._take_over_if_expired(body)
+                break
+            except FileNotFoundError:
+                time.sleep(0.2 * (attempt + 1))
+        else:
+            raise XylentError("the workspace lock kept changing hands", where=self.url_of(LOCK),
+                              fix="another xylent run is starting on this workspace: wait, or use another one")
+        lease = {"body": body, "etag": etag, "stop": threading.Event(), "lost": False,
+                 "valid_until": time.time() + LEASE_S}
+        lease["thread"] = threading.Thread(target=self._renew, args=(lease,), daemon=True, name="xylent-lease")
+        ObjectStore._leases[self.url] = lease
+        lease["thread"].start()
 
     def _put_lock(self, body: dict, **condition) -> str:
         body = {**body, "expires": time.time() + LEASE_S}
@@ -177,19 +226,36 @@ class ObjectStore:
                               Body=json.dumps(body).encode(), **condition)
         return out["ETag"]
 
-    def _take_over_if_expired(self, body: dict, key: str) -> str:
+    def _read_lock(self) -> tuple[dict, str]:
+        """The lock object's body and ETag, of one version (FileNotFoundError: there is none)."""
         from fsspec.asyn import sync
 
-        async def read() -> tuple[bytes, str]:  # body and ETag of one version (s3fs' client is async)
-            got = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=key)
+        async def read() -> tuple[bytes, str]:  # s3fs' client is async
+            got = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=self.key(LOCK))
             async with got["Body"] as body:
                 return await body.read(), got["ETag"]
 
         try:
             data, etag = sync(self.fs.loop, read)
-            holder = json.loads(data)
+            return json.loads(data), etag
+        except FileNotFoundError:
+            raise
         except Exception as exc:
             raise self._fail(exc, "reading the lock object") from None
+
+    def _ours(self, body: dict) -> str | None:
+        """The lock's ETag when it is ours after all: a conditional write that succeeded on
+        the server, its answer lost and the retry refused, is not a lost lease."""
+        with contextlib.suppress(FileNotFoundError):
+            holder, etag = self._read_lock()
+            if holder.get("owner") == body["owner"]:
+                return etag
+        return None
+
+    def _take_over_if_expired(self, body: dict) -> str:
+        holder, etag = self._read_lock()
+        if holder.get("owner") == body["owner"]:
+            return etag
         left = holder.get("expires", 0) - time.time()
         if left > 0:
             raise XylentError(
@@ -202,22 +268,29 @@ class ObjectStore:
             return self._put_lock(body, IfMatch=etag)
         except Exception as exc:
             if _precondition_failed(exc):
+                if (mine := self._ours(body)) is not None:
+                    return mine
                 raise XylentError("the workspace was just taken by another xylent run", where=self.url_of(LOCK),
                                   fix="wait for that run to finish, or give this one its own --workspace") from None
             raise self._fail(exc, "taking over an expired lock") from None
 
     def _renew(self, lease: dict) -> None:
         while not lease["stop"].wait(LEASE_S / 3):
+            started = time.time()
             try:
                 lease["etag"] = self._put_lock(lease["body"], IfMatch=lease["etag"])
             except Exception as exc:
-                if _precondition_failed(exc):
-                    self.lost_lock = True
+                if not _precondition_failed(exc):
+                    continue  # transient: the lease still has two thirds left; publishing checks valid_until
+                mine = self._ours(lease["body"])
+                if mine is None:
+                    lease["lost"] = True
                     return
-                # a transient error: the lease still has two thirds left; try again next time
+                lease["etag"] = mine
+            lease["valid_until"] = started + LEASE_S
 
     def release(self) -> None:
-        lease, self._lease = self._lease, None
+        lease = ObjectStore._leases.pop(self.url, None)
         if lease is None:
             return
         lease["stop"].set()
@@ -228,16 +301,31 @@ class ObjectStore:
 
 @contextlib.contextmanager
 def fresh_folder(final: Path) -> Iterator[Path]:
-    """A sibling temporary folder renamed onto ``final`` when the block succeeds."""
+    """A sibling temporary folder renamed onto ``final`` when the block succeeds.  Another
+    process of this machine may fill the same copy at the same time: whichever renames
+    first wins, and the other keeps that one when it holds the same manifest."""
     tmp = final.parent / f"{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir(parents=True)
     try:
         yield tmp
         if final.exists():
+            if _same_manifest(final, tmp):
+                return
             old = final.parent / f"{final.name}.tmp-old-{secrets.token_hex(4)}"
             final.rename(old)
             shutil.rmtree(old, ignore_errors=True)
-        tmp.rename(final)
+        try:
+            tmp.rename(final)
+        except OSError:
+            if not _same_manifest(final, tmp):
+                raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _same_manifest(a: Path, b: Path) -> bool:
+    try:
+        return (a / MANIFEST).read_bytes() == (b / MANIFEST).read_bytes()
+    except OSError:
+        return False

@@ -185,16 +185,18 @@ class Workspace:
         return published
 
     def ensure_local(self, unit: Path) -> Path:
-        """A unit (content-addressed, never rebuilt in place) made by a worker on another
-        machine: downloaded here unless this machine already has it."""
-        if self.remote is not None and read_manifest(unit) is None and self.manifest(unit) is None:
+        """A unit made by a worker (maybe on another machine, maybe rebuilt by --force):
+        this machine's copy brought up to the bucket's version."""
+        if self.remote is not None and self.manifest(unit) is None:
             raise XylentError("a unit this stage reads is not in the bucket", where=self.url_of(unit),
                               fix="rerun the stage that makes it (its worker may have failed before publishing)")
         return unit
 
     def verified(self, directory: Path, stage: str) -> dict[str, Any] | None:
-        """:func:`verified_manifest`, through :meth:`manifest`."""
-        self.manifest(directory)
+        """:func:`verified_manifest`, through :meth:`manifest`: on object storage only what
+        the bucket has is published (a local copy whose upload failed is not)."""
+        if self.manifest(directory) is None and self.remote is not None:
+            return None
         return verified_manifest(directory, stage)
 
     def url_of(self, directory: Path) -> str | None:
@@ -241,14 +243,14 @@ class Workspace:
         manifest = redact({**manifest, "files": files})
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
         _fsync_dir(tmp)
+        if self.remote is not None:  # the bucket first: a failed upload leaves no local copy to trust
+            self.remote.upload_dir(tmp, self._rel(final))
         if final.exists():  # --force: move the old output aside first, then drop it
             old = final.parent / f"{final.name}{TMP_MARK}old-{secrets.token_hex(4)}"
             final.rename(old)
             shutil.rmtree(old, ignore_errors=True)
         tmp.rename(final)
         _fsync_dir(final.parent)
-        if self.remote is not None:
-            self.remote.upload_dir(final, self._rel(final))
         return manifest
 
     # -- locking -------------------------------------------------------------
@@ -285,15 +287,15 @@ class Workspace:
                 os.pwrite(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
                 Workspace._held[self.root] = (fd, 1)
                 acquired = True
-        if acquired:
+        if acquired and self.remote is not None:
             try:
-                if self.remote is not None:
-                    self.remote.acquire()
+                self.remote.acquire()
             except BaseException:
                 self._release_local()
                 raise
-            self.remove_stale_temporaries()
         try:
+            if acquired:
+                self.remove_stale_temporaries()
             yield
         finally:
             if acquired and self.remote is not None:

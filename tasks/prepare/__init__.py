@@ -357,7 +357,7 @@ def prepare_unit(records: list[dict], ws: Workspace, cfg: PrepareConfig, source_
     """Prepare one unit into ``prepare/_units/<fp>/``; returns (manifest, cached?)."""
     fp = unit_fingerprint(records, cfg, source_cfg)
     unit = ws.unit_dir("prepare", fp)
-    manifest = ws.manifest(unit)
+    manifest = ws.manifest(unit, fetch=not force)
     if manifest is not None and not force:
         return manifest, True
     started = time.time()

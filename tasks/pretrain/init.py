@@ -65,7 +65,7 @@ def _registered(spec: Spec, ws: Workspace, reg: dict) -> tuple[Path, dict]:
 
     name, uri = reg["name"], tracking_uri_for(ws.root, spec.tracking.tracking_uri)
     first = (f"run the stage that registers it first, in this workspace (e.g. xylent run pretrain --spec "
-             f"<phase-1 spec> --workspace {ws.root}), or give pretrain.init.from as a dir")
+             f"<phase-1 spec> --workspace {ws.location}), or give pretrain.init.from as a dir")
     if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
         raise XylentError(f"pretrain.init.from is the registered model {spec.pretrain.init.from_!r}, but the "
                           "workspace has no MLflow store yet", where=f"{WHERE} (store: {uri})", fix=first)
@@ -99,7 +99,7 @@ def _registered(spec: Spec, ws: Workspace, reg: dict) -> tuple[Path, dict]:
     if not path.is_dir():
         raise XylentError(f"{name} version {mv.version} was registered by a pretrain output that is gone",
                           where=str(path), fix=f"rerun the stage that registers it, in this workspace (e.g. xylent "
-                          f"run pretrain --spec <phase-1 spec> --workspace {ws.root}): it registers a new version")
+                          f"run pretrain --spec <phase-1 spec> --workspace {ws.location}): it registers a new version")
     return path, {"name": name, "version": int(mv.version), "run_id": mv.run_id}
 
 

@@ -43,12 +43,19 @@ def _join(shards_dir: str | Path, rel: str) -> str | Path:
 
 
 def _read_bytes(location: str | Path) -> bytes:
-    if is_url(location):  # an object-store workspace: read straight from the bucket
+    if not is_url(location):
+        return Path(location).read_bytes()
+    try:  # an object-store workspace: read straight from the bucket
         import fsspec
 
         with fsspec.open(str(location), "rb") as f:
             return f.read()
-    return Path(location).read_bytes()
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # credentials, endpoint, s3fs missing on this node
+        raise XylentError(f"reading from the object store failed: {type(exc).__name__}: {exc}", where=str(location),
+                          fix="every node needs s3fs (pip install 'xylent[s3]') and the bucket's credentials and "
+                              "endpoint (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL)") from None
 
 
 def open_shard(shards_dir: str | Path, rel: str, sha256: str | None = None):
