@@ -20,6 +20,7 @@ store that has no rename and no flock:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import secrets
@@ -145,8 +146,6 @@ class ObjectStore:
 
     def download_dir(self, rel_dir: str, manifest: dict[str, Any], local: Path) -> None:
         """The manifest's files into ``local`` (a fresh folder), each checked against its sha256."""
-        from xylent.workspace import sha256_file
-
         from xylent.errors import environment_error
 
         entries = manifest.get("files", [])
@@ -171,7 +170,9 @@ class ObjectStore:
         except Exception as exc:
             raise self._fail(exc, f"downloading {rel_dir}") from None
         for e, t in zip(entries, targets):
-            if sha256_file(t) != e["sha256"]:
+            with open(t, "rb") as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+            if digest != e["sha256"]:
                 raise XylentError(f"{e['path']}: its bytes in the bucket differ from the manifest's sha256",
                                   where=self.url_of(f"{rel_dir}/{e['path']}"),
                                   fix="rebuild that stage with --force (its output was changed after publishing)")
