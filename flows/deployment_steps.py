@@ -1,5 +1,6 @@
-"""Prefect pull steps for xylent's deployments (prefect.yaml), run by the worker
-when a flow run starts, on the worker's machine.
+"""What xylent's deployments (prefect.yaml) need from Prefect: the pull step a
+worker runs when a flow run starts, on the worker's machine, and the queue that
+deployment runs on one workspace wait in.
 
 ``{{ $XYLENT_HOME }}`` in prefect.yaml would be filled in when deploying, baking
 the deploying machine's path into every deployment; this step reads the
@@ -8,6 +9,8 @@ worker's own ``XYLENT_HOME`` (or the deployment's job variables) at run time.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 from pathlib import Path
 
@@ -24,3 +27,27 @@ def enter_xylent_home() -> dict:
         raise RuntimeError(f"XYLENT_HOME={home} is not an xylent checkout (no flows/pipeline.py there)")
     os.chdir(path)
     return {"directory": str(path)}
+
+
+@contextlib.contextmanager
+def workspace_slot(root: str):
+    """Deployment runs on one workspace queue for its Prefect concurrency slot
+    (limit 1) instead of failing on the workspace lock; CLI runs (no deployment)
+    keep the lock's immediate, clear refusal."""
+    from prefect import get_run_logger
+    from prefect.runtime import deployment
+
+    if not deployment.id:
+        yield
+        return
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.concurrency.sync import concurrency
+    from prefect.exceptions import ObjectAlreadyExists
+
+    name = "xylent-workspace-" + hashlib.sha256(str(root).encode()).hexdigest()[:16]
+    with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+    get_run_logger().info("waiting for the workspace %s (concurrency slot %s)", root, name)
+    with concurrency(name, occupy=1, strict=True, lease_duration=60):
+        yield

@@ -11,7 +11,6 @@ orchestrates its tasks; see docs/architecture.md.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import platform
 import time
 from contextvars import ContextVar
@@ -20,13 +19,14 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Callable
 
-from prefect import flow, get_run_logger
+from prefect import flow
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 from prefect.states import Completed, State
 
 import xylent
-from flows.run_record import effective_params, headline, log_stage_inputs, run_name, source_tags
+from flows.deployment_steps import workspace_slot
+from flows.run_record import effective_params, headline, log_spec_file, log_stage_inputs, run_name, source_tags
 from flows.runners import cluster_tags, shared_cluster
 from xylent.errors import XylentError, environment_error
 from xylent.spec import Spec, load_spec
@@ -111,7 +111,7 @@ class Invocation:
                           "xylent.workspace": ws.location, **source_tags(spec_file), **_prefect_tags()},
                     params={"spec": spec.dump(), "overrides": " ".join(overrides or [])},
                 )
-                _log_spec_file(tracker, parent_run_id, Path(spec_file))
+                log_spec_file(tracker, parent_run_id, Path(spec_file))
             inv = cls(spec, spec_file, list(overrides or []), ws, tracker, parent_run_id, owns, fingerprints,
                       {f.stage.name: f for f in chain}, _slot=slot)
             if owns:
@@ -182,41 +182,6 @@ class Invocation:
 # calls (Prefect subflows, run in this context) nest their runs under it.  Not a flow
 # parameter, so the Prefect UI's run form does not show it.
 _PARENT_RUN: ContextVar[str | None] = ContextVar("xylent_mlflow_parent_run", default=None)
-
-
-@contextlib.contextmanager
-def workspace_slot(root: Path):
-    """Deployment runs on one workspace queue for its Prefect concurrency slot
-    (limit 1) instead of failing on the workspace lock; CLI runs (no deployment)
-    keep the lock's immediate, clear refusal."""
-    from prefect.runtime import deployment
-
-    if not deployment.id:
-        yield
-        return
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
-    from prefect.concurrency.sync import concurrency
-    from prefect.exceptions import ObjectAlreadyExists
-
-    name = "xylent-workspace-" + hashlib.sha256(str(root).encode()).hexdigest()[:16]
-    with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):
-        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
-    get_run_logger().info("waiting for the workspace %s (concurrency slot %s)", root, name)
-    with concurrency(name, occupy=1, strict=True, lease_duration=60):
-        yield
-
-
-def _log_spec_file(tracker: Tracker, run_id: str, spec_file: Path) -> None:
-    """The spec as written, with any password in a URL masked (it is used, never recorded)."""
-    import tempfile
-
-    from xylent.redact import redact_text
-
-    with tempfile.TemporaryDirectory() as tmp:
-        copy = Path(tmp) / spec_file.name
-        copy.write_text(redact_text(spec_file.read_text(encoding="utf-8")), encoding="utf-8")
-        tracker.log_artifact(run_id, copy)
 
 
 def flow_run_url() -> str | None:

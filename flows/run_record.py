@@ -105,3 +105,15 @@ def log_stage_inputs(client, run_id: str, upstream: dict[str, tuple[Path, str]])
                            tags=[InputTag("mlflow.data.context", "training" if stage == "shards" else stage)])
               for stage, (out, fp) in sorted(upstream.items())]
     client.log_inputs(run_id, datasets=inputs)
+
+
+def log_spec_file(tracker, run_id: str, spec_file: Path) -> None:
+    """The spec as written, with any password in a URL masked (it is used, never recorded)."""
+    import tempfile
+
+    from xylent.redact import redact_text
+
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / spec_file.name
+        copy.write_text(redact_text(spec_file.read_text(encoding="utf-8")), encoding="utf-8")
+        tracker.log_artifact(run_id, copy)
