@@ -12,7 +12,6 @@ import matplotlib.colors
 import matplotlib.image
 import numpy as np
 import polars as pl
-import pytest
 
 from conftest import kill_9_when, write_spec
 
@@ -154,24 +153,23 @@ def _cluster_tags(ws: Path) -> dict[str, str]:
     return {r.data.tags["xylent.stage"]: r.data.tags.get("xylent.cluster") for r in runs}
 
 
-@pytest.mark.parametrize("kind", ["ray", "dask"])
-def test_cluster_runners_give_identical_output_on_one_cluster(run_cli, tmp_path, kind):
+def test_cluster_runners_give_identical_output_on_one_cluster(run_cli, tmp_path):
     spec = make_corpus(tmp_path)
     threads = run_json(run_cli, "run", "dedup", "--spec", spec, "--workspace", tmp_path / "ws-threads")
-    other = run_json(run_cli, "run", "dedup", "--spec", spec, "--workspace", tmp_path / f"ws-{kind}",
-                     "--set", f"runner.kind={kind}", "--set", "runner.max_workers=2")
     files = manifest_files(threads)
     paths = [p for p, _ in files]
     assert any(p.startswith("mono/lang=de/") for p in paths) and any(p.startswith("bitext/pair=de-en/") for p in paths)
-    assert files == manifest_files(other)
-    clusters = _cluster_tags(tmp_path / f"ws-{kind}")
-    assert set(clusters) == {"download", "prepare", "dedup"}
-    assert len(set(clusters.values())) == 1 and None not in clusters.values(), f"one cluster for all stages: {clusters}"
     assert set(_cluster_tags(tmp_path / "ws-threads").values()) == {None}
-    if kind == "ray":
-        import ray
+    for kind in ("ray", "dask"):
+        other = run_json(run_cli, "run", "dedup", "--spec", spec, "--workspace", tmp_path / f"ws-{kind}",
+                         "--set", f"runner.kind={kind}", "--set", "runner.max_workers=2")
+        assert files == manifest_files(other), kind
+        clusters = _cluster_tags(tmp_path / f"ws-{kind}")
+        assert set(clusters) == {"download", "prepare", "dedup"}
+        assert len(set(clusters.values())) == 1 and None not in clusters.values(), f"one {kind} cluster: {clusters}"
+    import ray
 
-        assert not ray.is_initialized(), "the invocation's Ray instance is shut down with it"
+    assert not ray.is_initialized(), "the invocation's Ray instance is shut down with it"
 
 
 def test_dask_runner_joins_the_cluster_at_runner_address(run_cli, tmp_path):
