@@ -82,8 +82,9 @@ def _lock_in_another_process(root):
     return done
 
 
-def test_remote_workspace_is_refused_clearly():
+def test_an_unsupported_object_store_is_refused_clearly():
     from xylent.errors import XylentError
 
-    with pytest.raises(XylentError, match="not supported yet"):
-        Workspace("s3://bucket/ws")
+    with pytest.raises(XylentError, match="az:// is not supported") as err:
+        Workspace("az://container/ws")  # s3:// works: tests/test_object_store.py
+    assert "s3://bucket/prefix" in err.value.fix
