@@ -10,12 +10,13 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test install clean-demo bench benchmarks recipes
 
 # torch by pip (a local file on the CI machines; TORCH_SPEC for GPUs), the rest by uv: seconds instead of
-# minutes, and the torch installed first satisfies every requirement on it
+# minutes, and the torch installed first satisfies every requirement on it.  Bytecode compiled at install, as
+# pip does: with PYTHONDONTWRITEBYTECODE set, every process would otherwise recompile what it imports.
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip uv
 	$(BIN)/python -m pip install -q $(TORCH_SPEC)
-	$(BIN)/uv pip install --python $(BIN)/python -q -e '.[demo,dev]'
+	$(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode -e '.[demo,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
