@@ -11,6 +11,17 @@ negatives are the last ``queue_size`` keys of earlier batches.  Loss: InfoNCE
 with temperature τ, no L2 normalisation unless ``normalize`` (the reference
 code has none).
 
+Mixup contrast (``mixup`` > 0): a share of the global batch's pairs is merged two
+by two into one pair, ``x_i ⊕ x_j`` against ``y_i ⊕ y_j``, each side's order
+drawn on its own, so neither the position nor the language of a half tells the
+positive apart.  InfoXLM takes the second pair from another parallel corpus; here
+it is another row of the same global batch (the pair table spreads rows over
+every language pair, so it is nearly always another pair).  A merged pair is one
+example: neither half is contrasted alone in that batch, so no negative holds
+half of a positive.  Which rows merge, with whom and in which order comes from
+each row's noise (``row_noise``'s last plane), so 1 and 2 ranks and a resumed
+run merge the same rows.
+
 Where the momentum side lives, and why: DeepSpeed casts the module it trains
 to bf16 on GPU, and an EMA with m = 0.999 in bf16 loses every update (0.1 % of
 a difference is below bf16's resolution).  So the key encoder and the queue
@@ -48,6 +59,7 @@ class XLCoConfig:
     normalize: bool = False
     pool: str = "cls"              # cls: the <s> state (InfoXLM); mean: the mean over real tokens
     in_batch_negatives: bool = False  # also the other rows' keys of this global batch (same key-encoder version)
+    mixup: float = 0.0             # share of rows that start a merged pair (InfoXLM's mixup contrast)
 
 
 def default_layer(layers: int) -> int:
@@ -70,6 +82,7 @@ class InfoXLMModel(MaskedLMModel):
         nn.init.normal_(self.proj.weight, std=0.02)
         self.bos_id, self.pad_id = cfg.special("bos"), cfg.special("pad")
         self._key: dict | None = None  # built by attach(): fp32, outside the trained module
+        self._mixup_share = 0.0
         self.loss_weights = {"generator_loss": 1.0, "contrast_loss": self.xlco.weight}
 
     # -- the momentum side -------------------------------------------------------------------
@@ -123,22 +136,34 @@ class InfoXLMModel(MaskedLMModel):
             z = proj(h[:, 0])
         return F.normalize(z.float(), dim=-1) if self.xlco.normalize else z.float()
 
-    def contrast(self, ids: torch.Tensor, pad: torch.Tensor, segments: torch.Tensor):
-        """(Σ InfoNCE, rows contrasted, rows whose positive wins) of one TRTD micro-batch;
-        then this batch's keys (all ranks') go into the queue."""
+    def contrast(self, ids: torch.Tensor, pad: torch.Tensor, segments: torch.Tensor,
+                 noise: torch.Tensor | None = None):
+        """(Σ InfoNCE, examples contrasted, examples whose positive wins) of one TRTD
+        micro-batch; then this batch's keys (all ranks') go into the queue.  An example
+        is a row's pair, or with ``mixup`` two rows' pairs merged (``noise``: the rows'
+        ``row_noise``, whose last plane decides the merging)."""
         if self._key is None:
             raise RuntimeError("InfoXLMModel.attach(device) must be called before training")
         x, x_pad, y, y_pad = split_pair(ids, pad, segments, self.bos_id, self.pad_id)
+        rank, world = (dist.get_rank(), dist.get_world_size()) if distributed() else (0, 1)
+        mine = None  # with mixup: where this rank's examples sit among all ranks' (global order)
+        if self.xlco.mixup > 0:
+            if noise is None:
+                raise ValueError("mixup contrast needs the rows' noise to decide which pairs merge")
+            x, y, mine, merged = self._mixed(x, y, noise[-1, :, :4])
+            x_pad, y_pad = x == self.pad_id, y == self.pad_id
+            self._mixup_share = merged
         q = self._cls(self.embeddings, self.encoder, self.proj, x, x_pad)
         with torch.no_grad():
             key = self._key["module"]
             k = self._cls(key["embeddings"], key["encoder"], key["proj"], y, y_pad)
         fill = self._key["fill"]
-        every = gather_rows(k)  # all ranks' keys, global row order: the in-batch negatives, then the queue's
+        # all ranks' keys in global order: the in-batch negatives, then the queue's
+        every = gather_rows(k) if mine is None else gather_examples(k, mine)
         if self.xlco.in_batch_negatives:
-            rank, world = (dist.get_rank(), dist.get_world_size()) if distributed() else (0, 1)
             positive = every
-            target = rank + world * torch.arange(q.shape[0], device=q.device)  # this rank's rows in ``every``
+            target = (rank + world * torch.arange(q.shape[0], device=q.device) if mine is None  # this rank's rows
+                      else mine.to(q.device))
         else:
             positive, target = k, torch.zeros(q.shape[0], dtype=torch.long, device=q.device)
         negatives = self._key["queue"][:fill].clone()  # the queue changes below; autograd keeps this copy
@@ -155,6 +180,43 @@ class InfoXLMModel(MaskedLMModel):
         self._enqueue(every)
         t = ids.new_tensor
         return loss, t(count), t(correct)
+
+    @torch.no_grad()
+    def _mixed(self, x: torch.Tensor, y: torch.Tensor, u: torch.Tensor):
+        """(queries' ids, keys' ids, the global positions of this rank's examples, the share of
+        all rows that were merged).  ``u``: 4 uniforms per local row (merge?, partner, order
+        of x, order of y), gathered with the ids so that every rank sees the same global batch."""
+        width = torch.tensor([x.shape[1], y.shape[1]], device=x.device)
+        if distributed():
+            dist.all_reduce(width, op=dist.ReduceOp.MAX)
+        xs = gather_rows(F.pad(x, (0, int(width[0]) - x.shape[1]), value=self.pad_id))
+        ys = gather_rows(F.pad(y, (0, int(width[1]) - y.shape[1]), value=self.pad_id))
+        us = gather_rows(u.to(x.device)).cpu().tolist()
+        groups = merge_groups(us, self.xlco.mixup)
+        world = dist.get_world_size() if distributed() else 1
+        rank = dist.get_rank() if distributed() else 0
+        local = [(e, g) for e, g in enumerate(groups) if g[0] % world == rank]  # a group's first row owns it
+        qs, ks = [], []
+        for _, g in local:
+            order_x = g if len(g) == 1 or us[g[0]][2] < 0.5 else g[::-1]
+            order_y = g if len(g) == 1 or us[g[0]][3] < 0.5 else g[::-1]
+            qs.append(self._joined([xs[r] for r in order_x]))
+            ks.append(self._joined([ys[r] for r in order_y]))
+        mine = torch.tensor([e for e, _ in local], dtype=torch.long)
+        merged = sum(len(g) for g in groups if len(g) == 2) / max(1, len(us))
+        return self._padded(qs, x), self._padded(ks, y), mine, merged
+
+    def _joined(self, sides: list[torch.Tensor]) -> torch.Tensor:
+        """``<s> a </s>`` and ``<s> b </s>`` → ``<s> a </s> b </s>`` (one side of a merged pair)."""
+        real = [s[s != self.pad_id] for s in sides]
+        return torch.cat([real[0], *(r[1:] for r in real[1:])])
+
+    def _padded(self, seqs: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+        width = max((len(s) for s in seqs), default=1)
+        out = like.new_full((len(seqs), width), self.pad_id)
+        for i, s in enumerate(seqs):
+            out[i, : len(s)] = s
+        return out
 
     @torch.no_grad()
     def _enqueue(self, keys: torch.Tensor) -> None:
@@ -177,8 +239,10 @@ class InfoXLMModel(MaskedLMModel):
                 noise: torch.Tensor, per_row: bool = False) -> Stats:
         st = super().forward(ids, pad, segments, noise, per_row)  # MMLM (MRTD rows) or TLM (TRTD rows)
         if segments is not None:
-            st.c_loss, st.c_count, st.c_correct = self.contrast(ids, pad, segments)
+            st.c_loss, st.c_count, st.c_correct = self.contrast(ids, pad, segments, noise)
             st.extra["trtd/contrast_queue_fill"] = self._key["fill"] / self.xlco.queue_size
+            if self.xlco.mixup > 0:
+                st.extra["trtd/contrast_mixup_share"] = self._mixup_share
             st.extra["trtd/contrast_chance_loss"] = self._chance
         return st
 
@@ -194,16 +258,54 @@ def gather_rows(x: torch.Tensor) -> torch.Tensor:
     r + 2W, … (the loaders deal rows out that way), possibly one fewer than rank 0."""
     if not distributed():
         return x.detach()
+    parts, sizes = _gather_uneven(x.detach())
+    out = []
+    for k in range(max(sizes)):
+        out += [part[k] for part, size in zip(parts, sizes) if k < size]
+    return torch.stack(out) if out else x.detach()[:0]
+
+
+def _gather_uneven(x: torch.Tensor) -> tuple[list[torch.Tensor], list[int]]:
+    """(each rank's ``x``, padded to the longest; each rank's row count): all_gather needs one shape."""
     world = dist.get_world_size()
     n = torch.tensor([x.shape[0]], device=x.device)
-    sizes = [torch.zeros_like(n) for _ in range(world)]
-    dist.all_gather(sizes, n)
-    most = int(max(s.item() for s in sizes))
-    padded = x.detach().new_zeros((most, *x.shape[1:]))
-    padded[: x.shape[0]] = x.detach()
+    counts = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(counts, n)
+    sizes = [int(c.item()) for c in counts]
+    padded = x.new_zeros((max(1, *sizes), *x.shape[1:]))
+    padded[: x.shape[0]] = x
     parts = [torch.zeros_like(padded) for _ in range(world)]
     dist.all_gather(parts, padded)
-    out = []
-    for k in range(most):
-        out += [parts[r][k] for r in range(world) if k < int(sizes[r].item())]
-    return torch.stack(out) if out else x.detach()[:0]
+    return parts, sizes
+
+
+def merge_groups(u: list[list[float]], share: float) -> list[tuple[int, ...]]:
+    """The examples of a global batch of ``len(u)`` rows, in order: row ``i`` not yet taken
+    starts a merged pair when ``u[i][0] < share`` and a later row is still free, its partner
+    the free row ``u[i][1]`` points at; otherwise it stays an example of its own."""
+    taken, groups = [False] * len(u), []
+    for i in range(len(u)):
+        if taken[i]:
+            continue
+        taken[i] = True
+        free = [j for j in range(i + 1, len(u)) if not taken[j]]
+        if u[i][0] < share and free:
+            j = free[min(len(free) - 1, int(u[i][1] * len(free)))]
+            taken[j] = True
+            groups.append((i, j))
+        else:
+            groups.append((i,))
+    return groups
+
+
+def gather_examples(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Every rank's rows of ``x`` placed at their global ``positions`` (each rank holds the
+    examples whose first row it holds, so the pattern of gather_rows does not apply)."""
+    if not distributed():
+        return x.detach()
+    parts, sizes = _gather_uneven(x.detach())
+    places, _ = _gather_uneven(positions.to(x.device))
+    out = x.new_zeros((sum(sizes), *x.shape[1:]))
+    for part, place, size in zip(parts, places, sizes):
+        out[place[:size]] = part[:size]
+    return out

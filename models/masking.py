@@ -13,7 +13,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-PLANES = 3  # uniforms per position: mask choice, sample / 80-10-10 choice, replacement token
+# uniforms per position: mask choice, sample / 80-10-10 choice, replacement token, and a plane for
+# row-level choices (InfoXLM's mixup reads its first positions).  A row's planes are drawn one after
+# the other, so adding a plane at the end leaves the earlier planes' values as they were.
+PLANES = 4
 
 
 def row_noise(seed: int, step: int, micro: int, rows: list[int], lengths: list[int], width: int) -> torch.Tensor:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from models.config import preset
-from models.infoxlm import InfoXLMModel, XLCoConfig, default_layer, gather_rows
+from models.infoxlm import InfoXLMModel, XLCoConfig, default_layer, gather_rows, merge_groups
 from models.masking import row_noise
 from models.pairs import split_pair
 from models.stats import Norms
@@ -66,6 +66,59 @@ def test_xlco_equals_a_hand_written_info_nce_over_the_queue():
     loss.backward()
     assert m.proj.weight.grad is not None and m.proj.weight.grad.abs().sum() > 0, "the query side learns"
     assert all(p.grad is None for p in m._key["module"].parameters()), "the key side gets no gradient"
+
+
+def test_mixup_merges_rows_two_by_two_as_each_rows_noise_says():
+    assert merge_groups([[0.9, 0, 0, 0]] * 5, 0.5) == [(0,), (1,), (2,), (3,), (4,)], "nobody below the share"
+    # row 0 merges with the last free row (u=0.99), row 1 with the first free one (u=0), row 4 has no one left
+    u = [[0.1, 0.99, 0, 0], [0.2, 0.0, 0, 0], [0.0, 0.5, 0, 0], [0.0, 0.5, 0, 0], [0.0, 0.5, 0, 0]]
+    assert merge_groups(u, 0.5) == [(0, 4), (1, 2), (3,)]
+    assert merge_groups(u, 0.0) == [(i,) for i in range(5)], "share 0: every pair on its own"
+
+
+def test_mixup_contrast_equals_a_hand_written_info_nce_over_merged_pairs():
+    """Rows 0 and 2 merge (x2 first, y0 first), rows 1 and 3 stay alone: three examples, each
+    query against the three in-batch keys and the queue."""
+    m = _model(temperature=0.5, mixup=0.5, in_batch_negatives=True)
+    keys = torch.randn(3, m.cfg.hidden)
+    m._enqueue(keys)
+    ids, seg, _ = _batch(3)
+    pad = ids == PAD
+    noise = row_noise(0, 3, 0, list(range(len(ids))), (~pad).sum(1).tolist(), ids.shape[1])
+    noise[-1, :, :4] = torch.tensor([[0.1, 0.5, 0.9, 0.1], [0.9, 0, 0, 0], [0.9, 0, 0, 0], [0.9, 0, 0, 0]])
+    loss, count, correct = m.contrast(ids, pad, seg, noise)
+
+    x, _, y, _ = split_pair(ids, pad, seg, BOS, PAD)
+    def real(t):
+        return t[t != PAD]
+
+    def joined(a, b):  # <s> a </s> + b </s>
+        return torch.cat([real(a), real(b)[1:]])
+
+    qs = [joined(x[2], x[0]), real(x[1]), real(x[3])]
+    ks = [joined(y[0], y[2]), real(y[1]), real(y[3])]
+    assert qs[0][0] == BOS and (qs[0] == 2).sum() == 2, "one <s>, the two sides' </s>"
+
+    def cls(seqs, emb, enc, proj):
+        width = max(len(t) for t in seqs)
+        batch = torch.stack([torch.cat([t, t.new_full((width - len(t),), PAD)]) for t in seqs])
+        _, h = enc(emb(batch), batch == PAD, return_layers=True)
+        return proj(h[2][:, 0])
+
+    with torch.no_grad():
+        key = m._key["module"]
+        q, k = cls(qs, m.embeddings, m.encoder, m.proj), cls(ks, key["embeddings"], key["encoder"], key["proj"])
+        expected, wins = 0.0, 0
+        for i in range(3):
+            scores = torch.cat([k @ q[i], keys @ q[i]]) / 0.5
+            expected += -(scores[i] - torch.logsumexp(scores, 0))
+            wins += int(scores.argmax() == i)
+    assert torch.allclose(loss.detach(), torch.as_tensor(expected), rtol=1e-5)
+    assert int(count) == 3 and int(correct) == wins
+    assert torch.allclose(m.queue_keys()[-3:], k, atol=1e-6), "the merged keys are what the queue keeps"
+    assert m._mixup_share == 0.5, "2 of 4 rows were merged"
+    st = m(ids, pad, seg, noise)
+    assert st.extra["trtd/contrast_mixup_share"] == 0.5
 
 
 def test_with_an_empty_queue_nothing_is_contrasted_and_the_keys_start_the_queue():

@@ -15,10 +15,12 @@ from tests.test_pretrain import (DEMO, ROOT, SMALL, _assert_bit_identical, _asse
                                  _kill_launcher_after_first_checkpoint, _linked, _metrics)
 
 OBJECTIVES = {
-    # a small queue, so it wraps within 40 steps; in-batch negatives, so keys cross ranks inside the loss
+    # a small queue, so it wraps within 40 steps; in-batch negatives, so keys cross ranks inside the loss;
+    # mixup, so pairs merge across ranks (a merged pair's rows can sit on two ranks)
     "infoxlm": ["--set", "pretrain.objective=infoxlm", "--set", "pretrain.infoxlm.queue_size=64",
                 "--set", "pretrain.infoxlm.pool=mean", "--set", "pretrain.infoxlm.in_batch_negatives=true",
-                "--set", "pretrain.infoxlm.normalize=true", "--set", "pretrain.infoxlm.temperature=0.1"],
+                "--set", "pretrain.infoxlm.normalize=true", "--set", "pretrain.infoxlm.temperature=0.1",
+                "--set", "pretrain.infoxlm.mixup=0.5"],
     "veco": ["--set", "pretrain.objective=veco"],
 }
 
@@ -89,6 +91,8 @@ def test_the_objective_learns_and_its_encoder_loads(objective_runs):
     if name == "infoxlm":
         assert mean(last, "trtd/contrast_loss") < mean(last, "trtd/contrast_chance_loss"), "below chance"
         assert rows[-1]["trtd/contrast_queue_fill"] == 1.0, "the queue of 64 has filled"
+        # each free row starts a merge with p = 0.5, taking a second row: 2p / (1 + p) = 2/3 of the rows merge
+        assert 0.5 < mean(rows, "trtd/contrast_mixup_share") < 0.8
     if name == "veco":
         assert mean(last, "trtd/generator_loss") < mean(first, "trtd/generator_loss")
         assert {"trtd/plug_in_loss", "trtd/plug_out_loss"} <= set().union(*rows)

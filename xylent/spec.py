@@ -359,6 +359,11 @@ class InfoXLMConfig(Strict):
                                          "over real tokens, as retrieval pools")
     in_batch_negatives: bool = Field(default=False, description="also contrast against the other pairs of the same "
                                      "global batch (keys of the same key-encoder version), not the queue alone")
+    mixup: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False,
+                         description="mixup contrast: the share of rows that are merged with another row of the "
+                         "global batch into one pair (x_i x_j against y_i y_j, each side in random order); 0: off")
+
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("mixup",)
 
 
 REGISTRY_URI = re.compile(r"^models:/(?P<name>[^/@']+)(?:/(?P<version>latest|[0-9]+)|@(?P<alias>[A-Za-z0-9_-]+))$")
