@@ -7,3 +7,10 @@ def load_pretrained(path, map_location="cpu"):
     from models.pretrained import load_pretrained as _load
 
     return _load(path, map_location)
+
+
+def load_plug_in(path, map_location="cpu"):
+    """See :func:`models.veco_plug_in.load_plug_in`: a VECO model in plug-in mode (tasks with translations)."""
+    from models.veco_plug_in import load_plug_in as _load
+
+    return _load(path, map_location)

@@ -82,13 +82,7 @@ class PretrainedEncoder(nn.Module):
         return (out, hidden) if output_hidden_states else out
 
     def tokenize(self, texts: list[str], max_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        max_length = max_length or self.config.max_position
-        rows = [[self.bos_id, *ids[: max_length - 2], self.eos_id] for ids in self.tokenizer.encode(list(texts))]
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        for k, r in enumerate(rows):
-            ids[k, : len(r)] = torch.tensor(r)
-        return ids, (ids != self.pad_id).long()
+        return tokenize(self.tokenizer, self.config, texts, max_length)
 
     @torch.no_grad()
     def embed(self, texts: list[str], layer: int = -1, batch_size: int = 32) -> torch.Tensor:
@@ -104,12 +98,34 @@ class PretrainedEncoder(nn.Module):
         return torch.cat(out)
 
 
+def tokenize(tokenizer, cfg: EncoderConfig, texts: list[str],
+             max_length: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``<s> pieces </s>`` rows, padded: (ids, attention mask)."""
+    max_length = max_length or cfg.max_position
+    bos, eos, pad = cfg.special("bos"), cfg.special("eos"), cfg.special("pad")
+    rows = [[bos, *ids[: max_length - 2], eos] for ids in tokenizer.encode(list(texts))]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    for k, r in enumerate(rows):
+        ids[k, : len(r)] = torch.tensor(r)
+    return ids, (ids != pad).long()
+
+
 def load_pretrained(path: str | Path, map_location: str = "cpu") -> PretrainedEncoder:
     """The discriminator encoder of an exported ``model/`` directory, with its tokenizer."""
-    import sentencepiece as spm
     from safetensors.torch import load_file
 
     path = Path(path)
+    meta, cfg, tok = read_export(path)
+    model = PretrainedEncoder(cfg, tok, meta)
+    model.load_state_dict(load_file(str(path / "model.safetensors"), device=map_location), strict=True)
+    return model.eval()
+
+
+def read_export(path: Path) -> tuple[dict, EncoderConfig, object]:
+    """(config.json, the encoder's config, the SentencePiece tokenizer) of an exported ``model/``."""
+    import sentencepiece as spm
+
     try:
         meta = json.loads((path / "config.json").read_text())
     except FileNotFoundError:
@@ -119,7 +135,4 @@ def load_pretrained(path: str | Path, map_location: str = "cpu") -> PretrainedEn
         raise ValueError(f"{path}/config.json: format {meta.get('format')!r} is not {FORMAT!r}")
     enc = meta["encoder"]
     cfg = EncoderConfig(**{**enc, "specials": enc.get("specials") or meta["specials"]})  # older exports: top level
-    tok = spm.SentencePieceProcessor(model_file=str(path / meta["tokenizer"]))
-    model = PretrainedEncoder(cfg, tok, meta)
-    model.load_state_dict(load_file(str(path / "model.safetensors"), device=map_location), strict=True)
-    return model.eval()
+    return meta, cfg, spm.SentencePieceProcessor(model_file=str(path / meta["tokenizer"]))

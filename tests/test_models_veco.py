@@ -16,6 +16,7 @@ from models.pretrained import PretrainedEncoder
 from models.stats import Norms
 from models.veco import VecoConfig, VecoModel
 from tasks.vocab.specials import BOS, EOS, PAD, SPECIAL_PIECES
+from tests.test_hf_export import tokenizer_dir  # noqa: F401  (a fixture: a small SentencePiece model)
 
 SPECIALS = dict(zip(("unk", "bos", "eos", "pad", "mask"), range(len(SPECIAL_PIECES))))
 
@@ -221,3 +222,47 @@ def test_the_model_learns_and_the_translation_helps(one_thread):
         plug_in.append(st.extra["trtd/plug_in_loss"])
     assert np.mean(total[-20:]) < np.mean(total[:20]) - 0.8, "the loss falls"
     assert np.mean(plug_in[-20:]) < np.mean(plug_out[-20:]) - 0.3, "the plug-in terms end lower: y helps"
+
+
+def test_plug_in_mode_puts_the_cross_attention_back_and_reads_the_translation(tmp_path, tokenizer_dir):  # noqa: F811
+    """models.load_plug_in: the exported model/ folder's pretraining weights in plug-in mode give
+    VecoModel.plug_in's states over H^L of the translation; the same folder's plug-out encoder
+    (models.load_pretrained) does not see the translation; a non-VECO export is refused."""
+    import sentencepiece as spm
+
+    import models
+    from models.pretrained import export, tokenize
+    from tasks.vocab.specials import special_ids
+    from xylent.errors import XylentError
+
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_dir / "spm.model"))
+    cfg = preset("tiny", vocab_size=sp.get_piece_size(), max_position=64, dropout=0.0, specials=special_ids(sp))
+    torch.manual_seed(0)
+    model = VecoModel(cfg).eval()
+    with torch.no_grad():  # a cross-attention off its init, so that it visibly reads the translation
+        for name, p in model.named_parameters():
+            if model.is_cross(name):
+                p.add_(torch.randn_like(p) * 0.3)
+    export(tmp_path / "veco", model.state_dict(), model.encoder_state_dict(), cfg, tokenizer_dir,
+           {"objective": "veco"})
+    plug, plug_out = models.load_plug_in(tmp_path / "veco"), models.load_pretrained(tmp_path / "veco")
+
+    texts, translations = ["the cat sat on the mat", "a dog"], ["die Katze sass auf der Matte", "ein Hund"]
+    ids, mask = tokenize(sp, cfg, texts)
+    tr, tr_mask = tokenize(sp, cfg, translations)
+    with torch.no_grad():
+        expected = model.plug_in(ids, mask == 0, model.plug_out(tr, tr_mask == 0), tr_mask == 0)
+        got = plug(ids, mask, tr, tr_mask)
+        alone = plug_out(ids, mask)
+    torch.testing.assert_close(got, expected)
+    real = mask.bool()
+    assert (got[real] - alone[real]).abs().max() > 1e-3, "plug-in is not the plug-out encoder"
+    swapped = plug.embed(texts, translations[::-1])
+    assert not torch.allclose(plug.embed(texts, translations), swapped), "another translation, other states"
+
+    export(tmp_path / "electra", model.encoder_state_dict(), model.encoder_state_dict(), cfg, tokenizer_dir,
+           {"objective": "electra"})
+    with pytest.raises(XylentError, match="objective 'electra'"):
+        models.load_plug_in(tmp_path / "electra")
+    with pytest.raises(ValueError, match="2 texts and 1 translations"):
+        plug.embed(texts, translations[:1])
