@@ -28,7 +28,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 # every pretraining recipe of the family on the demo corpus (its data stages are the demo's, cached),
-# evaluated beside random-init, then one table: docs/recipes-scorecard.md (~30 min on 2 CPU cores)
+# evaluated beside random-init, then one table: docs/recipes-scorecard.md (~34 min on 2 CPU cores)
 RECIPES := electra mlm infoxlm infoxlm-mixup veco electra-mrtd-only electra-en-x
 recipes: $(STAMP)
 	for r in $(RECIPES); do $(BIN)/xylent run evaluate --spec data_specs/recipes/$$r.yaml || exit 1; done

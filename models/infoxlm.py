@@ -150,7 +150,7 @@ class InfoXLMModel(MaskedLMModel):
         if self.xlco.mixup > 0:
             if noise is None:
                 raise ValueError("mixup contrast needs the rows' noise to decide which pairs merge")
-            x, y, mine, merged = self._mixed(x, y, noise[-1, :, :4])
+            x, y, mine, merged = self._mixed(x, y, noise[-1, :, :4], rank, world)
             x_pad, y_pad = x == self.pad_id, y == self.pad_id
             self._mixup_share = merged
         q = self._cls(self.embeddings, self.encoder, self.proj, x, x_pad)
@@ -182,7 +182,7 @@ class InfoXLMModel(MaskedLMModel):
         return loss, t(count), t(correct)
 
     @torch.no_grad()
-    def _mixed(self, x: torch.Tensor, y: torch.Tensor, u: torch.Tensor):
+    def _mixed(self, x: torch.Tensor, y: torch.Tensor, u: torch.Tensor, rank: int, world: int):
         """(queries' ids, keys' ids, the global positions of this rank's examples, the share of
         all rows that were merged).  ``u``: 4 uniforms per local row (merge?, partner, order
         of x, order of y), gathered with the ids so that every rank sees the same global batch."""
@@ -193,8 +193,6 @@ class InfoXLMModel(MaskedLMModel):
         ys = gather_rows(F.pad(y, (0, int(width[1]) - y.shape[1]), value=self.pad_id))
         us = gather_rows(u.to(x.device)).cpu().tolist()
         groups = merge_groups(us, self.xlco.mixup)
-        world = dist.get_world_size() if distributed() else 1
-        rank = dist.get_rank() if distributed() else 0
         local = [(e, g) for e, g in enumerate(groups) if g[0] % world == rank]  # a group's first row owns it
         qs, ks = [], []
         for _, g in local:

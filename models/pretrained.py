@@ -93,9 +93,14 @@ class PretrainedEncoder(nn.Module):
         for i in range(0, len(texts), batch_size):
             ids, mask = self.tokenize(texts[i: i + batch_size])
             _, hidden = self(ids.to(device), mask.to(device), output_hidden_states=True)
-            h, m = hidden[layer], mask.to(device).unsqueeze(-1).float()
-            out.append((h * m).sum(1) / m.sum(1))
+            out.append(mean_pool(hidden[layer], mask.to(device)))
         return torch.cat(out)
+
+
+def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of ``hidden`` (B, L, H) over the positions where ``mask`` (B, L) is 1."""
+    m = mask.unsqueeze(-1).float()
+    return (hidden * m).sum(1) / m.sum(1)
 
 
 def tokenize(tokenizer, cfg: EncoderConfig, texts: list[str],

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models.pretrained import read_export, tokenize
+from models.pretrained import mean_pool, read_export, tokenize
 from models.veco import VecoModel
 from xylent.errors import XylentError
 
@@ -48,8 +48,7 @@ class PlugInEncoder(nn.Module):
             ids, mask = (t.to(device) for t in tokenize(self.tokenizer, self.config, texts[i: i + batch_size]))
             tr_ids, tr_mask = (t.to(device) for t in tokenize(self.tokenizer, self.config,
                                                               translations[i: i + batch_size]))
-            h, m = self(ids, mask, tr_ids, tr_mask), mask.unsqueeze(-1).float()
-            out.append((h * m).sum(1) / m.sum(1))
+            out.append(mean_pool(self(ids, mask, tr_ids, tr_mask), mask))
         return torch.cat(out)
 
 
