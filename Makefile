@@ -4,6 +4,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+AZURITE_VERSION ?= 3.37.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
@@ -19,12 +20,19 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode -e '.[demo,dev]'
 	touch $(STAMP)
 
+# the tests' Azure Blob server (az:// workspaces); the demo does not need Node.js
+AZURITE := $(VENV)/azurite/node_modules/.bin/azurite-blob
+$(AZURITE): Makefile
+	@command -v npm >/dev/null || { echo "make test: npm (Node.js >= 18) is needed for Azurite, the Azure Blob server the az:// tests run against: apt install nodejs npm"; exit 1; }
+	npm install --prefix $(VENV)/azurite --no-audit --no-fund --silent azurite@$(AZURITE_VERSION)
+	touch $(AZURITE)
+
 install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/xylent run pipeline --spec data_specs/demo.yaml
 
-test: $(STAMP)
+test: $(STAMP) $(AZURITE)
 	$(BIN)/python -m pytest -q
 
 # every pretraining recipe of the family on the demo corpus (its data stages are the demo's, cached),

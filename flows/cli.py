@@ -29,8 +29,8 @@ def _parser() -> argparse.ArgumentParser:
 
     def spec_args(sp):
         sp.add_argument("--spec", required=True, help="YAML spec, e.g. data_specs/demo.yaml")
-        sp.add_argument("--workspace", help="output folder or s3://bucket/prefix (default: the spec's 'workspace', "
-                        "else ./workspace)")
+        sp.add_argument("--workspace", help="output folder or s3:// / gs:// / az://bucket/prefix "
+                        "(default: the spec's 'workspace', else ./workspace)")
         sp.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a spec field, e.g. --set prepare.min_chars=5 (repeatable)")
         sp.add_argument("--json", action="store_true", help="print one JSON object instead of a summary")

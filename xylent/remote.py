@@ -1,4 +1,4 @@
-"""Object-storage workspaces (``s3://bucket/prefix``, any S3-compatible store).
+"""Object-storage workspaces (``s3://``, ``gs://``, ``az://`` bucket/prefix; xylent/stores.py).
 
 The bucket is the workspace of record; this machine keeps a local copy of what
 it built or read (``$XYLENT_CACHE``, default ``~/.cache/xylent/workspaces``), so
@@ -12,9 +12,9 @@ store that has no rename and no flock:
   without a local copy downloads the listed files, checks every sha256, and
   only then moves them into its cache.
 - **lock**: a lease object ``.xylent.lock`` created with a conditional write
-  (``If-None-Match: *``), renewed by its holder (``If-Match`` on its ETag) and
-  taken over only once it has expired (again ``If-Match``, so two takers cannot
-  both win).  A run that loses its lease publishes nothing more.
+  (S3/Azure ``If-None-Match: *``, GCS ``ifGenerationMatch=0``), renewed by its
+  holder (conditional on the version it wrote) and taken over only once it has
+  expired (again conditional, so two takers cannot both win).  A run that loses its lease publishes nothing more.
 """
 
 from __future__ import annotations
@@ -43,72 +43,60 @@ def cache_root() -> Path:
     return Path(os.environ.get("XYLENT_CACHE") or Path.home() / ".cache" / "xylent" / "workspaces").expanduser()
 
 
-def _precondition_failed(exc: BaseException) -> bool:
-    """A conditional write lost (s3fs turns S3's 412 into FileExistsError)."""
-    text = f"{type(exc).__name__} {exc}"
-    return isinstance(exc, FileExistsError) or any(
-        m in text for m in ("PreconditionFailed", "pre-conditions you specified", "ConditionalRequestConflict"))
-
-
 class ObjectStore:
     """One workspace prefix in a bucket, and this machine's copy of it."""
 
     def __init__(self, url: str):
+        from xylent.stores import open_store, store_class
+
         parts = urlsplit(url)
-        if parts.scheme not in ("s3", "s3a"):
-            raise XylentError(
-                f"workspace {url!r}: {parts.scheme}:// is not supported; object-storage workspaces are s3:// "
-                "(AWS S3 or any S3-compatible store: MinIO, Ceph, R2, GCS's S3 interface)",
-                where="--workspace / spec field workspace",
-                fix="use s3://bucket/prefix (endpoint from AWS_ENDPOINT_URL) or a local/network-mounted folder",
-            )
+        kind = store_class(parts.scheme, url)
         if not parts.netloc:
             raise XylentError(f"workspace {url!r} names no bucket", where="--workspace / spec field workspace",
-                              fix="write it as s3://bucket/prefix")
-        try:
-            import s3fs
-        except ImportError:
-            raise XylentError("an s3:// workspace needs s3fs", where="--workspace",
-                              fix="pip install 'xylent[s3]' (or s3fs)") from None
+                              fix=f"write it as {parts.scheme}://bucket/prefix")
+        self.store = open_store(kind, parts.netloc)
+        self.fs = self.store.fs
         self.bucket = parts.netloc
         self.prefix = parts.path.strip("/")
-        self.url = f"s3://{self.bucket}" + (f"/{self.prefix}" if self.prefix else "")
-        self.fs = s3fs.S3FileSystem(use_listings_cache=False, skip_instance_cache=True)
-        self.cache_dir = cache_root() / "s3" / self.bucket / (self.prefix or "_root")
+        self.url = self.store.url(self.prefix).rstrip("/")
+        self.cache_dir = cache_root() / self.store.scheme / self.bucket / (self.prefix or "_root")
 
     # -- names ---------------------------------------------------------------
     def key(self, rel: str) -> str:
         return f"{self.prefix}/{rel}" if self.prefix else rel
 
     def url_of(self, rel: str) -> str:
-        return f"s3://{self.bucket}/{self.key(rel)}"
+        return self.store.url(self.key(rel))
 
     def _fail(self, exc: Exception, doing: str) -> XylentError:
         return XylentError(
             f"object store: {doing} failed: {type(exc).__name__}: {exc}", where=self.url,
-            fix="check the bucket exists and the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a "
-                "profile) and endpoint (AWS_ENDPOINT_URL) can write it")
+            fix=f"check the bucket exists and {self.store.credentials} can write it")
 
     def probe(self) -> None:
         """Prove the prefix takes an object (wrong bucket, credentials or endpoint fail here,
         at once) and that the store honours conditional writes, which the lock rests on."""
+        from xylent.stores import Conflict
+
         probe = self.key(f".xylent-probe-{secrets.token_hex(4)}")
         try:
-            self.fs.call_s3("put_object", Bucket=self.bucket, Key=probe, Body=b"", IfNoneMatch="*")
+            tag = self.store.create(probe, b"")
         except Exception as exc:
             raise self._fail(exc, "writing a probe object") from None
         try:
-            self.fs.call_s3("put_object", Bucket=self.bucket, Key=probe, Body=b"", IfNoneMatch="*")
+            tag = self.store.create(probe, b"")
             honoured = False
-        except Exception as exc:
-            honoured = _precondition_failed(exc)
+        except Conflict:
+            honoured = True
+        except Exception:
+            honoured = False
         with contextlib.suppress(Exception):
-            self.fs.call_s3("delete_object", Bucket=self.bucket, Key=probe)
+            self.store.delete(probe, tag)
         if not honoured:
-            raise XylentError("this object store ignores conditional writes (If-None-Match), so two runs could "
+            raise XylentError("this object store ignores conditional writes (create-if-absent), so two runs could "
                               "both take the workspace lock", where=self.url,
-                              fix="use a store with S3 conditional writes (AWS S3, MinIO >= 2024-11, R2), or a "
-                                  "local/network folder as --workspace")
+                              fix="use a store with conditional writes (AWS S3, MinIO >= 2024-11, R2, GCS, Azure "
+                                  "Blob), or a local/network folder as --workspace")
 
     # -- manifests and files -------------------------------------------------
     def read_manifest(self, rel_dir: str) -> dict[str, Any] | None:
@@ -198,65 +186,64 @@ class ObjectStore:
         return None
 
     def acquire(self) -> None:
+        from xylent.stores import Conflict
+
         body = {"owner": secrets.token_hex(8), "host": socket.gethostname(), "pid": os.getpid(),
                 "since": time.strftime("%Y-%m-%d %H:%M:%S")}
         for attempt in range(5):  # a lock released between our two requests: create it again
             try:
-                etag = self._put_lock(body, IfNoneMatch="*")
+                tag = self._put_lock(body)
                 break
+            except Conflict:
+                pass
             except Exception as exc:
-                if not _precondition_failed(exc):
-                    raise self._fail(exc, "creating the lock object") from None
+                raise self._fail(exc, "creating the lock object") from None
             try:
-                etag = self._take_over_if_expired(body)
+                tag = self._take_over_if_expired(body)
                 break
             except FileNotFoundError:
                 time.sleep(0.2 * (attempt + 1))
         else:
             raise XylentError("the workspace lock kept changing hands", where=self.url_of(LOCK),
                               fix="another xylent run is starting on this workspace: wait, or use another one")
-        lease = {"body": body, "etag": etag, "stop": threading.Event(), "lost": False,
+        lease = {"body": body, "etag": tag, "stop": threading.Event(), "lost": False,
                  "valid_until": time.time() + LEASE_S}
         lease["thread"] = threading.Thread(target=self._renew, args=(lease,), daemon=True, name="xylent-lease")
         ObjectStore._leases[self.url] = lease
         lease["thread"].start()
 
-    def _put_lock(self, body: dict, **condition) -> str:
-        body = {**body, "expires": time.time() + LEASE_S}
-        out = self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.key(LOCK),
-                              Body=json.dumps(body).encode(), **condition)
-        return out["ETag"]
+    def _put_lock(self, body: dict, tag: str | None = None) -> str:
+        """Write the lock: created when ``tag`` is None, else replaced if still at ``tag``."""
+        data = json.dumps({**body, "expires": time.time() + LEASE_S}).encode()
+        if tag is None:
+            return self.store.create(self.key(LOCK), data)
+        return self.store.replace(self.key(LOCK), data, tag)
 
     def _read_lock(self) -> tuple[dict, str]:
-        """The lock object's body and ETag, of one version (FileNotFoundError: there is none)."""
-        from fsspec.asyn import sync
-
-        async def read() -> tuple[bytes, str]:  # s3fs' client is async
-            got = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=self.key(LOCK))
-            async with got["Body"] as body:
-                return await body.read(), got["ETag"]
-
+        """The lock object's body and tag, of one version (FileNotFoundError: there is none)."""
         try:
-            data, etag = sync(self.fs.loop, read)
-            return json.loads(data), etag
+            data, tag = self.store.read(self.key(LOCK))
+            return json.loads(data), tag
         except FileNotFoundError:
             raise
         except Exception as exc:
             raise self._fail(exc, "reading the lock object") from None
 
     def _ours(self, body: dict) -> str | None:
-        """The lock's ETag when it is ours after all: a conditional write that succeeded on
+        """The lock's tag when it is ours after all: a conditional write that succeeded on
         the server, its answer lost and the retry refused, is not a lost lease."""
         with contextlib.suppress(FileNotFoundError):
-            holder, etag = self._read_lock()
+            holder, tag = self._read_lock()
             if holder.get("owner") == body["owner"]:
-                return etag
+                return tag
         return None
 
     def _take_over_if_expired(self, body: dict) -> str:
-        holder, etag = self._read_lock()
+        from xylent.stores import Conflict
+
+        holder, tag = self._read_lock()
         if holder.get("owner") == body["owner"]:
-            return etag
+            return tag
         left = holder.get("expires", 0) - time.time()
         if left > 0:
             raise XylentError(
@@ -265,29 +252,31 @@ class ObjectStore:
                 where=self.url_of(LOCK),
                 fix="wait for that run to finish, or give this one its own --workspace; a run that died frees "
                     f"the lock when its lease runs out (within {LEASE_S:.0f} s)")
-        try:  # expired: whoever swaps it first (on the ETag just read) holds it
-            return self._put_lock(body, IfMatch=etag)
+        try:  # expired: whoever swaps it first (on the version just read) holds it
+            return self._put_lock(body, tag)
+        except Conflict:
+            if (mine := self._ours(body)) is not None:
+                return mine
+            raise XylentError("the workspace was just taken by another xylent run", where=self.url_of(LOCK),
+                              fix="wait for that run to finish, or give this one its own --workspace") from None
         except Exception as exc:
-            if _precondition_failed(exc):
-                if (mine := self._ours(body)) is not None:
-                    return mine
-                raise XylentError("the workspace was just taken by another xylent run", where=self.url_of(LOCK),
-                                  fix="wait for that run to finish, or give this one its own --workspace") from None
             raise self._fail(exc, "taking over an expired lock") from None
 
     def _renew(self, lease: dict) -> None:
+        from xylent.stores import Conflict
+
         while not lease["stop"].wait(LEASE_S / 3):
             started = time.time()
             try:
-                lease["etag"] = self._put_lock(lease["body"], IfMatch=lease["etag"])
-            except Exception as exc:
-                if not _precondition_failed(exc):
-                    continue  # transient: the lease still has two thirds left; publishing checks valid_until
+                lease["etag"] = self._put_lock(lease["body"], lease["etag"])
+            except Conflict:
                 mine = self._ours(lease["body"])
                 if mine is None:
                     lease["lost"] = True
                     return
                 lease["etag"] = mine
+            except Exception:
+                continue  # transient: the lease still has two thirds left; publishing checks valid_until
             lease["valid_until"] = started + LEASE_S
 
     def release(self) -> None:
@@ -295,9 +284,9 @@ class ObjectStore:
         if lease is None:
             return
         lease["stop"].set()
-        lease["thread"].join(30)  # a renewal in flight changes the ETag the delete is conditional on
+        lease["thread"].join(30)  # a renewal in flight changes the version the delete is conditional on
         with contextlib.suppress(Exception):  # a lost lease is someone else's now: leave it
-            self.fs.call_s3("delete_object", Bucket=self.bucket, Key=self.key(LOCK), IfMatch=lease["etag"])
+            self.store.delete(self.key(LOCK), lease["etag"])
 
 
 @contextlib.contextmanager

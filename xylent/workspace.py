@@ -7,7 +7,7 @@ made of (one file fetched, one source prepared).  Both are built in a sibling
 ``_manifest.json`` has been written, so a directory with a manifest is complete
 and anything else is never trusted (left-overs are removed under the lock).
 
-An ``s3://`` workspace keeps the same guarantees on object storage (see
+An object-store workspace (``s3://``, ``gs://``, ``az://``) keeps the same guarantees on object storage (see
 :mod:`xylent.remote`): stages build in this machine's copy of it, publishing
 uploads the output (manifest last), and reading an output another machine built
 downloads and checks it first.

@@ -52,10 +52,10 @@ def _read_bytes(location: str | Path) -> bytes:
             return f.read()
     except FileNotFoundError:
         raise
-    except Exception as exc:  # credentials, endpoint, s3fs missing on this node
+    except Exception as exc:  # credentials, endpoint, the store's package missing on this node
         raise XylentError(f"reading from the object store failed: {type(exc).__name__}: {exc}", where=str(location),
-                          fix="every node needs s3fs (pip install 'xylent[s3]') and the bucket's credentials and "
-                              "endpoint (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL)") from None
+                          fix="every node needs the store's package (pip install 'xylent[s3]', '[gcs]' or '[azure]') "
+                              "and the bucket's credentials and endpoint (docs/workspace.md)") from None
 
 
 def open_shard(shards_dir: str | Path, rel: str, sha256: str | None = None):

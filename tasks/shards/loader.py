@@ -11,7 +11,7 @@ makes the following batches identical to an uninterrupted run.
 
 Shards are memory-mapped (nothing is copied into memory up front) and checked
 against the sha256 in index.json when first opened; ``shards_dir`` may also be the
-``s3://`` URL of a shards output, read straight from the bucket into memory.
+object-store URL (``s3://``, ``gs://``, ``az://``) of a shards output, read straight from the bucket into memory.
 """
 
 from __future__ import annotations
