@@ -102,7 +102,7 @@ def task_dir(task, spec, upstream: dict[str, Path], data_root: Path, cache: Path
                                     task.max_pairs) for lang in task.languages}
         return write_tatoeba(data_root / task.name, pairs)
     path = task.path
-    if path.startswith(("http://", "https://", "s3://", "gs://")):
+    if path.startswith(("http://", "https://", "s3://", "gs://", "az://", "abfs://")):
         return fetch_url(path, task.sha256, cache, spec.download)
     local = spec.resolve_path(path)
     if not local.is_dir():
