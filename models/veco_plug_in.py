@@ -36,18 +36,21 @@ class PlugInEncoder(nn.Module):
         return self.model.plug_in(input_ids, pad, memory, memory_pad)
 
     @torch.no_grad()
-    def embed(self, texts: list[str], translations: list[str], batch_size: int = 32) -> torch.Tensor:
+    def embed(self, texts: list[str], translations: list[str], batch_size: int = 32,
+              max_length: int | None = None) -> torch.Tensor:
         """Mean-pooled plug-in final states of ``texts``, each read beside its translation."""
         if len(texts) != len(translations):
             raise ValueError(f"{len(texts)} texts and {len(translations)} translations: plug-in mode reads "
                              "each text beside its own translation")
         self.eval()
         device = next(self.parameters()).device
+        max_length = min(max_length or self.config.max_position, self.config.max_position)
         out = []
         for i in range(0, len(texts), batch_size):
-            ids, mask = (t.to(device) for t in tokenize(self.tokenizer, self.config, texts[i: i + batch_size]))
+            ids, mask = (t.to(device) for t in tokenize(self.tokenizer, self.config, texts[i: i + batch_size],
+                                                        max_length))
             tr_ids, tr_mask = (t.to(device) for t in tokenize(self.tokenizer, self.config,
-                                                              translations[i: i + batch_size]))
+                                                              translations[i: i + batch_size], max_length))
             out.append(mean_pool(self(ids, mask, tr_ids, tr_mask), mask))
         return torch.cat(out)
 

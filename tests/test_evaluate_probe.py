@@ -87,6 +87,13 @@ def test_probe_files_round_trip_and_bad_lines_name_file_and_line(tmp_path):
     root = write_probe(tmp_path / "p", msgs, "en")
     assert read_probe(root, "en", "train") == (["a"], ["one"])
     assert read_probe(root, "de", "test") == (["b"], ["zwei"])
+    keyed = {"en": [("a", "train", "one", 1), ("b", "test", "two", 2)], "de": [("b", "test", "zwei", 2),
+                                                                          ("a", "test", "eins", 9)]}
+    plug = write_probe(tmp_path / "plug", keyed, "en", {1: "one", 2: "two"})  # key 9 has no English: left out
+    assert read_probe(plug, "de", "test", translations=True) == (["b"], ["zwei"], ["two"])
+    assert read_probe(plug, "en", "train") == (["a"], ["one"]), "the plain probe reads the same files"
+    with pytest.raises(XylentError, match=r"(?s)no third column.*test-de.tsv:1"):
+        read_probe(root, "de", "test", translations=True)
     (root / "test-fr.tsv").write_text("a\tun\nno tab here\n")
     with pytest.raises(XylentError, match=r"test-fr.tsv:2"):
         read_probe(root, "fr", "test")

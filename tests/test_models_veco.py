@@ -17,6 +17,7 @@ from models.stats import Norms
 from models.veco import VecoConfig, VecoModel
 from tasks.vocab.specials import BOS, EOS, PAD, SPECIAL_PIECES
 from tests.test_hf_export import tokenizer_dir  # noqa: F401  (a fixture: a small SentencePiece model)
+from xylent.errors import XylentError
 
 SPECIALS = dict(zip(("unk", "bos", "eos", "pad", "mask"), range(len(SPECIAL_PIECES))))
 
@@ -233,7 +234,6 @@ def test_plug_in_mode_puts_the_cross_attention_back_and_reads_the_translation(tm
     import models
     from models.pretrained import export, tokenize
     from tasks.vocab.specials import special_ids
-    from xylent.errors import XylentError
 
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_dir / "spm.model"))
     cfg = preset("tiny", vocab_size=sp.get_piece_size(), max_position=64, dropout=0.0, specials=special_ids(sp))
@@ -266,3 +266,74 @@ def test_plug_in_mode_puts_the_cross_attention_back_and_reads_the_translation(tm
         models.load_plug_in(tmp_path / "electra")
     with pytest.raises(ValueError, match="2 texts and 1 translations"):
         plug.embed(texts, translations[:1])
+
+
+def test_the_evaluate_probe_in_plug_in_mode_reads_each_text_beside_its_translation(tmp_path, tokenizer_dir):  # noqa: F811
+    """evaluate's probe with ``plug_in: true``: every input's label is only in its translation
+    (the texts themselves are label-free filler), so the plug-in probe learns it and the plain
+    probe, which never sees the translation, stays near the majority rate; random-init gets a
+    random VECO model in plug-in mode; models without cross-attention are 'not applicable'."""
+    import random
+
+    import sentencepiece as spm
+
+    from models.pretrained import export
+    from tasks.evaluate.encoders import load_ref
+    from tasks.evaluate.run import evaluate_model
+    from tasks.vocab.specials import special_ids
+    from xylent.spec_evaluate import EvalTask
+
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_dir / "spm.model"))
+    cfg = preset("tiny", vocab_size=sp.get_piece_size(), max_position=64, dropout=0.0, specials=special_ids(sp))
+    torch.manual_seed(0)
+    model = VecoModel(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if model.is_cross(name):
+                p.add_(torch.randn_like(p) * 0.3)
+    export(tmp_path / "veco", model.state_dict(), model.encoder_state_dict(), cfg, tokenizer_dir,
+           {"objective": "veco"})
+    export(tmp_path / "electra", model.encoder_state_dict(), model.encoder_state_dict(), cfg, tokenizer_dir,
+           {"objective": "electra"})
+
+    rng = random.Random(0)
+    words = {"animal": ["cat", "dog", "horse", "bird"], "food": ["bread", "cheese", "apple", "soup"]}
+    filler = ["la la", "na na na", "ta", "pa pa"]
+
+    def rows(n):
+        out = []
+        for _ in range(n):
+            label = rng.choice(sorted(words))
+            sentence = " ".join(rng.choice(words[label]) for _ in range(3))
+            out.append(f"{label}\t{rng.choice(filler)}\t{sentence}")
+        return "\n".join(out) + "\n"
+
+    data = tmp_path / "probe"
+    data.mkdir()
+    (data / "train-en.tsv").write_text(rows(60))
+    (data / "test-en.tsv").write_text(rows(30))
+    (data / "test-de.tsv").write_text(rows(30))
+    task = dict(kind="probe", format="tsv", path=str(data), languages=["en", "de"])
+    plug, plain = EvalTask(name="plug", plug_in=True, **task), EvalTask(name="plain", **task)
+
+    def scores(ref):
+        enc = load_ref({"path": str(tmp_path / ref.pop("dir")), **ref})
+        return evaluate_model(enc, [plug, plain], {"plug": (data, None), "plain": (data, None)}, tmp_path / "preds",
+                              batch_size=8, max_length=32)
+
+    veco = scores({"kind": "xylent", "name": "pipeline", "dir": "veco"})
+    assert veco["plug"]["plug_in"] and veco["plug"]["layer"] == cfg.layers
+    assert veco["plug"]["languages"]["de"]["accuracy"] >= 90, veco["plug"]
+    assert veco["plain"]["avg"] < veco["plain"]["majority_baseline"] + 15, veco["plain"]
+    untrained = scores({"kind": "random-init", "name": "random-init", "dir": "veco", "seed": 0})
+    assert untrained["plug"]["plug_in"] and untrained["plug"]["avg"] is not None
+    electra = scores({"kind": "xylent", "name": "electra", "dir": "electra"})
+    assert electra["plug"]["avg"] is None and "VECO models only" in electra["plug"]["not_applicable"]
+
+    (data / "test-fr.tsv").write_text("animal\tla la\n")  # no translation column
+    with pytest.raises(XylentError, match=r"test-fr.tsv:1"):
+        evaluate_model(load_ref({"kind": "xylent", "name": "p", "path": str(tmp_path / "veco")}),
+                       [EvalTask(name="plug", plug_in=True, **{**task, "languages": ["en", "fr"]})],
+                       {"plug": (data, None)}, tmp_path / "preds", batch_size=8, max_length=32)
+    with pytest.raises(ValueError, match="plug_in applies to kind probe only"):
+        EvalTask(name="x", kind="tatoeba", format="tatoeba", path=str(data), languages=["de"], plug_in=True)

@@ -137,8 +137,11 @@ class EvalTask(Strict):
     max_pairs: int | None = Field(default=None, gt=0, description="gettext/holdout: at most this many per language")
     exclude_seen: bool = Field(default=False, description="gettext: drop pairs either side of which is in the "
                                "pretraining corpus (dedup's output), so the task measures transfer, not memory")
+    plug_in: bool = Field(default=False, description="probe: read every text beside its English translation "
+                          "through VECO's cross-attention (plug-in mode, final layer); the files' third column "
+                          "(format holdout writes it); models without cross-attention are 'not applicable'")
 
-    ADDED_LATER: ClassVar[tuple[str, ...]] = ("xtreme_task", "finetune")
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("xtreme_task", "finetune", "plug_in")
 
     @model_validator(mode="after")
     def _check(self):
@@ -160,6 +163,11 @@ class EvalTask(Strict):
         if self.kind in ("probe", *FINETUNED) and self.train_language not in self.languages:
             raise ValueError(f"evaluate task {self.name!r}: train_language {self.train_language!r} must be one of "
                              "its languages (it is tested there too: the transfer gap starts from it)")
+        if self.plug_in and self.kind != "probe":
+            raise ValueError(f"evaluate task {self.name!r}: plug_in applies to kind probe only, not {self.kind!r}")
+        if self.plug_in and self.layer is not None:
+            raise ValueError(f"evaluate task {self.name!r}: a plug-in probe reads the final layer (VECO's plug-in "
+                             "pass gives no other); leave layer out")
         if self.kind in RETRIEVAL and "en" in self.languages:
             raise ValueError(f"evaluate task {self.name!r}: list the non-English languages; English is the target")
         return self

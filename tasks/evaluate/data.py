@@ -110,23 +110,32 @@ def write_tatoeba(root: Path, pairs: dict[str, tuple[list[str], list[str]]]) -> 
     return root
 
 
-def write_probe(root: Path, messages: dict[str, list[tuple]], train_language: str) -> Path:
-    """``train-<train_language>.tsv`` and ``test-<lang>.tsv``, lines ``label<TAB>text``."""
+def write_probe(root: Path, messages: dict[str, list[tuple]], train_language: str,
+                translations: dict[str, str] | None = None) -> Path:
+    """``train-<train_language>.tsv`` and ``test-<lang>.tsv``, lines ``label<TAB>text``,
+    or ``label<TAB>text<TAB>translation`` with ``translations`` (message key -> the
+    English text; an English row's translation is itself)."""
+    def line(lab, text, key):
+        return f"{lab}\t{text}" if translations is None else f"{lab}\t{text}\t{translations[key]}"
+
     for lang, rows in messages.items():
-        write_lines(root / f"test-{lang}.tsv", [f"{lab}\t{text}" for lab, split, text, _ in rows if split == "test"])
+        keep = [r for r in rows if translations is None or r[3] in translations]
+        write_lines(root / f"test-{lang}.tsv", [line(lab, text, key) for lab, split, text, key in keep
+                                                if split == "test"])
         if lang == train_language:
-            write_lines(root / f"train-{lang}.tsv",
-                        [f"{lab}\t{text}" for lab, split, text, _ in rows if split == "train"])
+            write_lines(root / f"train-{lang}.tsv", [line(lab, text, key) for lab, split, text, key in keep
+                                                     if split == "train"])
     return root
 
 
-def read_probe(root: Path, lang: str, split: str) -> tuple[list[str], list[str]]:
-    """(labels, texts) of ``<split>-<lang>.tsv``; malformed lines name file and line."""
+def read_probe(root: Path, lang: str, split: str, *, translations: bool = False) -> tuple[list[str], ...]:
+    """(labels, texts) of ``<split>-<lang>.tsv``, and with ``translations`` each text's
+    translation, the file's third column; malformed lines name file and line."""
     path = Path(root) / f"{split}-{lang}.tsv"
     if not path.is_file():
         raise XylentError(f"probe data has no {split} file for language {lang!r}", where=str(path),
                           fix=f"add {path.name} (lines: label<TAB>text) or drop {lang!r} from the task's languages")
-    labels, texts = [], []
+    labels, texts, trans = [], [], []
     raw = path.read_bytes()
     for no, line in enumerate(raw.split(b"\n"), 1):
         try:
@@ -136,15 +145,20 @@ def read_probe(root: Path, lang: str, split: str) -> tuple[list[str], list[str]]
                               fix="re-encode the file as UTF-8") from None
         if not line:
             continue
-        if line.count("\t") != 1 or not all(line.split("\t")):
-            raise XylentError("a probe line must be 'label<TAB>text' with both non-empty",
-                              where=f"{path}:{no}", fix="fix or remove that line")
-        lab, text = line.split("\t")
-        labels.append(lab)
-        texts.append(text)
+        cols = line.split("\t")
+        if len(cols) not in (2, 3) or not all(cols):
+            raise XylentError("a probe line must be 'label<TAB>text' (or 'label<TAB>text<TAB>translation') with "
+                              "every column non-empty", where=f"{path}:{no}", fix="fix or remove that line")
+        if translations and len(cols) != 3:
+            raise XylentError("a plug-in probe reads every text beside its translation: this line has no third "
+                              "column", where=f"{path}:{no}",
+                              fix="write lines as label<TAB>text<TAB>translation, or set the task's plug_in: false")
+        labels.append(cols[0])
+        texts.append(cols[1])
+        trans.append(cols[2] if len(cols) == 3 else None)
     if not texts:
         raise XylentError("probe file has no examples", where=str(path), fix="fill it or drop the language")
-    return labels, texts
+    return (labels, texts, trans) if translations else (labels, texts)
 
 
 def seen_texts(corpus: Path, lang: str) -> set[str]:

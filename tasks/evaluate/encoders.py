@@ -47,6 +47,10 @@ class SentenceEncoder(ABC):
                               fix=f"pick a layer in 0..{self.n_layers}, or leave it out for the middle layer")
         return idx
 
+    def plug_in(self):
+        """The plug-in model (reads each text beside its translation), or None: not applicable."""
+        return None
+
     @abstractmethod
     def _hidden(self, texts: list[str], max_length: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
         """-> (hidden states per layer, each (B, L, H); attention mask (B, L))."""
@@ -85,9 +89,28 @@ def device() -> torch.device:
 class XylentEncoder(SentenceEncoder):
     kind = "xylent"
 
-    def __init__(self, name: str, model):
+    def __init__(self, name: str, model, source: Path | None = None, seed: int | None = None):
         self.name, self.model = name, model.float().to(device()).eval()
         self.n_layers = model.config.layers
+        self.source, self.seed = source, seed  # the export dir (and random-init's seed): plug-in mode rebuilds
+
+    def plug_in(self):
+        """VECO's plug-in model of this encoder (models.load_plug_in), None when the export
+        has no cross-attention; for random-init, VECO's architecture with fresh weights."""
+        from models.pretrained import read_export
+        from models.veco import VecoModel
+        from models.veco_plug_in import PlugInEncoder, load_plug_in
+
+        if self.source is None:
+            return None
+        meta, cfg, tok = read_export(self.source)
+        if meta.get("objective") != "veco":
+            return None
+        if self.seed is None:
+            return load_plug_in(self.source).float().to(device()).eval()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            return PlugInEncoder(VecoModel(cfg), tok, meta).float().to(device()).eval()
 
     def _hidden(self, texts, max_length):
         ids, mask = self.model.tokenize(texts, max_length=min(max_length, self.model.config.max_position))
@@ -167,7 +190,7 @@ def load_xylent(name: str, path: Path) -> XylentEncoder:
         raise XylentError(f"model {name!r}: no config.json in {path}", where="spec field evaluate.models[].path",
                           fix="point it at an exported xylent model dir (workspace/pretrain/<fingerprint>/model)")
     try:
-        return XylentEncoder(name, load_pretrained(path))
+        return XylentEncoder(name, load_pretrained(path), source=Path(path))
     except (OSError, ValueError, KeyError, RuntimeError) as exc:  # not ours, or damaged
         raise XylentError(f"cannot load xylent model {name!r}: {type(exc).__name__}: {exc}", where=str(path),
                           fix="point it at an exported xylent model dir; for a Hugging Face dir use kind: hf") from None
@@ -188,7 +211,7 @@ def random_init(name: str, like: Path, seed: int) -> XylentEncoder:
     with torch.random.fork_rng(devices=[]):  # the caller's CPU generator is left as it was
         torch.manual_seed(seed)
         model = PretrainedEncoder(cfg, tok, {"random_init_seed": seed})
-    return XylentEncoder(name, model)
+    return XylentEncoder(name, model, source=Path(like), seed=seed)
 
 
 def declared_layers(kind: str, path: Path) -> int:

@@ -126,7 +126,32 @@ def _bucc(emb: Embedder, task, data: Path, labels: Path | None, preds: Path) -> 
     return out
 
 
+def _plug_in_probe(emb: Embedder, task, data: Path) -> dict:
+    """The probe on VECO's plug-in states: each text read beside its translation.  Texts
+    travel as (text, translation) pairs through evaluate_probe, which only filters them."""
+    model = emb.enc.plug_in()
+    if model is None:
+        return {"kind": "probe", "plug_in": True, "languages": {}, "avg": None,
+                "not_applicable": "no cross-attention to plug in (VECO models only)"}
+
+    def embed(pairs):
+        texts, translations = [p[0] for p in pairs], [p[1] for p in pairs]
+        out = model.embed(texts, translations, batch_size=emb.batch_size, max_length=emb.max_length).numpy()
+        emb.on_batch(len(pairs))
+        return out
+
+    def read(lang, split):
+        lab, texts, trans = read_probe(data, lang, split, translations=True)
+        return lab, list(zip(texts, trans))
+
+    r = evaluate_probe(embed, read(task.train_language, "train"),
+                       {lang: read(lang, "test") for lang in task.languages}, task.train_language)
+    return {"kind": "probe", "plug_in": True, "layer": model.config.layers, **r}
+
+
 def _probe(emb: Embedder, task, data: Path, labels: Path | None, preds: Path) -> dict:
+    if task.plug_in:
+        return _plug_in_probe(emb, task, data)
     layer = emb.enc.layer_index(task.layer)
     train = read_probe(data, task.train_language, "train")
     tests = {lang: read_probe(data, lang, "test") for lang in task.languages}

@@ -95,8 +95,9 @@ def task_dir(task, spec, upstream: dict[str, Path], data_root: Path, cache: Path
         msgs = holdout_messages(upstream["download"], source.name, source.holdout.model_dump(), source.plurals, langs,
                                 source.source_language)
         if task.kind in ("probe", "classification"):  # labelled sentences: a probe, or fine-tuned end to end
+            english = {row[3]: row[2] for row in msgs["en"]} if task.plug_in else None
             return write_probe(data_root / task.name, {k: v for k, v in msgs.items() if k in task.languages},
-                               task.train_language)
+                               task.train_language, english)
         english = {row[3]: row[2] for row in msgs["en"]}
         pairs = {lang: unique_pairs([(text, english[key]) for _, _, text, key in msgs[lang] if key in english],
                                     task.max_pairs) for lang in task.languages}
