@@ -9,6 +9,7 @@ continue pretraining), ``config.json`` and the SentencePiece tokenizer.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import shutil
 from pathlib import Path
@@ -32,6 +33,8 @@ def consolidate(checkpoint_root: Path, tag: str) -> dict[str, torch.Tensor]:
         import contextlib
         import sys
 
+        if not torch.cuda.is_available():  # else DeepSpeed warns that it guessed the CPU
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
         # DeepSpeed's logger binds to the stdout of its import; ours is for the CLI's --json output
         with contextlib.redirect_stdout(sys.stderr):
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint

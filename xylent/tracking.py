@@ -136,6 +136,8 @@ class Tracker:
         # would break `--json`; the CLI prints the links itself
         os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
         os.environ.setdefault("MLFLOW_PRINT_MODEL_URLS_ON_CREATION", "false")
+        # its artifact-download bars would land between the stage's own bars, and in piped output
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
         self.uri = tracking_uri
         own_db = artifact_root.parent / "mlflow.db" if artifact_root is not None else None
         if own_db is not None and tracking_uri == f"sqlite:///{own_db}":

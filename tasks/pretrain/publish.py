@@ -97,10 +97,9 @@ def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Pa
     import mlflow.pyfunc
     from mlflow.exceptions import MlflowException
 
-    from models.serving import EncoderPyfunc
-
     local = scratch / "mlflow-model"
-    mlflow.pyfunc.save_model(path=str(local), python_model=EncoderPyfunc(), artifacts={"model": str(model_dir)},
+    mlflow.pyfunc.save_model(path=str(local), python_model=str(REPO / "models" / "pyfunc_entry.py"),
+                             artifacts={"model": str(model_dir)},
                              code_paths=[str(REPO / "models")],
                              pip_requirements=["torch", "sentencepiece", "safetensors"])
     from mlflow.entities import LoggedModelOutput
