@@ -112,16 +112,19 @@ def _run(args) -> dict:
             raise XylentError("--until only goes with 'pipeline'", fix=f"xylent run pipeline --until {target}")
     elif args.until:
         find_stage(STAGES, args.until)
-    from flows.hygiene import own_prefect_server
+    from flows.hygiene import own_prefect_server, run_log
     from flows.pipeline import pipeline
     from flows.registry import STAGE_FLOWS
+    from xylent.spec import load_spec
 
     own_prefect_server()
-
     kwargs = {"spec_file": args.spec, "workspace": args.workspace, "overrides": args.overrides}
-    if target == "pipeline":
-        return pipeline(**kwargs, force=args.force, until=args.until)
-    return STAGE_FLOWS[STAGE_NAMES.index(target)](**kwargs, force=args.force)
+    with run_log(workspace_for(load_spec(args.spec, args.overrides), args.workspace).root, target) as log:
+        if target == "pipeline":
+            result = pipeline(**kwargs, force=args.force, until=args.until)
+        else:
+            result = STAGE_FLOWS[STAGE_NAMES.index(target)](**kwargs, force=args.force)
+    return {**result, "log_file": str(log) if log is not None and log.exists() else None}
 
 
 def _print_summary(result: dict, *, ran: bool) -> None:
@@ -169,6 +172,8 @@ def _where(result: dict, args) -> list[str]:
     lines = [f"outputs:  {ws.location}" + (f" (this machine's copy: {ws.root})" if ws.remote else "")]
     lines.append(f"MLflow:   parent run {result['mlflow_parent_run_id']} in experiment '{spec.tracking.experiment}' "
                  f"({uri}); to see it, {how_to_view(uri)}")
+    if result.get("log_file"):
+        lines.append(f"log:      {result['log_file']} (Prefect's lines per task; --verbose prints them here)")
     fr = result.get("prefect_flow_run_id")
     if fr:
         url = result.get("prefect_flow_run_url")
@@ -225,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
         result = _run(args)
         if args.json:
             print(json.dumps({"stages": result["stages"], "mlflow_parent_run_id": result["mlflow_parent_run_id"],
-                              "prefect_flow_run_id": result.get("prefect_flow_run_id")}, indent=2))
+                              "prefect_flow_run_id": result.get("prefect_flow_run_id"),
+                              "log_file": result.get("log_file")}, indent=2))
         else:
             result["where"] = _where(result, args)
             _print_summary(result, ran=True)

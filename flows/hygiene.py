@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -20,6 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 from xylent.errors import XylentError, environment_error
 
@@ -74,6 +76,29 @@ def quiet_console(argv: list[str]) -> None:
     else:
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "WARNING")
         os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # "Creating initial MLflow database tables..."
+
+
+@contextlib.contextmanager
+def run_log(root: Path, target: str) -> Iterator[Path | None]:
+    """Prefect's log lines of this invocation (one per task, the ones the console no
+    longer shows) also go to ``<workspace>/logs/<time>-<target>-<pid>.log``; None
+    when the workspace cannot take it (the stage then says why, clearly)."""
+    path = root / "logs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{target}-{os.getpid()}.log"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path, encoding="utf-8", delay=True)
+    except OSError:
+        yield None
+        return
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s"))
+    prefect = logging.getLogger("prefect")  # flow and task run loggers propagate to it
+    prefect.addHandler(handler)
+    try:
+        yield path
+    finally:
+        prefect.removeHandler(handler)
+        handler.close()
 
 
 def own_prefect_server() -> None:

@@ -25,9 +25,15 @@ def test_the_console_shows_no_info_lines_unless_verbose_and_the_table_keeps_path
     spec = write_spec(tmp_path / "spec.yaml", {"name": "term", "languages": ["en"], "workspace": str(ws),
                                                "sources": [{"name": "loc", "kind": "local", "format": "text",
                                                             "lang": "en", "path": str(tmp_path / "en.txt")}]})
-    quiet = _cli("run", "prepare", "--spec", str(spec))
+    quiet = _cli("run", "prepare", "--spec", str(spec), PREFECT_LOGGING_LEVEL="INFO")  # the suite's is WARNING
     assert quiet.returncode == 0, quiet.stderr
     assert "| INFO" not in quiet.stderr and "Creating initial MLflow database" not in quiet.stderr, quiet.stderr
+    assert "Warning" not in quiet.stderr and "WARNING" not in quiet.stderr, f"no stray warnings: {quiet.stderr}"
+    # the lines the console leaves out are in the run's log file, named below the table
+    (log,) = (ws / "logs").glob("*-prepare-*.log")
+    assert f"log:      {log}" in quiet.stdout
+    text = log.read_text()
+    assert "| INFO" in text and "Finished in state Completed" in text, text[-2000:]
     out = quiet.stdout
     assert "time" in out and "headline" in out and "mono 300" in out, out
     manifest_dirs = sorted(p.parent for p in ws.glob("*/*/_manifest.json"))
