@@ -222,6 +222,40 @@ def test_demo_data_stages_on_a_bucket_match_disk_and_another_machine_reuses_them
             assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), task
 
 
+SMALL = {"extends": str(DEMO), "name": "bucket-stages",
+         "pretrain": {"steps": 6, "checkpoint_every": 3, "warmup_steps": 2, "log_every": 2},
+         "audit": {"steps": 4, "resamples": 2},
+         "evaluate": {"models": ["pipeline", "random-init"],
+                      "tasks": [{"name": "allauth", "kind": "tatoeba", "format": "gettext", "package": "allauth",
+                                 "max_pairs": 50, "languages": ["de", "fr"]}]}}
+
+
+@pytest.mark.parametrize("bucket", ["s3"], indirect=True)  # the stores differ only below Workspace.publish
+def test_pretrain_audit_and_evaluate_publish_to_the_bucket_and_another_machine_reuses_them(bucket, tmp_path,
+                                                                                            monkeypatch):
+    """Every stage after shards on an object-store workspace (the data stages above): a short
+    pretrain, audit and evaluate publish to the bucket, and a second machine finds them cached."""
+    from conftest import write_spec
+
+    spec = write_spec(tmp_path / "small.yaml", SMALL)
+    url = bucket.url("demo")
+    monkeypatch.setenv("XYLENT_CACHE", str(tmp_path / "machine-a"))
+    first = _run("run", "pipeline", "--spec", spec, "--workspace", url)
+    later = ["pretrain", "audit", "evaluate"]
+    assert [s for s in later if first["stages"][s]["cached"]] == []
+    for stage in later:
+        fp = first["stages"][stage]["fingerprint"]
+        published = {p for p, _ in _files(first["stages"][stage]["output_dir"])} | {"_manifest.json"}
+        assert bucket.keys(f"demo/{stage}/{fp}/") == published, stage
+    assert "model/model.safetensors" in bucket.keys(f"demo/pretrain/{first['stages']['pretrain']['fingerprint']}/")
+
+    monkeypatch.setenv("XYLENT_CACHE", str(tmp_path / "machine-b"))
+    second = _run("run", "pipeline", "--spec", spec, "--workspace", url)
+    assert all(r["cached"] for r in second["stages"].values()), {k: r["cached"] for k, r in second["stages"].items()}
+    scores = json.loads((Path(second["stages"]["evaluate"]["output_dir"]) / "scores.json").read_text())
+    assert set(scores["models"]) == {"pipeline", "random-init"}
+
+
 def _workspace(bucket: Bucket, name: str):
     from xylent.workspace import Workspace
 

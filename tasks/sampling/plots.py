@@ -20,8 +20,7 @@ def heatmaps(matrices: dict[str, np.ndarray], languages: list[str], path: Path) 
     fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 5.5), squeeze=False)
     positive = np.concatenate([matrices[k][matrices[k] > 0] for k in names])
     vmin, vmax = np.log10(positive.min()), np.log10(positive.max())
-    cmap = plt.get_cmap("viridis").copy()
-    cmap.set_bad("white")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="white")
     for ax, key in zip(axes[0], names):
         m = matrices[key]
         with np.errstate(divide="ignore"):
