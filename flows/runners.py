@@ -48,11 +48,34 @@ def _start_ray(cfg: RunnerConfig, stack: contextlib.ExitStack) -> str:
 
     if not ray.is_initialized():
         if cfg.address:
-            ray.init(cfg.address)
+            _join_ray(ray, cfg.address)
         else:
             ray.init(num_cpus=cfg.max_workers or 2, include_dashboard=False)
         stack.callback(ray.shutdown)
     return ray.get_runtime_context().gcs_address
+
+
+def _join_ray(ray, address: str) -> None:
+    """Connect to a running cluster.  `ray start` turns token authentication on when it
+    finds a token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token), but a
+    driver only sends one with RAY_AUTH_MODE=token: with a token at hand and no mode
+    chosen, choose token, as the cluster did."""
+    try:  # Ray >= 2.5x; the mode is read into Ray's config, which this refreshes
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # a Ray without token authentication
+        pass
+    else:
+        maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    try:
+        ray.init(address)
+    except ConnectionError as exc:
+        raise XylentError(f"cannot join the Ray cluster at {address}: {exc}", where="spec field runner.address",
+                          fix="check the address `ray start --head` printed and that this machine reaches it; a "
+                              "cluster with token authentication needs its token here (RAY_AUTH_TOKEN or "
+                              "~/.ray/auth_token) and RAY_AUTH_MODE=token; one without it needs "
+                              "RAY_AUTH_MODE=disabled") from None
 
 
 def cluster_tags() -> dict[str, str]:

@@ -218,3 +218,36 @@ def test_kill_9_during_dedup_then_rerun(run_cli, tmp_path):
     assert files == manifest_files(clean)
     kept = pl.read_parquet(Path(rerun["stages"]["dedup"]["output_dir"]) / "mono" / "lang=de" / "*.parquet")
     assert len(kept) > 10_000 and kept["text"].n_unique() == len(kept), "the rerun's output is whole and deduplicated"
+
+
+def test_ray_runner_joins_the_cluster_at_runner_address(run_cli, tmp_path, monkeypatch):
+    """A Ray cluster the user started (``ray start --head``, with token authentication, as
+    Ray does when it finds a token): every stage runs on it, and it is still up afterwards."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import ray
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)  # undone after the test, whatever the run sets
+    (tmp_path / "token").write_text("a" * 64 + "\n")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "token"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"{ray.util.get_node_ip_address()}:{port}"  # what `ray start` tells its users to connect to
+    ray_cli = [sys.executable, "-m", "ray.scripts.scripts"]
+    subprocess.run([*ray_cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+                    "--disable-usage-stats"], env=dict(os.environ), check=True, capture_output=True, timeout=120)
+    try:
+        spec = make_corpus(tmp_path)
+        run_json(run_cli, "run", "dedup", "--spec", spec, "--workspace", tmp_path / "ws",
+                 "--set", "runner.kind=ray", "--set", f"runner.address={address}")
+        assert set(_cluster_tags(tmp_path / "ws").values()) == {address}
+        assert not ray.is_initialized(), "disconnected"
+        alive = subprocess.run([*ray_cli, "status", f"--address={address}"], env=dict(os.environ),
+                               capture_output=True, text=True, timeout=60)
+        assert alive.returncode == 0, "the user's cluster is still up: " + alive.stderr[-2000:]
+    finally:
+        subprocess.run([*ray_cli, "stop", "--force"], capture_output=True, timeout=120)
