@@ -73,3 +73,13 @@ def load_plug_in(path: str | Path, map_location: str = "cpu") -> PlugInEncoder:
                           f"unexpected {sorted(unexpected)[:3]})", where=str(path / "pretraining.safetensors"),
                           fix="point at the model/ folder of a pretrain run with objective veco")
     return PlugInEncoder(model.eval(), tok, meta).eval()
+
+
+def random_plug_in(path: str | Path, seed: int) -> PlugInEncoder:
+    """VECO's plug-in model with fresh weights, the tokenizer and config of the export
+    at ``path``: the random-init peer of a plug-in task."""
+    path = Path(path)
+    meta, cfg, tok = read_export(path)
+    with torch.random.fork_rng(devices=[]):  # the caller's generator is left as it was
+        torch.manual_seed(seed)
+        return PlugInEncoder(VecoModel(cfg).eval(), tok, meta).eval()

@@ -66,7 +66,8 @@ def test_only_pretrain_and_evaluate_use_models_and_evaluate_only_loads_exports()
             if _top(name) == "models"}
     assert uses and all(u.startswith(("tasks/pretrain/", "tasks/evaluate/", "tasks/finetune/")) for u, _ in uses), uses
     evaluate = {name for u, name in uses if u.startswith("tasks/evaluate/")}
-    assert evaluate and evaluate <= {"models.pretrained", "models.config"}, evaluate
+    # exports only: the plug-out encoder, and VECO's plug-in model read back from the same folder
+    assert evaluate and evaluate <= {"models.pretrained", "models.config", "models.veco_plug_in"}, evaluate
     finetune = {name for u, name in uses if u.startswith("tasks/finetune/")}  # evaluate's fine-tuning: heads only
     assert finetune and finetune <= {"models.heads"}, finetune
 

@@ -97,20 +97,14 @@ class XylentEncoder(SentenceEncoder):
     def plug_in(self):
         """VECO's plug-in model of this encoder (models.load_plug_in), None when the export
         has no cross-attention; for random-init, VECO's architecture with fresh weights."""
-        from models.pretrained import read_export
-        from models.veco import VecoModel
-        from models.veco_plug_in import PlugInEncoder, load_plug_in
+        from models.veco_plug_in import load_plug_in, random_plug_in
 
         if self.source is None:
             return None
-        meta, cfg, tok = read_export(self.source)
-        if meta.get("objective") != "veco":
+        if json.loads((self.source / "config.json").read_text()).get("objective") != "veco":
             return None
-        if self.seed is None:
-            return load_plug_in(self.source).float().to(device()).eval()
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed)
-            return PlugInEncoder(VecoModel(cfg), tok, meta).float().to(device()).eval()
+        model = load_plug_in(self.source) if self.seed is None else random_plug_in(self.source, self.seed)
+        return model.float().to(device()).eval()
 
     def _hidden(self, texts, max_length):
         ids, mask = self.model.tokenize(texts, max_length=min(max_length, self.model.config.max_position))
