@@ -60,13 +60,12 @@ def _join_ray(ray, address: str) -> None:
     finds a token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token), but a
     driver only sends one with RAY_AUTH_MODE=token: with a token at hand and no mode
     chosen, choose token, as the cluster did."""
-    try:  # Ray >= 2.5x; the mode is read into Ray's config, which this refreshes
+    with contextlib.suppress(ImportError):  # a Ray without token authentication has nothing to choose
+        # Ray >= 2.5x; the mode is read into Ray's config, which this refreshes
         from ray._private.authentication.authentication_token_setup import (
             maybe_enable_token_auth_if_token_available,
         )
-    except ImportError:  # a Ray without token authentication
-        pass
-    else:
+
         maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     try:
         ray.init(address)

@@ -186,19 +186,12 @@ class ObjectStore:
         return None
 
     def acquire(self) -> None:
-        from xylent.stores import Conflict
-
         body = {"owner": secrets.token_hex(8), "host": socket.gethostname(), "pid": os.getpid(),
                 "since": time.strftime("%Y-%m-%d %H:%M:%S")}
         for attempt in range(5):  # a lock released between our two requests: create it again
-            try:
-                tag = self._put_lock(body)
+            if (tag := self._create_lock(body)) is not None:
                 break
-            except Conflict:
-                pass
-            except Exception as exc:
-                raise self._fail(exc, "creating the lock object") from None
-            try:
+            try:  # held by another run: ours only once its lease ran out
                 tag = self._take_over_if_expired(body)
                 break
             except FileNotFoundError:
@@ -211,6 +204,17 @@ class ObjectStore:
         lease["thread"] = threading.Thread(target=self._renew, args=(lease,), daemon=True, name="xylent-lease")
         ObjectStore._leases[self.url] = lease
         lease["thread"].start()
+
+    def _create_lock(self, body: dict) -> str | None:
+        """The new lock's tag, or None when the lock exists already."""
+        from xylent.stores import Conflict
+
+        try:
+            return self._put_lock(body)
+        except Conflict:
+            return None
+        except Exception as exc:
+            raise self._fail(exc, "creating the lock object") from None
 
     def _put_lock(self, body: dict, tag: str | None = None) -> str:
         """Write the lock: created when ``tag`` is None, else replaced if still at ``tag``."""

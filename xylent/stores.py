@@ -11,6 +11,7 @@ shards) is plain fsspec, so credentials come from each store's usual environment
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from typing import Any
 
 from xylent.errors import XylentError
@@ -20,36 +21,42 @@ class Conflict(Exception):
     """A conditional write or delete lost: the object exists, or is not the version named."""
 
 
-class Store:
+class Store(ABC):
     scheme = ""
-    package = ""
+    package = ""  # the fsspec implementation it needs
+    extra = ""  # the pyproject extra that installs it
     credentials = ""
 
     def __init__(self, bucket: str):
         self.bucket = bucket
         self.fs = self._filesystem()
 
+    @abstractmethod
     def _filesystem(self) -> Any:
-        raise NotImplementedError
+        """The store's fsspec filesystem (ImportError when its package is missing)."""
 
     def url(self, key: str) -> str:
         return f"{self.scheme}://{self.bucket}/{key}"
 
+    @abstractmethod
     def create(self, key: str, data: bytes) -> str:
-        raise NotImplementedError
+        """Write ``key`` only if it does not exist; its new tag."""
 
+    @abstractmethod
     def replace(self, key: str, data: bytes, tag: str) -> str:
-        raise NotImplementedError
+        """Overwrite ``key`` only if it is still at ``tag``; its new tag."""
 
+    @abstractmethod
     def read(self, key: str) -> tuple[bytes, str]:
-        raise NotImplementedError
+        """The bytes and tag of one version of ``key``."""
 
+    @abstractmethod
     def delete(self, key: str, tag: str) -> None:
-        raise NotImplementedError
+        """Delete ``key`` only if it is still at ``tag``."""
 
 
 class S3(Store):
-    scheme, package = "s3", "s3fs"
+    scheme, package, extra = "s3", "s3fs", "s3"
     credentials = ("the credentials (AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile) and endpoint "
                    "(AWS_ENDPOINT_URL)")
 
@@ -101,7 +108,7 @@ def _s3_precondition(exc: BaseException) -> bool:
 class Azure(Store):
     """Azure Blob Storage: ``az://container/prefix`` (adlfs; also ``abfs://``)."""
 
-    scheme, package = "az", "adlfs"
+    scheme, package, extra = "az", "adlfs", "azure"
     credentials = ("the credentials (AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with "
                    "AZURE_STORAGE_ACCOUNT_KEY / AZURE_STORAGE_SAS_TOKEN / a service principal)")
 
@@ -156,7 +163,7 @@ class Azure(Store):
 class GCS(Store):
     """Google Cloud Storage: ``gs://bucket/prefix`` (gcsfs); the tag is the object's generation."""
 
-    scheme, package = "gs", "gcsfs"
+    scheme, package, extra = "gs", "gcsfs", "gcs"
     credentials = ("the credentials (GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default "
                    "login`)")
 
@@ -221,6 +228,5 @@ def open_store(kind: type[Store], bucket: str) -> Store:
     try:
         return kind(bucket)
     except ImportError:
-        extra = {"s3fs": "s3", "adlfs": "azure", "gcsfs": "gcs"}[kind.package]
         raise XylentError(f"a {kind.scheme}:// workspace needs {kind.package}", where="--workspace",
-                          fix=f"pip install 'xylent[{extra}]' (or {kind.package})") from None
+                          fix=f"pip install 'xylent[{kind.extra}]' (or {kind.package})") from None
