@@ -65,7 +65,11 @@ def _join_ray(ray, address: str) -> None:
         from ray._private.authentication.authentication_token_setup import (
             maybe_enable_token_auth_if_token_available,
         )
+        from ray._raylet import AuthenticationTokenLoader
 
+        # The loader caches the first token this process read (a local `ray.init` earlier in
+        # a long-lived worker made and read ~/.ray/auth_token): read the one named now.
+        AuthenticationTokenLoader.instance().reset_cache()
         maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     try:
         ray.init(address)
