@@ -4,6 +4,7 @@ fan work out over them: :func:`run_tasks`."""
 from __future__ import annotations
 
 import contextlib
+import logging
 from contextvars import ContextVar
 from typing import Iterator
 
@@ -47,10 +48,11 @@ def _start_ray(cfg: RunnerConfig, stack: contextlib.ExitStack) -> str:
     import ray
 
     if not ray.is_initialized():
-        if cfg.address:
-            _join_ray(ray, cfg.address)
-        else:
-            ray.init(num_cpus=cfg.max_workers or 2, include_dashboard=False)
+        with _ray_auth_notice_muted():
+            if cfg.address:
+                _join_ray(ray, cfg.address)
+            else:
+                ray.init(num_cpus=cfg.max_workers or 2, include_dashboard=False, logging_level=logging.WARNING)
         stack.callback(ray.shutdown)
     return ray.get_runtime_context().gcs_address
 
@@ -72,13 +74,27 @@ def _join_ray(ray, address: str) -> None:
         AuthenticationTokenLoader.instance().reset_cache()
         maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     try:
-        ray.init(address)
+        ray.init(address, logging_level=logging.WARNING)
     except ConnectionError as exc:
         raise XylentError(f"cannot join the Ray cluster at {address}: {exc}", where="spec field runner.address",
                           fix="check the address `ray start --head` printed and that this machine reaches it; a "
                               "cluster with token authentication needs its token here (RAY_AUTH_TOKEN or "
                               "~/.ray/auth_token) and RAY_AUTH_MODE=token; one without it needs "
                               "RAY_AUTH_MODE=disabled") from None
+
+
+@contextlib.contextmanager
+def _ray_auth_notice_muted() -> Iterator[None]:
+    """Ray tells at every start that token authentication is on and how to opt out.  The
+    cluster is this invocation's own, or one the user started with a token: not news, and
+    a warning line on a terminal that should show only what needs a look."""
+    notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    level = notice.level
+    notice.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        notice.setLevel(level)
 
 
 def cluster_tags() -> dict[str, str]:

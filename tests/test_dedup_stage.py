@@ -222,7 +222,9 @@ def test_kill_9_during_dedup_then_rerun(run_cli, tmp_path):
 
 def test_ray_runner_joins_the_cluster_at_runner_address(run_cli, tmp_path, monkeypatch):
     """A Ray cluster the user started (``ray start --head``, with token authentication, as
-    Ray does when it finds a token): every stage runs on it, and it is still up afterwards."""
+    Ray does when it finds a token): every stage runs on it, and it is still up afterwards,
+    even in a process whose earlier local Ray instance used another token (Ray caches the
+    first token it reads), and Ray's INFO lines and opt-out notice stay off the terminal."""
     import os
     import socket
     import subprocess
@@ -230,7 +232,12 @@ def test_ray_runner_joins_the_cluster_at_runner_address(run_cli, tmp_path, monke
 
     import ray
 
-    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)  # undone after the test, whatever the run sets
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)  # undone after the test, whatever Ray sets
+    (tmp_path / "old-token").write_text("b" * 64 + "\n")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "old-token"))
+    ray.init(num_cpus=1, include_dashboard=False, logging_level="WARNING")  # as a local runner does: token mode
+    ray.shutdown()
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     (tmp_path / "token").write_text("a" * 64 + "\n")
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "token"))
     with socket.socket() as s:
@@ -242,8 +249,10 @@ def test_ray_runner_joins_the_cluster_at_runner_address(run_cli, tmp_path, monke
                     "--disable-usage-stats"], env=dict(os.environ), check=True, capture_output=True, timeout=120)
     try:
         spec = make_corpus(tmp_path)
-        run_json(run_cli, "run", "dedup", "--spec", spec, "--workspace", tmp_path / "ws",
-                 "--set", "runner.kind=ray", "--set", f"runner.address={address}")
+        rc, _, err = run_cli("run", "dedup", "--spec", spec, "--workspace", tmp_path / "ws",
+                             "--set", "runner.kind=ray", "--set", f"runner.address={address}", "--json")
+        assert rc == 0, err
+        assert "Connecting to existing Ray cluster" not in err and "Token authentication" not in err, err
         assert set(_cluster_tags(tmp_path / "ws").values()) == {address}
         assert not ray.is_initialized(), "disconnected"
         alive = subprocess.run([*ray_cli, "status", f"--address={address}"], env=dict(os.environ),
