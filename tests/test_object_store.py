@@ -326,6 +326,9 @@ def test_unusable_object_store_workspaces_fail_clearly(bucket, cache):
     assert "gs://" in str(err.value) and "az://" in str(err.value)
     with pytest.raises(XylentError, match="names no bucket"):
         Workspace(f"{bucket.scheme}:///ws")
+    with pytest.raises(XylentError, match="names its storage account") as err:
+        Workspace("abfs://corpora@teamstore.dfs.core.windows.net/xylent/ws")
+    assert err.value.fix.startswith("write it as abfs://corpora/xylent/ws and set AZURE_STORAGE_ACCOUNT_NAME=teamstore")
     missing = Workspace(f"{bucket.scheme}://no-such-bucket/ws")
     with pytest.raises(XylentError, match="writing a probe object failed") as err:
         missing.ensure_writable()
@@ -333,15 +336,27 @@ def test_unusable_object_store_workspaces_fail_clearly(bucket, cache):
             "az": "AZURE_STORAGE_CONNECTION_STRING"}[bucket.scheme] in err.value.fix
 
 
-def test_a_lease_is_ours_after_a_retried_write_and_lapses_without_renewals(bucket, cache):
+def test_a_lease_is_ours_after_a_retried_write_and_lapses_without_renewals(bucket, cache, monkeypatch):
     from xylent.remote import ObjectStore
+    from xylent.stores import Conflict
 
     store = _workspace(bucket, "adopt").remote
+    # taking over a dead run's lock: the swap lands on the server but its answer is lost and
+    # the store reports the retry's refusal; the lock names us, so it is adopted
+    bucket.put("adopt/.xylent.lock", json.dumps({"owner": "dead", "expires": time.time() - 1}).encode())
+    swap = store.store.replace
+
+    def swapped_then_refused(key, data, tag):
+        swap(key, data, tag)
+        raise Conflict(key)
+
+    monkeypatch.setattr(store.store, "replace", swapped_then_refused)
     store.acquire()
+    monkeypatch.undo()
     try:
         lease = ObjectStore._leases[store.url]
-        # our conditional write went through but its answer was lost; the retry was refused:
-        # the lock names us as owner, so it is adopted, not reported as another run's
+        assert json.loads(bucket.get("adopt/.xylent.lock"))["owner"] == lease["body"]["owner"]
+        assert store._read_lock()[1] == lease["etag"], "the lease renews the version that is there"
         assert store._take_over_if_expired(lease["body"]) == lease["etag"]
         assert store.lease_problem() is None
         lease["valid_until"] = time.time() - 1  # renewals failed (store unreachable) for a whole lease
@@ -349,3 +364,57 @@ def test_a_lease_is_ours_after_a_retried_write_and_lapses_without_renewals(bucke
     finally:
         store.release()
     assert store.lease_problem() is None and store.url not in ObjectStore._leases
+
+
+def test_a_lock_released_during_a_takeover_is_created_again_and_a_deleted_lease_is_lost(bucket, cache, monkeypatch):
+    """Runs B and C both find a dead run's lock; C swaps it, finds everything cached and
+    releases (deletes) it before B's swap arrives: B's swap meets no object, and B takes the
+    now free workspace instead of failing.  A lease whose lock object is deleted is lost."""
+    import xylent.remote
+    from xylent.remote import ObjectStore
+
+    store = _workspace(bucket, "race").remote
+    bucket.put("race/.xylent.lock", json.dumps({"owner": "dead", "expires": time.time() - 1}).encode())
+    swap = store.store.replace
+
+    def released_first(key, data, tag):
+        bucket.fs.rm_file(bucket.url("race/.xylent.lock"))
+        return swap(key, data, tag)
+
+    monkeypatch.setattr(store.store, "replace", released_first)
+    store.acquire()
+    monkeypatch.undo()
+    lease = ObjectStore._leases[store.url]
+    try:
+        assert json.loads(bucket.get("race/.xylent.lock"))["owner"] == lease["body"]["owner"]
+        assert store.lease_problem() is None
+    finally:
+        store.release()
+    assert not bucket.exists("race/.xylent.lock")
+
+    monkeypatch.setattr(xylent.remote, "LEASE_S", 0.6)
+    store.acquire()
+    try:
+        bucket.fs.rm_file(bucket.url("race/.xylent.lock"))
+        time.sleep(0.5)  # a renewal (every LEASE_S / 3) finds no lock
+        assert store.lease_problem() == "its lease was taken by another run"
+    finally:
+        store.release()
+
+
+@pytest.mark.parametrize(("code", "status", "lost"), [
+    ("PreconditionFailed", 412, True),  # If-Match on another version
+    ("ConditionalRequestConflict", 409, True),  # two conditional writes raced on AWS
+    ("NoSuchKey", 404, False),  # a missing object is not a lost condition
+    ("SlowDown", 503, False),
+])
+def test_s3_conditions_are_read_from_the_answer_s3fs_translates(code, status, lost):
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
+
+    from xylent.stores import _s3_precondition
+
+    answer = ClientError({"Error": {"Code": code, "Message": "A conflicting conditional operation is currently in "
+                                    "progress against this resource."},
+                          "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+    assert _s3_precondition(translate_boto_error(answer)) is lost

@@ -54,6 +54,13 @@ class ObjectStore:
         if not parts.netloc:
             raise XylentError(f"workspace {url!r} names no bucket", where="--workspace / spec field workspace",
                               fix=f"write it as {parts.scheme}://bucket/prefix")
+        if "@" in parts.netloc:  # abfs://container@account.dfs.core.windows.net/...: the account is a setting here
+            container, _, host = parts.netloc.partition("@")
+            raise XylentError(f"workspace {url!r} names its storage account in the address",
+                              where="--workspace / spec field workspace",
+                              fix=f"write it as {parts.scheme}://{container}{parts.path} and set "
+                                  f"AZURE_STORAGE_ACCOUNT_NAME={host.split('.')[0]} (with its key, SAS token or a "
+                                  "service principal)")
         self.store = open_store(kind, parts.netloc)
         self.fs = self.store.fs
         self.bucket = parts.netloc
@@ -88,8 +95,10 @@ class ObjectStore:
             honoured = False
         except Conflict:
             honoured = True
-        except Exception:
-            honoured = False
+        except Exception as exc:  # a timeout or throttling says nothing about conditional writes
+            with contextlib.suppress(Exception):
+                self.store.delete(probe, tag)
+            raise self._fail(exc, "writing a probe object a second time") from None
         with contextlib.suppress(Exception):
             self.store.delete(probe, tag)
         if not honoured:
@@ -234,13 +243,11 @@ class ObjectStore:
             raise self._fail(exc, "reading the lock object") from None
 
     def _ours(self, body: dict) -> str | None:
-        """The lock's tag when it is ours after all: a conditional write that succeeded on
-        the server, its answer lost and the retry refused, is not a lost lease."""
-        with contextlib.suppress(FileNotFoundError):
-            holder, tag = self._read_lock()
-            if holder.get("owner") == body["owner"]:
-                return tag
-        return None
+        """The lock's tag when it is ours after all (a conditional write that succeeded on
+        the server, its answer lost and the retry refused, is not a lost lease); None when
+        another run holds it; FileNotFoundError when there is no lock any more."""
+        holder, tag = self._read_lock()
+        return tag if holder.get("owner") == body["owner"] else None
 
     def _take_over_if_expired(self, body: dict) -> str:
         from xylent.stores import Conflict
@@ -258,8 +265,10 @@ class ObjectStore:
                     f"the lock when its lease runs out (within {LEASE_S:.0f} s)")
         try:  # expired: whoever swaps it first (on the version just read) holds it
             return self._put_lock(body, tag)
+        except FileNotFoundError:
+            raise  # released meanwhile: acquire() creates it again
         except Conflict:
-            if (mine := self._ours(body)) is not None:
+            if (mine := self._ours(body)) is not None:  # FileNotFoundError: released meanwhile, as above
                 return mine
             raise XylentError("the workspace was just taken by another xylent run", where=self.url_of(LOCK),
                               fix="wait for that run to finish, or give this one its own --workspace") from None
@@ -272,13 +281,17 @@ class ObjectStore:
         while not lease["stop"].wait(LEASE_S / 3):
             started = time.time()
             try:
-                lease["etag"] = self._put_lock(lease["body"], lease["etag"])
-            except Conflict:
-                mine = self._ours(lease["body"])
-                if mine is None:
-                    lease["lost"] = True
-                    return
-                lease["etag"] = mine
+                try:
+                    lease["etag"] = self._put_lock(lease["body"], lease["etag"])
+                except (Conflict, FileNotFoundError):  # changed or gone: still ours only if it names us
+                    mine = self._ours(lease["body"])
+                    if mine is None:
+                        lease["lost"] = True
+                        return
+                    lease["etag"] = mine
+            except FileNotFoundError:  # deleted by a run that took it over and finished
+                lease["lost"] = True
+                return
             except Exception:
                 continue  # transient: the lease still has two thirds left; publishing checks valid_until
             lease["valid_until"] = started + LEASE_S

@@ -4,7 +4,8 @@ conditional writes, which the workspace lock rests on (xylent/remote.py).
 Each store names a version of an object with a *tag* (S3 and Azure: the ETag; GCS:
 the generation) and offers create-if-absent, replace-if-unchanged, read-with-tag and
 delete-if-unchanged.  A lost condition raises :class:`Conflict`; a missing object
-:class:`FileNotFoundError`.  Everything else (listing, upload, download, streaming
+:class:`FileNotFoundError` (S3 and Azure say so on a conditional write too; GCS answers
+412 there, a Conflict, so the lock reads the object again before it decides).  Everything else (listing, upload, download, streaming
 shards) is plain fsspec, so credentials come from each store's usual environment.
 """
 
@@ -99,10 +100,15 @@ class S3(Store):
 
 
 def _s3_precondition(exc: BaseException) -> bool:
-    """s3fs turns S3's 412 into FileExistsError; some stores answer 409 on a race."""
-    text = f"{type(exc).__name__} {exc}"
-    return isinstance(exc, FileExistsError) or any(
-        m in text for m in ("PreconditionFailed", "pre-conditions you specified", "ConditionalRequestConflict"))
+    """A lost condition: 412 PreconditionFailed, or 409 ConditionalRequestConflict, which S3
+    answers when two conditional writes race.  s3fs maps only some of these (If-None-Match's
+    412 to FileExistsError, others to a bare OSError), so read botocore's code beneath."""
+    if isinstance(exc, FileExistsError):
+        return True
+    response = getattr(exc.__cause__, "response", None) or getattr(exc, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code in ("PreconditionFailed", "ConditionalRequestConflict", "412") or status == 412
 
 
 class Azure(Store):
@@ -127,8 +133,6 @@ class Azure(Store):
         except (ResourceExistsError, ResourceModifiedError):
             raise Conflict(key) from None
         except ResourceNotFoundError:
-            if "etag" in kwargs:  # the version we matched is gone
-                raise Conflict(key) from None
             raise FileNotFoundError(self.url(key)) from None
 
     @staticmethod
