@@ -46,6 +46,7 @@ def _start_dask(cfg: RunnerConfig, stack: contextlib.ExitStack) -> str:
 def _start_ray(cfg: RunnerConfig, stack: contextlib.ExitStack) -> str:
     _require("ray", "prefect_ray")
     import ray
+    import ray.exceptions  # noqa: F401  (the join maps its errors)
 
     if not ray.is_initialized():
         with _ray_auth_notice_muted():
@@ -73,9 +74,11 @@ def _join_ray(ray, address: str) -> None:
         # a long-lived worker made and read ~/.ray/auth_token): read the one named now.
         AuthenticationTokenLoader.instance().reset_cache()
         maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+    # a token missing here is AuthenticationError (a RayError); a GCS that never answers, RuntimeError
+    unreachable = (ConnectionError, RuntimeError, getattr(ray.exceptions, "AuthenticationError", ConnectionError))
     try:
         ray.init(address, logging_level=logging.WARNING)
-    except ConnectionError as exc:
+    except unreachable as exc:
         raise XylentError(f"cannot join the Ray cluster at {address}: {exc}", where="spec field runner.address",
                           fix="check the address `ray start --head` printed and that this machine reaches it; a "
                               "cluster with token authentication needs its token here (RAY_AUTH_TOKEN or "

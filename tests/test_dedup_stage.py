@@ -220,6 +220,24 @@ def test_kill_9_during_dedup_then_rerun(run_cli, tmp_path):
     assert len(kept) > 10_000 and kept["text"].n_unique() == len(kept), "the rerun's output is whole and deduplicated"
 
 
+def test_joining_a_token_cluster_without_the_token_is_one_clear_error(tmp_path):
+    """RAY_AUTH_MODE=token (as the join error advises) on a machine the token was never copied
+    to: Ray raises AuthenticationError, which reaches the user as the same clear error."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_TOKEN")}
+    env.update(HOME=str(tmp_path), RAY_AUTH_MODE="token", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    code = ("from flows.runners import shared_cluster\nfrom xylent.spec import RunnerConfig\n"
+            "with shared_cluster(RunnerConfig(kind='ray', address='127.0.0.1:1')): pass")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "XylentError: cannot join the Ray cluster at 127.0.0.1:1: Token authentication is enabled but no " \
+           "authentication token was found" in proc.stderr, proc.stderr[-3000:]
+    assert "RAY_AUTH_TOKEN or ~/.ray/auth_token" in proc.stderr
+
+
 def test_ray_runner_joins_the_cluster_at_runner_address(run_cli, tmp_path, monkeypatch):
     """A Ray cluster the user started (``ray start --head``, with token authentication, as
     Ray does when it finds a token): every stage runs on it, and it is still up afterwards,
