@@ -120,10 +120,15 @@ def _run(args) -> dict:
     own_prefect_server()
     kwargs = {"spec_file": args.spec, "workspace": args.workspace, "overrides": args.overrides}
     with run_log(workspace_for(load_spec(args.spec, args.overrides), args.workspace).root, target) as log:
-        if target == "pipeline":
-            result = pipeline(**kwargs, force=args.force, until=args.until)
-        else:
-            result = STAGE_FLOWS[STAGE_NAMES.index(target)](**kwargs, force=args.force)
+        try:
+            if target == "pipeline":
+                result = pipeline(**kwargs, force=args.force, until=args.until)
+            else:
+                result = STAGE_FLOWS[STAGE_NAMES.index(target)](**kwargs, force=args.force)
+        except BaseException as exc:  # a failed run is when its task lines are wanted: main() names the file
+            if log is not None and log.exists():
+                exc.xylent_log_file = str(log)
+            raise
     return {**result, "log_file": str(log) if log is not None and log.exists() else None}
 
 
@@ -238,18 +243,27 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except XylentError as exc:
         print(f"xylent: error: {exc.render()}", file=sys.stderr)
+        _name_log_file(exc)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("xylent: interrupted; nothing half-written is kept (rerun to continue)", file=sys.stderr)
+        _name_log_file(exc)
         return 130
     except Exception as exc:
         env = environment_error(exc, getattr(args, "workspace", None))
         if env is not None:
             print(f"xylent: error: {env.render()}", file=sys.stderr)
+            _name_log_file(exc)
             return 2
         traceback.print_exc()
         print("xylent: internal error (a bug): please report it with the traceback above", file=sys.stderr)
+        _name_log_file(exc)
         return 1
+
+
+def _name_log_file(exc: BaseException) -> None:
+    if log := getattr(exc, "xylent_log_file", None):
+        print(f"  log: {log} (every task's lines of this run)", file=sys.stderr)
 
 
 def entry() -> None:

@@ -4,6 +4,7 @@ whose paths and run ids are printed whole."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
     # a terminal 80 columns wide, as a user's; COLUMNS is what rich reads
     return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env={**__import__("os").environ, "COLUMNS": "80", **env})
+                          timeout=300, env={**os.environ, "COLUMNS": "80", **env})
 
 
 def test_the_console_shows_no_info_lines_unless_verbose_and_the_table_keeps_paths_whole(tmp_path):
@@ -40,6 +41,19 @@ def test_the_console_shows_no_info_lines_unless_verbose_and_the_table_keeps_path
     assert manifest_dirs and all(str(d) in out for d in manifest_dirs), "every output path, whole"
     loud = _cli("run", "prepare", "--spec", str(spec), "--verbose", PREFECT_LOGGING_LEVEL="INFO")  # the suite's is WARNING
     assert loud.returncode == 0 and "| INFO" in loud.stderr, "--verbose brings Prefect's lines back"
+
+    # a failed run is when the task lines are wanted: the error names the file that has them
+    # (the failure: joining a Ray cluster with token authentication, no token on this machine)
+    before = set((ws / "logs").glob("*.log"))
+    home = tmp_path / "home-without-a-ray-token"
+    home.mkdir()
+    failed = _cli("run", "dedup", "--spec", str(spec), "--set", "runner.kind=ray", "--set",
+                  "runner.address=127.0.0.1:1", PREFECT_LOGGING_LEVEL="INFO", HOME=str(home), RAY_AUTH_MODE="token",
+                  PREFECT_HOME=os.environ.get("PREFECT_HOME", str(Path.home() / ".prefect")))
+    assert failed.returncode == 2 and "cannot join the Ray cluster" in failed.stderr, failed.stderr[-3000:]
+    (log,) = set((ws / "logs").glob("*.log")) - before
+    assert f"  log: {log} (every task's lines of this run)" in failed.stderr, failed.stderr[-3000:]
+    assert "| ERROR" in log.read_text() and "cannot join the Ray cluster" in log.read_text(), log.read_text()[-2000:]
 
 
 def test_headline_cells_read_short_with_the_baseline_beside_the_loss():
