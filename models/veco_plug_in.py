@@ -51,7 +51,7 @@ class PlugInEncoder(nn.Module):
                                                         max_length))
             tr_ids, tr_mask = (t.to(device) for t in tokenize(self.tokenizer, self.config,
                                                               translations[i: i + batch_size], max_length))
-            out.append(mean_pool(self(ids, mask, tr_ids, tr_mask), mask))
+            out.append(mean_pool(self(ids, mask, tr_ids, tr_mask), mask).float().cpu())  # numpy-ready, host memory
         return torch.cat(out)
 
 
