@@ -7,6 +7,7 @@ the message says what, where and what to do), 1 a bug (with its traceback).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -127,7 +128,8 @@ def _run(args) -> dict:
                 result = STAGE_FLOWS[STAGE_NAMES.index(target)](**kwargs, force=args.force)
         except BaseException as exc:  # a failed run is when its task lines are wanted: main() names the file
             if log is not None and log.exists():
-                exc.xylent_log_file = str(log)
+                with contextlib.suppress(Exception):  # an exception type without attributes: no log line
+                    exc.xylent_log_file = str(log)
             raise
     return {**result, "log_file": str(log) if log is not None and log.exists() else None}
 

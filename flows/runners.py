@@ -49,6 +49,7 @@ def _start_ray(cfg: RunnerConfig, stack: contextlib.ExitStack) -> str:
     import ray.exceptions  # noqa: F401  (the join maps its errors)
 
     if not ray.is_initialized():
+        _read_ray_auth_afresh()
         with _ray_auth_notice_muted():
             if cfg.address:
                 _join_ray(ray, cfg.address)
@@ -56,6 +57,19 @@ def _start_ray(cfg: RunnerConfig, stack: contextlib.ExitStack) -> str:
                 ray.init(num_cpus=cfg.max_workers or 2, include_dashboard=False, logging_level=logging.WARNING)
         stack.callback(ray.shutdown)
     return ray.get_runtime_context().gcs_address
+
+
+def _read_ray_auth_afresh() -> None:
+    """Ray caches the first token a process read, and the auth mode in its config: a local
+    `ray.init` earlier in a long-lived process (a worker, a test session) made and read
+    ~/.ray/auth_token, and its token would go to a cluster that expects another.  Read
+    what is set now; the config first, as Ray's own reset does, so that a draining gRPC
+    thread never reloads a token under a stale mode."""
+    with contextlib.suppress(ImportError):  # a Ray without token authentication caches nothing
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _join_ray(ray, address: str) -> None:
@@ -68,11 +82,6 @@ def _join_ray(ray, address: str) -> None:
         from ray._private.authentication.authentication_token_setup import (
             maybe_enable_token_auth_if_token_available,
         )
-        from ray._raylet import AuthenticationTokenLoader
-
-        # The loader caches the first token this process read (a local `ray.init` earlier in
-        # a long-lived worker made and read ~/.ray/auth_token): read the one named now.
-        AuthenticationTokenLoader.instance().reset_cache()
         maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
     # a token missing here is AuthenticationError (a RayError); a GCS that never answers, RuntimeError
     unreachable = (ConnectionError, RuntimeError, getattr(ray.exceptions, "AuthenticationError", ConnectionError))

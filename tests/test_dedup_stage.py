@@ -250,11 +250,14 @@ def test_ray_runner_joins_the_cluster_at_runner_address(run_cli, tmp_path, monke
 
     import ray
 
+    from flows.runners import shared_cluster
+    from xylent.spec import RunnerConfig
+
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)  # undone after the test, whatever Ray sets
     (tmp_path / "old-token").write_text("b" * 64 + "\n")
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "old-token"))
-    ray.init(num_cpus=1, include_dashboard=False, logging_level="WARNING")  # as a local runner does: token mode
-    ray.shutdown()
+    with shared_cluster(RunnerConfig(kind="ray", max_workers=1)):  # a local runner's own instance: token mode
+        assert ray.is_initialized()
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     (tmp_path / "token").write_text("a" * 64 + "\n")
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "token"))

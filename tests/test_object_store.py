@@ -308,7 +308,7 @@ def test_the_lease_lock_refuses_a_second_run_and_frees_a_dead_ones(bucket, cache
     out = ws.output_dir("stage", "fp")
     with ws.lock():
         bucket.put("locked/.xylent.lock", b'{"host": "thief", "expires": 0}')
-        time.sleep(0.5)  # a renewal (every LEASE_S / 3) finds the object changed
+        _wait_for_lost_lease(ws.remote)  # a renewal (every LEASE_S / 3) finds the object changed
         stage_ws = _workspace(bucket, "locked")
         with stage_ws.building(out) as tmp, pytest.raises(XylentError, match="lease was taken by another run"):
             (tmp / "x").write_text("x")
@@ -316,6 +316,16 @@ def test_the_lease_lock_refuses_a_second_run_and_frees_a_dead_ones(bucket, cache
     assert ws.manifest(out) is None and ws.verified(out, "stage") is None
     assert not out.exists(), "the bucket first: nothing local to take as cached later"
     assert json.loads(bucket.get("locked/.xylent.lock"))["host"] == "thief", "the loser leaves the new lock alone"
+
+
+def _wait_for_lost_lease(store, within_s: float = 20.0) -> None:
+    """Until a renewal has found the lock changed (a busy machine delays it past a fixed sleep)."""
+    from xylent.remote import ObjectStore
+
+    deadline = time.time() + within_s
+    while not ObjectStore._leases[store.url]["lost"]:
+        assert time.time() < deadline, "no renewal noticed the lock had changed"
+        time.sleep(0.05)
 
 
 def test_unusable_object_store_workspaces_fail_clearly(bucket, cache):
@@ -396,7 +406,7 @@ def test_a_lock_released_during_a_takeover_is_created_again_and_a_deleted_lease_
     store.acquire()
     try:
         bucket.fs.rm_file(bucket.url("race/.xylent.lock"))
-        time.sleep(0.5)  # a renewal (every LEASE_S / 3) finds no lock
+        _wait_for_lost_lease(store)  # a renewal (every LEASE_S / 3) finds no lock
         assert store.lease_problem() == "its lease was taken by another run"
     finally:
         store.release()

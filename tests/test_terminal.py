@@ -20,7 +20,7 @@ def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
                           timeout=300, env={**os.environ, "COLUMNS": "80", **env})
 
 
-def test_the_console_shows_no_info_lines_unless_verbose_and_the_table_keeps_paths_whole(tmp_path):
+def test_the_console_shows_no_info_lines_unless_verbose_and_the_table_keeps_paths_whole(tmp_path, monkeypatch):
     (tmp_path / "en.txt").write_text("".join(f"an English sentence number {i}\n" for i in range(300)))
     ws = tmp_path / "a-workspace-with-a-rather-long-name-that-would-not-fit-in-a-table-column"
     spec = write_spec(tmp_path / "spec.yaml", {"name": "term", "languages": ["en"], "workspace": str(ws),
@@ -47,6 +47,8 @@ def test_the_console_shows_no_info_lines_unless_verbose_and_the_table_keeps_path
     before = set((ws / "logs").glob("*.log"))
     home = tmp_path / "home-without-a-ray-token"
     home.mkdir()
+    for name in [k for k in os.environ if k.startswith("RAY_AUTH_TOKEN")]:  # no token in any form
+        monkeypatch.delenv(name)
     failed = _cli("run", "dedup", "--spec", str(spec), "--set", "runner.kind=ray", "--set",
                   "runner.address=127.0.0.1:1", PREFECT_LOGGING_LEVEL="INFO", HOME=str(home), RAY_AUTH_MODE="token",
                   PREFECT_HOME=os.environ.get("PREFECT_HOME", str(Path.home() / ".prefect")))

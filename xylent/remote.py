@@ -54,7 +54,8 @@ class ObjectStore:
         if not parts.netloc:
             raise XylentError(f"workspace {url!r} names no bucket", where="--workspace / spec field workspace",
                               fix=f"write it as {parts.scheme}://bucket/prefix")
-        if "@" in parts.netloc:  # abfs://container@account.dfs.core.windows.net/...: the account is a setting here
+        # abfs://container@account.dfs.core.windows.net/...: here the account is a setting
+        if "@" in parts.netloc and kind.scheme == "az":
             container, _, host = parts.netloc.partition("@")
             raise XylentError(f"workspace {url!r} names its storage account in the address",
                               where="--workspace / spec field workspace",
@@ -288,7 +289,9 @@ class ObjectStore:
                     if mine is None:
                         lease["lost"] = True
                         return
-                    lease["etag"] = mine
+                    # ours, from a write whose answer was lost: its expiry may be sooner than the
+                    # lease this round would grant, so write again before extending it
+                    lease["etag"] = self._put_lock(lease["body"], mine)
             except FileNotFoundError:  # deleted by a run that took it over and finished
                 lease["lost"] = True
                 return
