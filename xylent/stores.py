@@ -5,8 +5,9 @@ Each store names a version of an object with a *tag* (S3 and Azure: the ETag; GC
 the generation) and offers create-if-absent, replace-if-unchanged, read-with-tag and
 delete-if-unchanged.  A lost condition raises :class:`Conflict`; a missing object
 :class:`FileNotFoundError` (S3 and Azure say so on a conditional write too; GCS answers
-412 there, a Conflict, so the lock reads the object again before it decides).  Everything else (listing, upload, download, streaming
-shards) is plain fsspec, so credentials come from each store's usual environment.
+412 there, a Conflict, so the lock reads the object again before it decides).
+Everything else (listing, upload, download, streaming shards) is plain fsspec, so
+credentials come from each store's usual environment.
 """
 
 from __future__ import annotations
