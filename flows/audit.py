@@ -15,30 +15,26 @@ import shutil
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.dedup import dedup
 from flows.kit import StageContext, StageOutcome, stage_flow
-from flows.pretrain import checkpoint_dir, pretrain, run_training, shards_source
-from flows.sampling import sampling
-from flows.shards import shards
-from flows.vocab import vocab
-from tasks.audit.adversary import STATE_FILE
-from tasks.audit.evidence import pair_evidence
-from tasks.audit.report import write_output
-from tasks.pretrain import publish
-from tasks.pretrain.config import audit_train_config
+from flows.pretrain import checkpoint_dir, run_training, shards_source
+from flows.registry import STAGE_BY_NAME
 
 
 @task(name="audit-evidence", cache_policy=NO_CACHE)
 def evidence_task(dedup_dir, pairs, spec):
+    from tasks.audit.evidence import pair_evidence
+
     return pair_evidence(dedup_dir, pairs, hub_min_sources=spec.dedup.hub_min_partners,
                          max_length_ratio=spec.dedup.max_length_ratio)
 
 
-@stage_flow("audit", description="DRO bitext audit (XY-LENT §6.6): train under a χ² adversary over language pairs, "
-            "rank pairs by w = q/Q, evidence for the flagged ones", version="1",
-            reads=("model", "pretrain", "audit", "seed", "dedup"), upstream=(dedup, vocab, sampling, shards, pretrain),
-            when={pretrain: lambda spec: spec.audit.init == "pretrain"})
+@stage_flow(STAGE_BY_NAME["audit"])
 def audit(ctx: StageContext) -> StageOutcome:
+    from tasks.audit.adversary import STATE_FILE
+    from tasks.audit.report import write_output
+    from tasks.pretrain import publish
+    from tasks.pretrain.config import audit_train_config
+
     spec, p, tracker = ctx.spec, ctx.spec.pretrain, ctx.tracker
     ckdir = checkpoint_dir(ctx)
     cfg = audit_train_config(spec, ctx.upstream, ckdir, ctx.run_id, tracker.uri,

@@ -18,7 +18,7 @@ from flows.hygiene import quiet_console, quiet_user_errors
 
 quiet_console(sys.argv)  # before Prefect is imported: its console handler reads its level once
 
-from flows.registry import STAGE_NAMES, STAGES  # noqa: E402
+from flows.registry import STAGE_NAMES, STAGES  # noqa: E402  (declarations only: no Prefect, no torch)
 from xylent.errors import XylentError, environment_error  # noqa: E402
 from xylent.stage import find_stage, stage_fingerprints, workspace_for  # noqa: E402
 from xylent.workspace import read_manifest  # noqa: E402
@@ -114,18 +114,20 @@ def _run(args) -> dict:
     elif args.until:
         find_stage(STAGES, args.until)
     from flows.hygiene import own_prefect_server, run_log
-    from flows.pipeline import pipeline
-    from flows.registry import STAGE_FLOWS
     from xylent.spec import load_spec
 
+    root = workspace_for(load_spec(args.spec, args.overrides), args.workspace).root  # a bad spec stops here
+    if target == "pipeline":
+        from flows.pipeline import pipeline as run
+    else:
+        from flows.registry import stage_flow_of
+
+        run = stage_flow_of(target)
     own_prefect_server()
-    kwargs = {"spec_file": args.spec, "workspace": args.workspace, "overrides": args.overrides}
-    with run_log(workspace_for(load_spec(args.spec, args.overrides), args.workspace).root, target) as log:
+    kwargs = {"spec_file": args.spec, "workspace": args.workspace, "overrides": args.overrides, "force": args.force}
+    with run_log(root, target) as log:
         try:
-            if target == "pipeline":
-                result = pipeline(**kwargs, force=args.force, until=args.until)
-            else:
-                result = STAGE_FLOWS[STAGE_NAMES.index(target)](**kwargs, force=args.force)
+            result = run(**kwargs, **({"until": args.until} if target == "pipeline" else {}))
         except BaseException as exc:  # a failed run is when its task lines are wanted: main() names the file
             if log is not None and log.exists():
                 with contextlib.suppress(Exception):  # an exception type without attributes: no log line

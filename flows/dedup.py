@@ -6,37 +6,44 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from flows.kit import StageContext, StageOutcome, stage_flow
-from flows.prepare import prepare
 from flows.progress import Progress
+from flows.registry import STAGE_BY_NAME
 from flows.runners import batches, make_task_runner, run_tasks, task_slots
-from tasks.dedup import phases
-from tasks.dedup.report import assemble
-from tasks.prepare import layout
 
 
 @task(name="dedup-map", cache_policy=NO_CACHE)
 def map_task(items, work, cfg, languages):
+    from tasks.dedup import phases
+
     return phases.map_items(items, work, cfg, languages)
 
 
 @task(name="dedup-reduce", cache_policy=NO_CACHE)
 def reduce_task(items, work, cfg):
+    from tasks.dedup import phases
+
     return phases.reduce_buckets(items, work, cfg)
 
 
 @task(name="dedup-resolve", cache_policy=NO_CACHE)
 def resolve_task(names, work):
+    from tasks.dedup import phases
+
     return phases.resolve_languages(names, work)
 
 
 @task(name="dedup-apply", cache_policy=NO_CACHE)
 def apply_task(items, work, out, cfg):
+    from tasks.dedup import phases
+
     return phases.apply_items(items, work, out, cfg)
 
 
-@stage_flow("dedup", description="exact and near-duplicate removal (MinHash LSH), bitext cleaning "
-            "(copies, ratio, hubs, lang-id)", version="2", reads=("dedup", "languages"), upstream=(prepare,))
+@stage_flow(STAGE_BY_NAME["dedup"])
 def dedup(ctx: StageContext) -> StageOutcome:
+    from tasks.dedup.report import assemble
+    from tasks.prepare import layout
+
     cfg = ctx.spec.dedup
     items = [p.as_dict() for p in layout.parts(ctx.upstream["prepare"])]
     work = ctx.out / "_work"

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-import tasks.download as dl
 from flows.kit import StageContext, StageOutcome, stage_flow
 from flows.progress import Progress
+from flows.registry import STAGE_BY_NAME
 from flows.runners import run_tasks
-from tasks.download.assemble import assemble
 from xylent.errors import XylentError, environment_error
 from xylent.spec import DownloadConfig
 from xylent.workspace import Workspace
+
+if TYPE_CHECKING:
+    import tasks.download as dl
 
 
 def _retry_unless_user_error(task, task_run, state) -> bool:
@@ -30,6 +34,8 @@ def _retry_unless_user_error(task, task_run, state) -> bool:
 @task(name="plan-source", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE,
       retry_condition_fn=_retry_unless_user_error)
 def plan_source_task(spec, source_name: str) -> list[dl.FetchItem]:
+    import tasks.download as dl
+
     source = next(s for s in spec.sources if s.name == source_name)
     return dl.plan_source(spec, source)
 
@@ -38,6 +44,8 @@ def plan_source_task(spec, source_name: str) -> list[dl.FetchItem]:
       cache_policy=NO_CACHE, retry_condition_fn=_retry_unless_user_error)
 def fetch_task(label: str, items: list[dl.FetchItem], ws_root: str, cfg: DownloadConfig,
                progress: Progress | None = None):
+    import tasks.download as dl
+
     ws = Workspace(ws_root)
     on_bytes = progress.advance if progress else (lambda n: None)
     done = [dl.materialise(it, ws, cfg, on_bytes=on_bytes) for it in items]
@@ -57,9 +65,10 @@ def _batches(items: list[dl.FetchItem]) -> dict[str, list[dl.FetchItem]]:
     return out
 
 
-@stage_flow("download", description="fetch corpora (HTTP with resume, OPUS, CC-100, local files, package catalogs)",
-            version=dl.VERSION, reads=("languages", "sources"), config=dl.spec_slice)
+@stage_flow(STAGE_BY_NAME["download"])
 def download(ctx: StageContext) -> StageOutcome:
+    from tasks.download.assemble import assemble
+
     spec = ctx.spec
     plans = [plan_source_task.submit(spec, s.name) for s in spec.sources]
     items = [it for p in plans for it in p.result()]

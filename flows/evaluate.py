@@ -1,6 +1,9 @@
 """evaluate flow: every encoder of ``evaluate.models`` on every task of
 ``evaluate.tasks``, side by side -> scores.json, scorecard.md, plots,
-predictions in XTREME's submission layout; one nested MLflow run per model."""
+predictions in XTREME's submission layout; one nested MLflow run per model.
+
+The stage's code (torch, faiss, scikit-learn) is imported inside the task and the
+body: a cached evaluate needs only the flow."""
 
 from __future__ import annotations
 
@@ -10,18 +13,10 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.dedup import dedup
-from flows.download import download
 from flows.kit import StageContext, StageOutcome, stage_flow
-from flows.pretrain import checkpoint_dir, pretrain
+from flows.pretrain import checkpoint_dir
 from flows.progress import Progress
-from tasks.evaluate.encoders import check_layers, load_ref
-from tasks.evaluate.run import FINETUNED, FineTuning, evaluate_model, sentences_to_embed
-from tasks.evaluate.scorecard import PRIMARY, mlflow_metrics, references, write_scorecard
-from tasks.evaluate.sources import EXCLUDED_FILE, task_dirs
-from tasks.finetune.run import TaskData
-
-VERSION = "1"
+from flows.registry import STAGE_BY_NAME
 
 
 def _model_dir(model, spec, pipeline_dir: Path) -> tuple[str, Path]:
@@ -41,6 +36,8 @@ def model_ref(model, name: str, spec, pipeline_dir: Path) -> dict:
 
 
 def load_encoder(model, spec, pipeline_dir: Path):
+    from tasks.evaluate.encoders import load_ref
+
     name = model if isinstance(model, str) else model.name
     return load_ref(model_ref(model, name, spec, pipeline_dir))
 
@@ -48,6 +45,8 @@ def load_encoder(model, spec, pipeline_dir: Path):
 @task(name="evaluate-model", task_run_name="evaluate {name}", cache_policy=NO_CACHE)
 def evaluate_model_task(name: str, model, spec, pipeline_dir: Path, data_dirs: dict, preds: Path, progress,
                         finetune_data: dict, checkpoints: Path, labels: Path):
+    from tasks.evaluate.run import FineTuning, evaluate_model
+
     enc = load_encoder(model, spec, pipeline_dir)
     cfg = spec.evaluate
     logger = get_run_logger()
@@ -64,10 +63,14 @@ def _model_params(model) -> dict:
     return {"model": model.name, "kind": model.kind, "path": model.path}
 
 
-@stage_flow("evaluate", description="scorecard: Tatoeba/BUCC retrieval and zero-shot probes for each encoder "
-            "side by side (XTREME conventions), with a random-init baseline", version=VERSION,
-            reads=("evaluate", "sources"), upstream=(download, dedup, pretrain))
+@stage_flow(STAGE_BY_NAME["evaluate"])
 def evaluate(ctx: StageContext) -> StageOutcome:
+    from tasks.evaluate.encoders import check_layers
+    from tasks.evaluate.run import FINETUNED, sentences_to_embed
+    from tasks.evaluate.scorecard import PRIMARY, mlflow_metrics, references, write_scorecard
+    from tasks.evaluate.sources import EXCLUDED_FILE, task_dirs
+    from tasks.finetune.run import TaskData
+
     cfg, tracker = ctx.spec.evaluate, ctx.tracker
     cache = ctx.ws.stage_dir("evaluate") / "_cache"  # fetched archives outlive a failed run
     data_dirs = {t.name: task_dirs(t, ctx.spec, ctx.upstream, ctx.out / "data", cache) for t in cfg.tasks}

@@ -4,8 +4,8 @@
 that checks the cache, runs the stage's body into a temporary output folder,
 publishes it with its manifest, and records everything in MLflow (a nested run
 under the invocation's parent run) and in Prefect (markdown summary, stats
-table, link to the MLflow run).  A stage file only declares its stage and
-orchestrates its tasks; see docs/architecture.md.
+table, link to the MLflow run).  A stage file gives its declared stage
+(``flows/registry.py``) a body and orchestrates its tasks; see docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from prefect.states import Completed, State
 
 import xylent
 from flows.deployment_steps import workspace_slot
+from flows.registry import STAGE_BY_NAME, stage_flow_of
 from flows.run_record import effective_params, headline, log_spec_file, log_stage_inputs, run_name, source_tags
 from flows.runners import cluster_tags, shared_cluster
 from xylent.errors import XylentError, environment_error
@@ -47,19 +48,18 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def lineage(flows) -> list:
-    """The given stage flows and every stage they read, upstream first (each once)."""
-    out: list = []
+def lineage(stages: list[StageDef]) -> list[StageDef]:
+    """The given stages and every stage they read, upstream first (each once)."""
+    out: dict[str, StageDef] = {}
 
-    def visit(f) -> None:
-        for up in f.upstream_flows:
-            visit(up)
-        if all(g.stage.name != f.stage.name for g in out):
-            out.append(f)
+    def visit(s: StageDef) -> None:
+        for up in s.upstream:
+            visit(STAGE_BY_NAME[up])
+        out.setdefault(s.name, s)
 
-    for f in flows:
-        visit(f)
-    return out
+    for s in stages:
+        visit(s)
+    return list(out.values())
 
 
 @dataclass
@@ -75,15 +75,15 @@ class Invocation:
     parent_run_id: str
     owns_parent: bool
     fingerprints: dict[str, str]
-    flows: dict[str, Any]  # stage name -> its flow, for every stage this invocation may run
+    stages: dict[str, StageDef]  # every stage this invocation may run, by name
     results: dict[str, dict] = field(default_factory=dict)
     _slot: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     _parent_token: Any = None
 
     @classmethod
-    def open(cls, spec_file: str, workspace: str | None, overrides: list[str] | None, name: str, flows: list,
-             until: str | None = None) -> "Invocation":
-        """``flows``: the stage flows this invocation runs (their upstream stages are added);
+    def open(cls, spec_file: str, workspace: str | None, overrides: list[str] | None, name: str,
+             stages: list[StageDef], until: str | None = None) -> "Invocation":
+        """``stages``: the stages this invocation runs (their upstream stages are added);
         ``until``: the last of them it builds (default: the last one).  Inside another
         invocation's flow (a stage the pipeline runs) its runs nest under that one's."""
         spec = load_spec(spec_file, overrides or [])
@@ -100,11 +100,11 @@ class Invocation:
             tracker = Tracker(uri, spec.tracking.experiment, artifact_root=artifact_root_for(ws.root, uri),
                               workspace=ws.root)
             tracker.end_orphaned_runs()  # runs of invocations killed with -9 would say RUNNING forever
-            chain = lineage(flows)
-            fingerprints = stage_fingerprints((f.stage for f in chain), spec, ws)
+            chain = lineage(stages)
+            fingerprints = stage_fingerprints(chain, spec, ws)
             owns = parent_run_id is None
             if owns:
-                last = until or flows[-1].stage.name  # what the invocation builds, named by its fingerprint
+                last = until or stages[-1].name  # what the invocation builds, named by its fingerprint
                 parent_run_id = tracker.start_run(
                     run_name(spec, name, fingerprints.get(last), overrides),
                     tags={"xylent.spec": str(Path(spec_file).resolve()), "xylent.target": name,
@@ -113,7 +113,7 @@ class Invocation:
                 )
                 log_spec_file(tracker, parent_run_id, Path(spec_file))
             inv = cls(spec, spec_file, list(overrides or []), ws, tracker, parent_run_id, owns, fingerprints,
-                      {f.stage.name: f for f in chain}, _slot=slot)
+                      {s.name: s for s in chain}, _slot=slot)
             if owns:
                 inv._parent_token = _PARENT_RUN.set(parent_run_id)
             return inv
@@ -156,7 +156,7 @@ class Invocation:
             up = todo.pop()
             if up not in out:
                 out[up] = self.fingerprints[up]
-                todo.extend(self.flows[up].stage.upstream_of(self.spec))
+                todo.extend(self.stages[up].upstream_of(self.spec))
         return out
 
     def result(self) -> dict:
@@ -171,7 +171,7 @@ class Invocation:
             out = self.ws.output_dir(up, self.fingerprints[up])
             manifest = self.ws.verified(out, up)
             if manifest is None:
-                self.record(self.flows[up](**self.flow_kwargs()))
+                self.record(stage_flow_of(up)(**self.flow_kwargs()))
             else:
                 self.results.setdefault(up, _result(out, manifest, cached=True))
             dirs[up] = out
@@ -297,33 +297,22 @@ def _prefect_artifacts(inv: Invocation, stage: str, fp: str, out: Path, run_id: 
                          description=f"{stage}: MLflow run ({view})")
 
 
-def stage_flow(name: str, *, description: str, version: str, reads: tuple[str, ...], upstream: tuple = (),
-               config: Callable[[Spec], dict] | None = None, when: dict | None = None,
-               identity: Callable[[Spec, Workspace], dict] | None = None):
-    """Declare a stage and make its Prefect flow; decorate the stage's body:
+def stage_flow(stage: StageDef):
+    """Make the Prefect flow of a declared stage (``flows/registry.py``); decorate the stage's body:
 
-        from flows.dedup import dedup
-
-        @stage_flow("sampling", description="...", version="1", reads=("sampling",), upstream=(dedup,))
+        @stage_flow(STAGE_BY_NAME["sampling"])
         def sampling(ctx: StageContext) -> StageOutcome: ...
 
-    ``upstream`` are the flows of the stages it reads (run first when their output
-    is missing).  ``when`` maps some of them to a test of the spec: such a stage is
-    read only when its test is true.  ``identity(spec, ws)``: what else the output depends on
-    that only the workspace can tell (see :class:`~xylent.stage.StageDef`).  The decorated name is the Prefect flow (``sampling(spec_file=...,
-    ...)``); its :class:`StageDef` is ``sampling.stage``.  A cached stage ends its
+    The decorated name is the Prefect flow (``sampling(spec_file=..., ...)``); its
+    :class:`StageDef` is ``sampling.stage`` and its body ``sampling.body``.  Upstream
+    stages whose output is missing run first, as subflows.  A cached stage ends its
     flow in a ``Cached`` state; every flow returns every stage it touched.
     """
 
     def wrap(body: Callable[[StageContext], StageOutcome]):
-        stage = StageDef(name=name, description=description, version=version, reads=reads, body=body,
-                         upstream=tuple(f.stage.name for f in upstream), config=config,
-                         conditions=tuple((f.stage.name, test) for f, test in (when or {}).items()),
-                         identity=identity)
-
         def run(spec_file: str, workspace: str | None = None, overrides: list[str] | None = None,
                 force: bool = False) -> Any:
-            inv = Invocation.open(spec_file, workspace, overrides, name, [stage_run])
+            inv = Invocation.open(spec_file, workspace, overrides, stage.name, [stage])
             ok = False
             try:
                 state = execute(inv, stage, force)
@@ -334,11 +323,11 @@ def stage_flow(name: str, *, description: str, version: str, reads: tuple[str, .
                 return Completed(name="Cached", message=state.message, data=inv.result())
             return inv.result()
 
-        run.__doc__ = f"{description[:1].upper()}{description[1:]}."
-        run.__name__ = run.__qualname__ = name
-        stage_run = flow(name=name, log_prints=True)(run)
+        run.__doc__ = f"{stage.description[:1].upper()}{stage.description[1:]}."
+        run.__name__ = run.__qualname__ = stage.name
+        stage_run = flow(name=stage.name, log_prints=True)(run)
         stage_run.stage = stage
-        stage_run.upstream_flows = tuple(upstream)
+        stage_run.body = body
         return stage_run
 
     return wrap

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import flow
 
 from flows.kit import Invocation
-from flows.registry import STAGE_FLOWS, STAGE_NAMES, STAGES
+from flows.registry import STAGE_NAMES, STAGES, stage_flow_of
 from xylent.stage import find_stage
 
 
@@ -15,13 +15,12 @@ def pipeline(spec_file: str, workspace: str | None = None, overrides: list[str] 
     """Run every stage in pipeline order (or every stage up to and including ``until``); cached
     stages are skipped."""
     last = STAGE_NAMES.index(find_stage(STAGES, until).name) if until else len(STAGE_NAMES) - 1
-    inv = Invocation.open(spec_file, workspace, overrides, "pipeline", STAGE_FLOWS,
-                          until=STAGE_NAMES[last])
+    inv = Invocation.open(spec_file, workspace, overrides, "pipeline", STAGES, until=STAGE_NAMES[last])
     ok = False
     try:
         with inv.ws.lock():
-            for stage_run in STAGE_FLOWS[: last + 1]:
-                inv.record(stage_run(**inv.flow_kwargs(), force=force))
+            for stage in STAGES[: last + 1]:
+                inv.record(stage_flow_of(stage.name)(**inv.flow_kwargs(), force=force))
         ok = True
     finally:
         inv.finish(ok)

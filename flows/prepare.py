@@ -6,12 +6,9 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed
 
-import tasks.prepare as prep
-from flows.download import download
 from flows.kit import StageContext, StageOutcome, stage_flow
+from flows.registry import STAGE_BY_NAME
 from flows.runners import run_tasks
-from tasks.download.assemble import read_records
-from tasks.prepare.assemble import assemble, source_options
 from xylent.spec import PrepareConfig
 from xylent.workspace import Workspace
 
@@ -19,15 +16,20 @@ from xylent.workspace import Workspace
 @task(name="prepare-unit", task_run_name="prepare {key}", cache_policy=NO_CACHE)
 def prepare_unit_task(key: str, records: list[dict], ws_root: str, cfg: PrepareConfig, source_cfg: dict,
                       force: bool = False):
+    import tasks.prepare as prep
+
     manifest, cached = prep.prepare_unit(records, Workspace(ws_root), cfg, source_cfg, force=force)
     if cached:
         return Completed(name="Cached", message="unit up to date", data=manifest)
     return manifest
 
 
-@stage_flow("prepare", description="decode, normalise and filter text into mono/ and bitext/ Parquet",
-            version=prep.VERSION, reads=("languages", "sources", "prepare"), upstream=(download,))
+@stage_flow(STAGE_BY_NAME["prepare"])
 def prepare(ctx: StageContext) -> StageOutcome:
+    import tasks.prepare as prep
+    from tasks.download.assemble import read_records
+    from tasks.prepare.assemble import assemble, source_options
+
     units = prep.group_units(read_records(ctx.upstream["download"]))
     calls = [{"key": f"{u[0]['source']}/{u[0].get('lang') or u[0].get('pair') or 'catalogs'}", "records": u,
               "ws_root": ctx.ws.location, "cfg": ctx.spec.prepare,

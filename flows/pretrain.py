@@ -6,6 +6,9 @@ Checkpoints live outside the atomically published output, in
 resumed by running the same command again; the fingerprint leaves out how the
 run is launched (ranks, hostfile, ports, logging). A ZeRO 1-3 checkpoint resumes
 on the world size that saved it (another is refused up front); ZeRO-0 on any.
+
+The stage's code (torch, DeepSpeed) is imported inside the tasks and the body: a
+cached pretrain needs only the flow.
 """
 
 from __future__ import annotations
@@ -20,14 +23,8 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.kit import StageContext, StageOutcome, stage_flow
 from flows.progress import Progress
-from flows.sampling import sampling
-from flows.shards import shards
-from flows.vocab import vocab
+from flows.registry import STAGE_BY_NAME
 from models.run_config import TrainConfig
-from tasks.pretrain import publish
-from tasks.pretrain.config import check_resumable, train_config
-from tasks.pretrain.init import REPORT_FILE, init_metrics, init_summary, prepare_init, source_identity
-from tasks.pretrain.launch import deepspeed_command, launch, world_size
 
 _STEP = re.compile(r"xylent: step (\d+)/(\d+)")
 
@@ -38,6 +35,7 @@ def train_ranks(cmd: list[str], log_file: str, steps: int, checkpoints: str, loc
     from prefect import get_run_logger
 
     from models.trainer import complete_checkpoints
+    from tasks.pretrain.launch import launch
 
     logger = get_run_logger()
     progress = Progress(f"{stage} steps", steps, unit="steps", key=f"{stage}-progress")
@@ -73,6 +71,9 @@ def checkpoint_dir(ctx: StageContext) -> Path:
 
 def run_training(ctx: StageContext, cfg: TrainConfig, ckdir: Path):
     """Write train.json, launch the ranks (pretrain.ranks / hostfile) and wait for them."""
+    from tasks.pretrain.config import check_resumable
+    from tasks.pretrain.launch import deepspeed_command, world_size
+
     p = ctx.spec.pretrain
     cfg.save(ckdir / "train.json")
     hostfile = str(ctx.spec.resolve_path(p.hostfile)) if p.hostfile else None
@@ -82,10 +83,12 @@ def run_training(ctx: StageContext, cfg: TrainConfig, ckdir: Path):
                               None if hostfile else p.ranks, ctx.stage).result()
 
 
-@stage_flow("pretrain", description="ELECTRA (MRTD + TRTD) pretraining under DeepSpeed ZeRO; exports and registers "
-            "the encoder", version="2", reads=("model", "pretrain", "seed"), upstream=(vocab, sampling, shards),
-            identity=source_identity)
+@stage_flow(STAGE_BY_NAME["pretrain"])
 def pretrain(ctx: StageContext) -> StageOutcome:
+    from tasks.pretrain import publish
+    from tasks.pretrain.config import train_config
+    from tasks.pretrain.init import REPORT_FILE, init_metrics, init_summary, prepare_init
+
     spec, p, tracker = ctx.spec, ctx.spec.pretrain, ctx.tracker
     ckdir = checkpoint_dir(ctx)
     cfg = train_config(spec, ctx.upstream, ckdir, ctx.run_id, tracker.uri,

@@ -3,26 +3,31 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.dedup import dedup
 from flows.kit import StageContext, StageOutcome, stage_flow
-from tasks.dedup.stats import read_counts
-from tasks.sampling import SamplingTables, build_tables
-from tasks.sampling.output import write_output
+from flows.registry import STAGE_BY_NAME
 from xylent.spec import SamplingConfig
+
+if TYPE_CHECKING:
+    from tasks.sampling import SamplingTables
 
 
 @task(name="sampling-tables", cache_policy=NO_CACHE)
 def tables_task(dedup_dir: Path, cfg: SamplingConfig) -> SamplingTables:
+    from tasks.dedup.stats import read_counts
+    from tasks.sampling import build_tables
+
     mono, pairs = read_counts(dedup_dir)
     return build_tables(mono, pairs, cfg)
 
 
-@stage_flow("sampling", description="language and language-pair sampling tables (alpha-smoothing, M2M-100 LP, "
-            "XY-LENT Sinkhorn)", version="1", reads=("sampling",), upstream=(dedup,))
+@stage_flow(STAGE_BY_NAME["sampling"])
 def sampling(ctx: StageContext) -> StageOutcome:
+    from tasks.sampling.output import write_output
+
     tables = tables_task.submit(ctx.upstream["dedup"], ctx.spec.sampling).result()
     return write_output(tables, ctx.spec.sampling, ctx.out)

@@ -8,31 +8,33 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.dedup import dedup
 from flows.kit import StageContext, StageOutcome, stage_flow
 from flows.progress import Progress
+from flows.registry import STAGE_BY_NAME
 from flows.runners import batches, make_task_runner, run_tasks, task_slots
-from flows.vocab import vocab
-from tasks.shards.assemble import assemble, work_items
-from tasks.shards.build import pack_part, tokenize_items
-from tasks.vocab.output import load_tokenizer, tokenizer_path
-from tasks.vocab.specials import special_ids
 from xylent.spec import ShardsConfig
 
 
 @task(name="tokenize", cache_policy=NO_CACHE)
 def tokenize_task(items: list[dict], model: Path, out: Path, cfg: ShardsConfig) -> list[dict]:
+    from tasks.shards.build import tokenize_items
+
     return tokenize_items(items, model, out, cfg.seq_len, cfg.shard_mb << 20)
 
 
 @task(name="pack", task_run_name="pack {name}", cache_policy=NO_CACHE)
 def pack_task(name: str, tokenized: list[dict], out: Path, cfg: ShardsConfig, specials: dict) -> dict:
+    from tasks.shards.build import pack_part
+
     return pack_part(name, tokenized, out, cfg.seq_len, cfg.shard_mb << 20, specials)
 
 
-@stage_flow("shards", description="tokenised, packed Arrow shards for MRTD and TRTD (+ index.json for the loader)",
-            version="1", reads=("shards",), upstream=(dedup, vocab))
+@stage_flow(STAGE_BY_NAME["shards"])
 def shards(ctx: StageContext) -> StageOutcome:
+    from tasks.shards.assemble import assemble, work_items
+    from tasks.vocab.output import load_tokenizer, tokenizer_path
+    from tasks.vocab.specials import special_ids
+
     cfg, model = ctx.spec.shards, tokenizer_path(ctx.upstream["vocab"])
     specials = special_ids(load_tokenizer(ctx.upstream["vocab"]), str(model))
     parts = batches(work_items(ctx.upstream["dedup"]), task_slots(ctx.spec.runner))

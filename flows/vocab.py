@@ -7,25 +7,26 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.dedup import dedup
 from flows.kit import StageContext, StageOutcome, stage_flow
+from flows.registry import STAGE_BY_NAME
 from flows.runners import run_tasks
-from tasks.dedup.stats import read_counts
-from tasks.prepare import layout
-from tasks.vocab.compose import compose, no_text_error
-from tasks.vocab.train import sample_language, train_grid
 from xylent.spec import VocabConfig
 
 
 @task(name="vocab-grid", task_run_name="grid {lang}", cache_policy=NO_CACHE)
 def grid_task(lang: str, parts: list[Path], out: Path, cfg: VocabConfig, seed: int) -> dict:
+    from tasks.vocab.train import sample_language, train_grid
+
     train, held = sample_language(parts, cfg, seed)
     return {**train_grid(lang, train, held, out, cfg, seed), "held": held, "train_sample": train}
 
 
-@stage_flow("vocab", description="VoCAP vocabulary: per-language SentencePiece grids, ALP allocation, one merged "
-            "unigram model", version="1", reads=("vocab", "seed"), upstream=(dedup,))
+@stage_flow(STAGE_BY_NAME["vocab"])
 def vocab(ctx: StageContext) -> StageOutcome:
+    from tasks.dedup.stats import read_counts
+    from tasks.prepare import layout
+    from tasks.vocab.compose import compose, no_text_error
+
     dedup_dir, cfg, grid = ctx.upstream["dedup"], ctx.spec.vocab, ctx.out / "_grid"
     langs = layout.group_names(dedup_dir, layout.MONO)
     if not langs:

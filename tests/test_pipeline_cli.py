@@ -246,6 +246,55 @@ def test_stages_lists_the_pipeline_in_order(run_cli):
         ["download", "prepare", "dedup", "vocab", "sampling", "shards", "pretrain", "audit", "evaluate"]
 
 
+HEAVY = ("torch", "faiss", "deepspeed", "mlflow", "prefect", "transformers", "sklearn", "pyarrow", "polars")
+
+
+def test_commands_that_run_no_stage_import_nothing_heavy(tmp_path):
+    """--help, stages, status (nothing built, then one stage published) and user errors load no
+    Prefect, MLflow or stage code (torch, faiss, ...): in a fresh process, what they imported."""
+    root = Path(__file__).resolve().parents[1]
+    spec, ws = root / "data_specs" / "demo.yaml", tmp_path / "ws"
+    commands = [["--help"], ["stages"], ["status", "--spec", spec, "--workspace", ws],
+                ["run", "nosuch", "--spec", spec], ["run", "pipeline", "--spec", spec, "--set", "prepare.min_chrs=3"],
+                ["status", "--spec", spec, "--workspace", ws, "--set", "sampling.temperature=x"]]
+
+    def run(argvs) -> dict:
+        code = ("import contextlib, io, json, sys\nfrom flows.cli import main\nrcs, outs = [], []\n"
+                f"for argv in {[[str(a) for a in c] for c in argvs]!r}:\n"
+                "    out = io.StringIO()\n"
+                "    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):\n"
+                "        try:\n            rcs.append(main(argv))\n"
+                "        except SystemExit as exc:\n            rcs.append(exc.code)\n"
+                "    outs.append(out.getvalue())\n"
+                "print(json.dumps({'rcs': rcs, 'outs': outs, "
+                "'modules': sorted({m.split('.')[0] for m in sys.modules})}))\n")
+        r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    before = run(commands)
+    assert before["rcs"] == [0, 0, 0, 2, 2, 2]
+    # one stage published with its manifest: status reads it (its MLflow run id, its metrics)
+    from flows.registry import STAGES
+    from xylent.spec import load_spec
+    from xylent.stage import stage_fingerprints
+    from xylent.workspace import Workspace
+
+    w = Workspace(str(ws))
+    fp = stage_fingerprints(STAGES, load_spec(spec), w)["download"]
+    out = w.output_dir("download", fp)
+    with w.building(out) as tmp:
+        (tmp / "records.json").write_text("[]")
+        w.publish(tmp, out, {"stage": "download", "fingerprint": fp, "mlflow_run_id": "0" * 32,
+                             "metrics": {"files": 1.0, "bytes": 2.0}, "seconds": 0.1})
+    after = run([commands[2], [*commands[2], "--json"]])
+    assert after["rcs"] == [0, 0]
+    assert json.loads(after["outs"][1])["stages"]["download"] == {
+        "output_dir": str(out), "fingerprint": fp, "cached": True, "mlflow_run_id": "0" * 32}
+    for result in (before, after):
+        assert not set(HEAVY) & set(result["modules"]), sorted(set(HEAVY) & set(result["modules"]))
+
+
 def test_hub_centric_bitexts_fail_sinkhorn_clearly_and_fall_back(run_cli, loopback):
     spec, ws, _ = loopback
     rc, _, err = run_cli("run", "sampling", "--spec", spec, "--workspace", ws, "--set", "sampling.pair_method=sinkhorn")

@@ -15,6 +15,7 @@ from pathlib import Path
 from xylent.spec import DownloadConfig
 from xylent.workspace import Workspace, fingerprint, sha256_file
 
+from tasks import versions
 from tasks.download.content import check_content
 from tasks.download.http import fetch
 from tasks.download.identity import source_identity, spec_slice
@@ -23,8 +24,8 @@ from tasks.download.plan import FetchItem, opus_list_pairs, plan_source
 __all__ = ["VERSION", "FetchItem", "fetch", "materialise", "opus_list_pairs", "plan_source", "source_identity",
            "spec_slice", "unit_fingerprint"]
 
-# the stage's code version (its fingerprint and every fetched file's): bump it when a change alters the output
-VERSION = "1"
+# the stage's code version (its fingerprint and every fetched file's), kept in tasks/versions.py
+VERSION = versions.DOWNLOAD
 
 
 def unit_fingerprint(item: FetchItem) -> str:

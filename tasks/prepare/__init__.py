@@ -25,6 +25,7 @@ from xylent.errors import XylentError
 from xylent.spec import PrepareConfig
 from xylent.workspace import Workspace, fingerprint
 
+from tasks import versions
 from tasks.prepare.clean import clean_array, decode_lines, length_mask
 from tasks.prepare.gettext import read_catalog
 from tasks.prepare.holdout import drop_reserved
@@ -34,8 +35,8 @@ from tasks.prepare.writer import BITEXT_SCHEMA, MONO_SCHEMA, PartWriter
 
 __all__ = ["VERSION", "group_units", "prepare_unit", "unit_fingerprint"]
 
-# the stage's code version (its fingerprint and every unit's): bump it when a change alters the output
-VERSION = "1"
+# the stage's code version (its fingerprint and every unit's), kept in tasks/versions.py
+VERSION = versions.PREPARE
 
 STAT_FIELDS = ["lines_in", "invalid_utf8", "blank", "malformed", "too_short", "too_long", "rows_out", "chars_out", "docs"]
 
