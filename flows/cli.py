@@ -113,17 +113,20 @@ def _run(args) -> dict:
             raise XylentError("--until only goes with 'pipeline'", fix=f"xylent run pipeline --until {target}")
     elif args.until:
         find_stage(STAGES, args.until)
-    from flows.hygiene import own_prefect_server, run_log
+    from flows.hygiene import run_log, start_prefect_server
     from xylent.spec import load_spec
 
     root = workspace_for(load_spec(args.spec, args.overrides), args.workspace).root  # a bad spec stops here
+    server_ready = start_prefect_server()
+    # while the server starts: the flow and MLflow (which every stage's tracker imports)
     if target == "pipeline":
         from flows.pipeline import pipeline as run
     else:
         from flows.registry import stage_flow_of
 
         run = stage_flow_of(target)
-    own_prefect_server()
+    import mlflow  # noqa: F401
+    server_ready()
     kwargs = {"spec_file": args.spec, "workspace": args.workspace, "overrides": args.overrides, "force": args.force}
     with run_log(root, target) as log:
         try:

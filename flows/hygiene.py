@@ -2,9 +2,9 @@
 
 - The temporary Prefect server: Prefect starts one per process that has no
   ``PREFECT_API_URL`` and stops it at exit, which a kill -9 skips.  The CLI
-  starts it itself, shares its URL with every worker it spawns (which would
-  each start another), and leaves a watchdog process that stops the server
-  when the CLI is gone.
+  starts it itself (while it imports the rest), shares its URL with every
+  worker it spawns (which would each start another), and leaves a watchdog
+  process that stops the server when the CLI is gone.
 - Process-pool workers (``runner.kind: processes``) watch their parent and exit
   when it is gone.
 - Logs: a user error (or a full disk) is its message, without the traceback
@@ -13,15 +13,18 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
+import random
+import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from xylent.errors import XylentError, environment_error
 
@@ -101,20 +104,99 @@ def run_log(root: Path, target: str) -> Iterator[Path | None]:
         handler.close()
 
 
-def own_prefect_server() -> None:
-    """Start the temporary Prefect server now, when no API is configured."""
+def start_prefect_server() -> Callable[[], None]:
+    """Start the temporary Prefect server when no API is configured, without waiting for it.
+
+    The caller goes on with its own imports (seconds too) while the server starts, and
+    calls the function returned before its first flow: it waits until the server answers
+    and points this process's Prefect, and every process it spawns, at it.  (Prefect's
+    client would start the same server, ``SubprocessASGIServer``, whose command this is,
+    but only after importing Prefect's whole server into this process, and waiting.)
+    A no-op function when an API is configured.
+    """
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
-        return
-    from prefect.server.api.server import SubprocessASGIServer
+        return lambda: None
+    return _TemporaryServer().wait
 
-    server = SubprocessASGIServer()  # the instance Prefect's own client would start and use
-    server.start()
-    os.environ["PREFECT_API_URL"] = server.api_url  # inherited by pool workers: one server, not one each
-    subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(server.server_process.pid)],
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)  # not in our process group: a Ctrl-C reaches us, not it
+
+class _TemporaryServer:
+    """Prefect's temporary server (no UI, ephemeral services), stopped when this process
+    exits; a watchdog stops it after a kill -9."""
+
+    def __init__(self):
+        import prefect
+        from prefect.settings import PREFECT_UI_URL, get_current_settings
+
+        self._ui_unset = PREFECT_UI_URL.value() is None  # it would follow the API URL: a link to a server gone at exit
+        self._args = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+                      "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--log-level", "error",
+                      "--lifespan", "on"]
+        self._env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+                     "PREFECT__SERVER_FINAL": "1",
+                     **get_current_settings().to_environment_variables(exclude_unset=True)}
+        self._spawn()
+        atexit.register(self.stop)
+
+    def _spawn(self) -> None:
+        self.port = _free_port()
+        self.process = subprocess.Popen([*self._args, "--port", str(self.port)], env=self._env)
+        subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(self.process.pid)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)  # not in our process group: a Ctrl-C reaches us, not it
+
+    def wait(self) -> None:
+        import urllib.error
+        import urllib.request
+
+        from prefect.context import refresh_global_settings_context
+        from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+
+        deadline = time.monotonic() + PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
+        while True:
+            if self.process.poll() == 3:  # the port was taken meanwhile: another one
+                self._spawn()
+            elif self.process.poll() is not None:
+                raise RuntimeError(f"the temporary Prefect server exited with code {self.process.returncode}")
+            try:
+                with urllib.request.urlopen(f"{self.api_url}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out while waiting for the temporary Prefect server at {self.api_url}")
+            time.sleep(0.05)
+        os.environ["PREFECT_API_URL"] = self.api_url  # inherited by pool workers: one server, not one each
+        if self._ui_unset:
+            os.environ["PREFECT_UI_URL"] = ""
+        refresh_global_settings_context()  # Prefect read the environment when it was imported
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _free_port() -> int:
+    """A free port in 8000-8999, as Prefect picks its temporary server's."""
+    for _ in range(10):
+        port = random.randrange(8000, 9000)
+        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                time.sleep(random.uniform(0.1, 0.5))
+    raise RuntimeError("no free port in 8000-8999 for the temporary Prefect server")
 
 
 def _exit_with_parent(parent: int) -> None:
