@@ -89,17 +89,18 @@ class Invocation:
         spec = load_spec(spec_file, overrides or [])
         ws = workspace_for(spec, workspace)
         ws.ensure_writable()
-        parent_run_id = _PARENT_RUN.get()
+        parent_run_id, tracker = _PARENT_RUN.get() or (None, None)
         slot = contextlib.ExitStack()
         if parent_run_id is None:
             slot.enter_context(workspace_slot(ws.location))
         try:
             if parent_run_id is None:  # every stage of this invocation fans out over one cluster
                 slot.enter_context(shared_cluster(spec.runner))  # a failure before the invocation exists must not keep the workspace's slot
-            uri = tracking_uri_for(ws.root, spec.tracking.tracking_uri)
-            tracker = Tracker(uri, spec.tracking.experiment, artifact_root=artifact_root_for(ws.root, uri),
-                              workspace=ws.root)
-            tracker.end_orphaned_runs()  # runs of invocations killed with -9 would say RUNNING forever
+            if tracker is None:  # a nested invocation (same spec and workspace) uses its parent's
+                uri = tracking_uri_for(ws.root, spec.tracking.tracking_uri)
+                tracker = Tracker(uri, spec.tracking.experiment, artifact_root=artifact_root_for(ws.root, uri),
+                                  workspace=ws.root)
+                tracker.end_orphaned_runs()  # runs of invocations killed with -9 would say RUNNING forever
             chain = lineage(stages)
             fingerprints = stage_fingerprints(chain, spec, ws)
             owns = parent_run_id is None
@@ -115,7 +116,7 @@ class Invocation:
             inv = cls(spec, spec_file, list(overrides or []), ws, tracker, parent_run_id, owns, fingerprints,
                       {s.name: s for s in chain}, _slot=slot)
             if owns:
-                inv._parent_token = _PARENT_RUN.set(parent_run_id)
+                inv._parent_token = _PARENT_RUN.set((parent_run_id, tracker))
             return inv
         except BaseException:
             slot.close()
@@ -178,10 +179,10 @@ class Invocation:
         return dirs
 
 
-# The MLflow parent run of the invocation whose flow is running: the stage flows it
-# calls (Prefect subflows, run in this context) nest their runs under it.  Not a flow
-# parameter, so the Prefect UI's run form does not show it.
-_PARENT_RUN: ContextVar[str | None] = ContextVar("xylent_mlflow_parent_run", default=None)
+# The MLflow parent run of the invocation whose flow is running, and its tracker: the
+# stage flows it calls (Prefect subflows, run in this context) nest their runs under it.
+# Not a flow parameter, so the Prefect UI's run form does not show it.
+_PARENT_RUN: ContextVar[tuple[str, Tracker] | None] = ContextVar("xylent_mlflow_parent_run", default=None)
 
 
 def flow_run_url() -> str | None:
