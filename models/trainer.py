@@ -2,6 +2,9 @@
 
     deepspeed --num_gpus N --module models.trainer --config train.json
 
+(one local CPU rank is started directly by ``tasks.pretrain.launch``, with the
+command line and environment the launcher would give it).
+
 Each optimizer step runs ``grad_accum`` micro-batches per task it trains
 (``alternate``: one task per step; ``mix``: every task every step).  Losses are
 normalised by token counts summed over all ranks (models.stats), data and
@@ -26,16 +29,42 @@ import shutil
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
+# XYLENT_LAUNCH_PHASES=<file>: each rank appends when each phase of its start ended (a JSON line per phase,
+# wall-clock seconds) — how benchmarks/overhead.py splits a launch's time to the first step. Unset, or this
+# module imported rather than run: nothing.
+_PHASES_FILE = os.environ.get("XYLENT_LAUNCH_PHASES") if __name__ == "__main__" else None
 
-from models.config import EncoderConfig
-from models.objectives import build_model
-from models.masking import row_noise
-from models.optim import flops_per_token, lr_lambdas, make_optimizer, peak_tflops, warmup_linear_decay
-from models.run_config import TrainConfig
-from models.stats import Norms, Stats
-from tasks.shards.loader import TrainingLoader  # the shard/loader contract (and, for the audit, tasks.audit.adversary)
+
+def phase(name: str) -> None:
+    if not _PHASES_FILE:
+        return
+    rank, lines = int(os.environ.get("RANK", 0)), []
+    if name == "trainer_module_start":  # the first: when the OS started this process (to 10 ms)
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks since boot
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        lines.append({"rank": rank, "phase": "process_start", "t": time.time() - age})
+    lines.append({"rank": rank, "phase": name, "t": time.time()})
+    with open(_PHASES_FILE, "a") as f:
+        f.write("".join(json.dumps(x) + "\n" for x in lines))
+
+
+phase("trainer_module_start")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+phase("torch_imported")
+
+from models.config import EncoderConfig  # noqa: E402
+from models.objectives import build_model  # noqa: E402
+from models.masking import row_noise  # noqa: E402
+from models.optim import flops_per_token, lr_lambdas, make_optimizer, peak_tflops, warmup_linear_decay  # noqa: E402
+from models.run_config import TrainConfig  # noqa: E402
+from models.stats import Norms, Stats  # noqa: E402
+from tasks.shards.loader import TrainingLoader  # noqa: E402  (the shard/loader contract; the audit's adversary too)
+
+phase("xylent_modules_imported")
 
 COMPLETE = "COMPLETE"
 
@@ -212,7 +241,9 @@ def train(cfg: TrainConfig) -> None:
     cuda = torch.cuda.is_available() and not os.environ.get("DS_ACCELERATOR") == "cpu"
     import deepspeed
 
+    phase("deepspeed_imported")
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    phase("process_group_ready")  # DeepSpeed's compiled CPU comm op loaded (cached after its first build), gloo up
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
@@ -233,8 +264,10 @@ def train(cfg: TrainConfig) -> None:
     optimizer = make_optimizer(model, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay)
     lr_schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambdas(model, optimizer.param_groups, warmup_linear_decay(cfg.warmup_steps, cfg.steps)))
+    phase("model_built")
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=lr_schedule,
                                            config=ds_config(cfg, bf16, world))
+    phase("engine_ready")
     if hasattr(engine.module, "attach"):  # an objective with state outside the trained module (InfoXLM's keys)
         engine.module.attach(device)
     torch.manual_seed(cfg.seed + 1 + rank)  # dropout: each rank its own stream
@@ -273,7 +306,9 @@ def train(cfg: TrainConfig) -> None:
         if rank == 0:
             print(f"xylent: resumed from {done[-1]} at step {start}", flush=True)
 
+    phase("loaders_open")  # and a checkpoint restored, where there is one
     sink = MetricsSink(cfg, start) if rank == 0 else None
+    phase("metrics_sink_open")  # rank 0: MLflow's client (and system metrics) when the run is tracked
     schedule = adversary.schedule if adversary is not None else []
 
     def segment(a: int) -> dict:
@@ -302,6 +337,8 @@ def train(cfg: TrainConfig) -> None:
         plan, unclipped_norm = task_plan(cfg, step), None
         for micro, task in enumerate(plan):
             batch = next(iters[task])
+            if step == start and micro == 0:
+                phase("first_batch")
             ids = torch.from_numpy(batch["input_ids"]).long().to(device)
             pad = ids == loaders[task].pad
             seg = torch.from_numpy(batch["segment_ids"]).to(device) if "segment_ids" in batch else None
@@ -347,6 +384,8 @@ def train(cfg: TrainConfig) -> None:
             if done_step % cfg.log_every == 0 or done_step == cfg.steps:
                 parts = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if "loss" in k or k == "tokens_per_second")
                 print(f"xylent: step {done_step}/{cfg.steps} {parts}", flush=True)
+        if step == start:
+            phase("first_step")
         if done_step % cfg.checkpoint_every == 0 or done_step == cfg.steps:
             extra = {"unigram_counts": unigram.counts.cpu()}
             if adversary is not None:
@@ -360,6 +399,7 @@ def train(cfg: TrainConfig) -> None:
     if adversary is not None and rank == 0:
         write_json_atomic(Path(cfg.dro["state_file"]), adversary.state_dict())
     dist.barrier()
+    phase("trained")
 
 
 def make_adversary(cfg: TrainConfig, loaders: dict):
@@ -455,5 +495,26 @@ def main(argv: list[str] | None = None) -> None:
     train(TrainConfig.load(args.config))
 
 
+def exit_without_teardown() -> None:
+    """End a one-rank run that finished: as a normal exit does, wait for the threads that are not
+    daemons, run the exit handlers and flush the output; then skip the interpreter's teardown of the
+    thousands of modules torch, DeepSpeed and MLflow loaded (seconds on 2 cores, after everything is
+    written). With more ranks the normal exit is kept: it gives the last messages to the peers time."""
+    if not (dist.is_initialized() and dist.get_world_size() == 1):
+        return
+    import atexit
+    import sys
+    import threading
+
+    for t in threading.enumerate():
+        if t is not threading.main_thread() and not t.daemon:
+            t.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     main()
+    exit_without_teardown()

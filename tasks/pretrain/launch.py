@@ -6,6 +6,16 @@ its output, every rank's included, is streamed line by line to ``train.log``
 and to a callback.  When a rank dies the launcher kills the others and exits
 non-zero; we turn that into an error naming the rank, its exit code, the end of
 its traceback and the checkpoint a rerun will resume from.
+
+One local CPU rank (``--num_gpus 1``, no hostfile, no GPU) is started directly,
+with the command line and environment the launcher would give it: the launcher
+is two more Python processes (``deepspeed`` and ``deepspeed.launcher.launch``),
+each importing torch and DeepSpeed (and DeepSpeed imports MLflow), seconds
+before the rank even starts, and its watch loop notices the rank's exit up to a
+second late.  ``train.log`` still begins with the ``$ deepspeed ...`` line (the
+launch as given: run by hand, it trains the same), followed by the line that
+says how the rank was started.  ``XYLENT_DEEPSPEED_LAUNCHER=1`` starts every
+launch through the launcher.
 """
 
 from __future__ import annotations
@@ -81,6 +91,24 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def direct_rank(cmd: list[str]) -> tuple[list[str], dict[str, str]] | None:
+    """The one rank of ``deepspeed --num_gpus 1 --master_port P --module M ARGS`` on this machine's CPU, as
+    (its command, the variables the launcher adds to its environment): what ``deepspeed.launcher.runner``
+    and ``deepspeed.launcher.launch`` would start; None for any other launch (more ranks, a hostfile, a
+    GPU, another launcher interpreter, or XYLENT_DEEPSPEED_LAUNCHER=1)."""
+    if os.environ.get("XYLENT_DEEPSPEED_LAUNCHER", "") not in ("", "0"):
+        return None
+    if len(cmd) < 7 or cmd[1:3] != ["--num_gpus", "1"] or cmd[3] != "--master_port" or cmd[5] != "--module":
+        return None
+    if Path(cmd[0]).parent != Path(sys.executable).parent or gpu_available():  # the launcher's python is ours
+        return None
+    port, module, args = cmd[4], cmd[6], cmd[7:]
+    rank_env = {"CUDA_VISIBLE_DEVICES": "0",  # the CPU accelerator's "visible devices", as launch.py sets them
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "1", "CROSS_RANK": "0",
+                "CROSS_SIZE": "1", "LOCAL_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}
+    return [sys.executable, "-u", "-m", module, "--local_rank=0", *args], rank_env
+
+
 @dataclass
 class LaunchResult:
     resumed_from_step: int
@@ -140,11 +168,16 @@ def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
     resumed, died, tracebacks, errors = 0, [], {}, []
     sweep_stale_shm_buffers()
+    direct = direct_rank(cmd)
     with open(log_file, "a", encoding="utf-8") as log:
         log.write("$ " + " ".join(cmd) + "\n")
+        if direct is not None:
+            env.update(direct[1])
+            log.write("xylent: one local CPU rank, started without the launcher's processes: "
+                      + " ".join(f"{k}={v}" for k, v in direct[1].items()) + " " + " ".join(direct[0]) + "\n")
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
-                                errors="replace", bufsize=1, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(direct[0] if direct else cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=env, text=True, errors="replace", bufsize=1, preexec_fn=_die_with_parent)
         try:
             for line in proc.stdout:
                 log.write(line)
@@ -161,6 +194,8 @@ def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None
                 if on_line is not None:
                     on_line(line.rstrip("\n"))
             rc = proc.wait()
+            if direct is not None and rc != 0:  # the launcher would have said so, naming the rank
+                died.append((0, rc))
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
