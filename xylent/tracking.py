@@ -117,6 +117,71 @@ def relocate_own_store(db: Path, artifact_root: Path) -> str | None:
     return ", ".join(sorted(olds)) or None
 
 
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xylent"
+
+
+def store_template(cache: Path | None = None) -> Path | None:
+    """A migrated MLflow sqlite store holding nothing yet (not even the Default experiment, which
+    MLflow adds when it opens a store without one), made once per MLflow version in
+    ``~/.cache/xylent/`` -> its path; None where it cannot be made (a read-only home).
+
+    MLflow creates a new sqlite store by running its whole chain of alembic migrations, seconds
+    for every new workspace; a copy of this file is the same store, as MLflow's own test suite
+    does it. The template is written under a temporary name and renamed into place, so a
+    concurrent first creation only ever sees a whole one."""
+    import mlflow
+    import sqlalchemy
+    from mlflow.store.db import utils as db_utils
+
+    cache = cache or _cache_dir()
+    path = cache / f"mlflow-{mlflow.__version__}-store-template.db"
+    if path.exists():
+        return path
+    tmp = cache / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        engine = sqlalchemy.create_engine(f"sqlite:///{tmp}")
+        try:
+            db_utils._initialize_tables(engine)  # what SqlAlchemyStore runs on an empty database
+            if not db_utils._all_tables_exist(engine):
+                return None
+            db_utils._verify_schema(engine)  # at this MLflow's head revision
+        finally:
+            engine.dispose()
+        os.replace(tmp, path)
+        return path
+    except Exception as exc:  # noqa: BLE001 - no template: MLflow creates the store itself, as before
+        logging.getLogger(__name__).debug("no MLflow store template in %s: %s", cache, exc)
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
+def new_store_from_template(db: Path, cache: Path | None = None) -> bool:
+    """Put a copy of the store template at ``db`` if no file is there -> whether it did. The copy
+    appears whole or not at all (hard-linked into place from a temporary copy), and never over a
+    store someone else created meanwhile."""
+    if db.exists() or not db.parent.is_dir():
+        return False
+    template = store_template(cache)
+    if template is None:
+        return False
+    import shutil
+
+    tmp = db.with_name(f".{db.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        shutil.copyfile(template, tmp)
+        os.link(tmp, db)  # fails if db exists: a concurrent creator's store is kept
+        return True
+    except OSError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
 class Tracker:
     """Thin wrapper over ``MlflowClient`` bound to one tracking store and experiment."""
 
@@ -141,6 +206,7 @@ class Tracker:
         self.uri = tracking_uri
         own_db = artifact_root.parent / "mlflow.db" if artifact_root is not None else None
         if own_db is not None and tracking_uri == f"sqlite:///{own_db}":
+            new_store_from_template(own_db)  # a new workspace: its store without MLflow's migrations
             moved_from = relocate_own_store(own_db, artifact_root)
             if moved_from:
                 logging.getLogger(__name__).warning("this workspace's MLflow store was copied or moved from "

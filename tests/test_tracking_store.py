@@ -1,0 +1,81 @@
+"""A new workspace's MLflow store comes from a migrated template (xylent.tracking.store_template)
+instead of MLflow's chain of alembic migrations: it must be the very store MLflow would have made,
+and concurrent first creations (of the template, of one workspace's store) must leave a whole one."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import xylent.tracking as tracking
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _dump(db: Path, ws: Path) -> tuple[list, dict]:
+    """Schema and rows, with the workspace's path, ids and times left out."""
+    with sqlite3.connect(db) as con:
+        schema = sorted(con.execute("SELECT type, name, tbl_name, sql FROM sqlite_master"))
+        rows = {}
+        for (table,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'"):
+            cols = [c[1] for c in con.execute(f"PRAGMA table_info({table})")]
+            keep = [c for c in cols if not c.endswith(("_time", "_id", "timestamp")) and c not in ("run_uuid", "value", "artifact_uri")]
+            if keep:
+                rows[table] = sorted(repr(r).replace(str(ws), "WS") for r in
+                                     con.execute(f"SELECT {', '.join(keep)} FROM {table}"))
+    return schema, rows
+
+
+def _use(ws: Path) -> None:
+    t = tracking.Tracker(f"sqlite:///{ws}/mlflow.db", "xp", artifact_root=ws / "mlartifacts", workspace=ws)
+    run = t.start_run("r", params={"a": 1})
+    t.log_metrics(run, {"m": 1.0})
+    t.end_run(run)
+
+
+def test_a_store_from_the_template_is_the_store_mlflow_makes(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    fresh, copied = tmp_path / "fresh", tmp_path / "copied"
+    fresh.mkdir(), copied.mkdir()
+    with monkeypatch.context() as m:  # the code before the template: MLflow runs its migrations
+        m.setattr(tracking, "new_store_from_template", lambda db, cache=None: False)
+        _use(fresh)
+    assert not (tmp_path / "cache").exists()
+    _use(copied)
+    template = tracking.store_template()
+    assert template is not None and template.parent == tmp_path / "cache" / "xylent"
+    assert _dump(fresh / "mlflow.db", fresh) == _dump(copied / "mlflow.db", copied)
+    with sqlite3.connect(copied / "mlflow.db") as con:  # MLflow added its Default experiment where it opened it
+        assert con.execute("SELECT name FROM experiments ORDER BY experiment_id").fetchall() == [("Default",), ("xp",)]
+    with sqlite3.connect(template) as con:
+        assert con.execute("SELECT count(*) FROM experiments").fetchone() == (0,), "the template holds nothing"
+    assert not [p for p in copied.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_template_never_replaces_an_existing_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    db = tmp_path / "mlflow.db"
+    db.write_bytes(b"someone else's")
+    assert tracking.new_store_from_template(db) is False and db.read_bytes() == b"someone else's"
+    assert tracking.new_store_from_template(tmp_path / "no" / "such" / "folder" / "mlflow.db") is False
+
+
+def test_concurrent_first_creations_leave_one_whole_store(tmp_path):
+    """Three processes at once, on a machine without a template, open the same new workspace."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    code = ("import sys; from pathlib import Path; import xylent.tracking as t; ws = Path(sys.argv[1]); "
+            "t.Tracker(f'sqlite:///{ws}/mlflow.db', 'xp', artifact_root=ws / 'mlartifacts', workspace=ws)")
+    env = {**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(ws)], env=env, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    errors = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 3, errors
+    with sqlite3.connect(ws / "mlflow.db") as con:
+        assert con.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+        assert sorted(con.execute("SELECT name FROM experiments")) == [("Default",), ("xp",)]
+    templates = list((tmp_path / "cache" / "xylent").iterdir())
+    assert [p.name for p in templates] == [tracking.store_template(tmp_path / "cache" / "xylent").name]
+    _use(ws)  # and MLflow goes on using it
