@@ -30,7 +30,7 @@ DOC = ROOT / "docs" / "benchmarks.md"
 IMG = ROOT / "docs" / "img" / "benchmarks"
 # the order of the doc; each is benchmarks/<name>.py writing results/<name>.json
 BENCHMARKS = ("prepare_throughput", "dedup", "vocab", "sampling", "shards", "scaling",
-              "pretrain", "evaluate", "audit", "finetune")
+              "pretrain", "evaluate", "audit", "finetune", "overhead")
 BLOCK = re.compile(r"(<!-- bench:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.S)
 
 
