@@ -164,6 +164,10 @@ class Invocation:
         return {"stages": self.results, "mlflow_parent_run_id": self.parent_run_id,
                 "prefect_flow_run_id": flow_run.id, "prefect_flow_run_url": flow_run_url()}
 
+    def built(self, stage: str) -> bool:
+        """Whether the stage's output is published and intact (what makes it a cache hit)."""
+        return self.ws.verified(self.ws.output_dir(stage, self.fingerprints[stage]), stage) is not None
+
     def upstream_dirs(self, stage: StageDef) -> dict[str, Path]:
         """Output folders of a stage's upstream stages, running any that are missing
         (as subflows, so the Prefect UI shows them)."""

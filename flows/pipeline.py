@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from prefect import flow
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 from flows.kit import Invocation
 from flows.registry import STAGE_NAMES, STAGES, stage_flow_of
@@ -20,8 +23,16 @@ def pipeline(spec_file: str, workspace: str | None = None, overrides: list[str] 
     try:
         with inv.ws.lock():
             for stage in STAGES[: last + 1]:
-                inv.record(stage_flow_of(stage.name)(**inv.flow_kwargs(), force=force))
+                with _without_heartbeat() if not force and inv.built(stage.name) else contextlib.nullcontext():
+                    inv.record(stage_flow_of(stage.name)(**inv.flow_kwargs(), force=force))
         ok = True
     finally:
         inv.finish(ok)
     return inv.result()
+
+
+def _without_heartbeat():
+    """A stage already built is a cache hit of a fraction of a second: its flow run sends no
+    heartbeats (they tell a crashed run from a long one), whose thread Prefect waits up to
+    a second for when the run ends."""
+    return temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
