@@ -8,7 +8,7 @@ AZURITE_VERSION ?= 3.37.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean-demo bench benchmarks recipes
+.PHONY: demo test test-fast acceptance install clean-demo bench benchmarks recipes
 
 # torch by pip (a local file on the CI machines; TORCH_SPEC for GPUs), the rest by uv: seconds instead of
 # minutes, and the torch installed first satisfies every requirement on it.  Bytecode compiled at install, as
@@ -34,6 +34,16 @@ demo: $(STAMP)
 
 test: $(STAMP) $(AZURITE)
 	$(BIN)/python -m pytest -q
+
+# the inner loop: no DeepSpeed launch, CLI subprocess, server or session demo (tests/cost_guard.py marks them slow)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# the claims that need full-size training (docs/acceptance.md, ~35 min on 2 cores): each passing claim
+# rewrites tests/acceptance/results/<claim>.json; commit them, or `make test` reports them stale
+acceptance: $(STAMP)
+	$(BIN)/python -m pytest -q --acceptance tests/acceptance
+	$(BIN)/python -m tests.acceptance.claims --render
 
 # every pretraining recipe of the family on the demo corpus (its data stages are the demo's, cached),
 # evaluated beside random-init, then one table: docs/recipes-scorecard.md (~34 min on 2 CPU cores)

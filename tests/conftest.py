@@ -19,6 +19,9 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import yaml
 
+import cost_guard
+from cost_guard import costs
+
 # The suite never writes to a user's real servers or homes: every variable that
 # changes where MLflow, Prefect or the Hugging Face hub put things is dropped
 # before anything is imported (each test then names its own workspace and store).
@@ -31,6 +34,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is ever fetched from the hub
 
 
 @pytest.fixture(scope="session", autouse=True)
+@costs(servers=1, everywhere=True)
 def prefect_server():
     """One ephemeral Prefect API for the whole session (starting one takes ~20 s)."""
     from prefect.settings import PREFECT_API_URL
@@ -254,22 +258,51 @@ def run_cli(capsys):
     return run
 
 
-@pytest.fixture(scope="session")
-def demo_run(tmp_path_factory, prefect_server):
-    """The whole pipeline on the embedded demo, once per test session."""
+ROOT = Path(__file__).resolve().parents[1]
+DEMO_SHORT = ROOT / "tests" / "data" / "demo-short.yaml"  # the demo's data stages, shorter training
+
+
+def run_pipeline(spec: Path, ws: Path, *args: str) -> dict:
+    """``xylent run pipeline`` in-process (the session's Prefect server); its --json."""
     import contextlib
     import io
-    from pathlib import Path
 
     from flows.cli import main
 
-    ws = tmp_path_factory.mktemp("demo") / "ws"
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        rc = main(["run", "pipeline", "--spec", str(Path(__file__).resolve().parents[1] / "data_specs" / "demo.yaml"),
-                   "--workspace", str(ws), "--json"])
+        rc = main(["run", "pipeline", "--spec", str(spec), "--workspace", str(ws), "--json", *args])
     assert rc == 0
-    return json.loads(out.getvalue()), ws
+    return json.loads(out.getvalue())
+
+
+@pytest.fixture(scope="session")
+@costs(deepspeed=2)  # pretrain and audit, one rank each
+def demo_run(tmp_path_factory, prefect_server):
+    """The whole pipeline on the embedded demo, once per test session, as tests/data/demo-short.yaml
+    trains it (the demo's data stages, 300 pretraining steps): every stage's contract.  A test that
+    reruns a stage on this workspace passes ``--spec DEMO_SHORT``; the full demo is acceptance's."""
+    ws = tmp_path_factory.mktemp("demo") / "ws"
+    return run_pipeline(DEMO_SHORT, ws), ws
+
+
+# -- the acceptance tier (tests/acceptance/, `make acceptance`) ----------------
+
+
+def pytest_configure(config):
+    # a plugin, not this conftest's hooks: a session fixture's set-up is outside tests/ as pytest sees it
+    config.pluginmanager.register(cost_guard, "xylent-cost-guard")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--acceptance", action="store_true",
+                     help="also collect tests/acceptance/: the claims that need full-size training (make acceptance)")
+
+
+def pytest_ignore_collect(collection_path, config):
+    if "acceptance" in collection_path.parts and not config.getoption("--acceptance"):
+        return True
+    return None
 
 
 def kill_9_when(stage: str, spec, ws, ready, timeout: float = 120.0) -> None:

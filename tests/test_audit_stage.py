@@ -15,6 +15,9 @@ from tasks.sampling.output import pair_table
 from tasks.shards.index import read_index
 from xylent.spec import load_spec
 
+from conftest import DEMO_SHORT  # the session demo's spec (tests/data/demo-short.yaml)
+from tasks.audit.adversary import resample_steps
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"
 CONTRACT = ["pair", "prior", "q_final", "w_final", "w_mean", "loss_ema"]
@@ -28,7 +31,7 @@ def _out(res: dict, stage: str = "audit") -> Path:
 
 def test_demo_audit_contract(demo_run):
     res, _ = demo_run
-    out, spec = _out(res), load_spec(DEMO)
+    out, spec = _out(res), load_spec(DEMO_SHORT)
     table = pl.read_parquet(out / AUDIT_TABLE)
     assert set(CONTRACT + EVIDENCE + ["verdict", "left_base_rate", "q_unfloored"]) <= set(table.columns)
     index = read_index(_out(res, "shards"))
@@ -47,7 +50,7 @@ def test_demo_audit_contract(demo_run):
 
     traj = pl.read_parquet(out / TRAJECTORY_TABLE)
     assert traj["resample"].n_unique() == spec.audit.resamples and traj.height == spec.audit.resamples * len(table)
-    assert sorted(traj["step"].unique()) == [100, 200, 300, 400, 500]
+    assert sorted(traj["step"].unique()) == resample_steps(spec.audit.steps, spec.audit.resamples)
     w_mean = traj.group_by("pair").agg(pl.col("w").mean())
     assert dict(w_mean.iter_rows()) == pytest.approx(dict(zip(table["pair"], table["w_mean"])))
 
@@ -71,7 +74,7 @@ def test_demo_audit_starts_from_the_pretrained_weights_and_exports_its_model(dem
     out = _out(res)
     cfg = json.loads((out / "train.json").read_text())
     assert cfg["init_from"] == str(_out(res, "pretrain") / "model" / "pretraining.safetensors")
-    assert cfg["steps"] == 600 and cfg["dro"]["resamples"] == 5
+    assert cfg["steps"] == load_spec(DEMO_SHORT).audit.steps and cfg["dro"]["resamples"] == 5
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     pre = [json.loads(x) for x in (_out(res, "pretrain") / "metrics.jsonl").read_text().splitlines()]
 
@@ -91,7 +94,9 @@ def test_demo_audit_in_mlflow(demo_run):
     client = MlflowClient(f"sqlite:///{ws / 'mlflow.db'}")
     run = client.get_run(res["stages"]["audit"]["mlflow_run_id"])
     assert run.info.status == "FINISHED" and run.data.params["audit.rho"] == "0.05"
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "audit/w_max")] == [101, 201, 301, 401, 501]
+    spec = load_spec(DEMO_SHORT)
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "audit/w_max")] == [
+        s + 1 for s in resample_steps(spec.audit.steps, spec.audit.resamples)]
     assert run.data.metrics["pairs"] == pl.read_parquet(_out(res) / AUDIT_TABLE).height
     assert "model_learned" in run.data.metrics and "trtd/discriminator_loss" in run.data.metrics
     arts = {a.path for a in client.list_artifacts(run.info.run_id)}
@@ -101,7 +106,7 @@ def test_demo_audit_in_mlflow(demo_run):
 def test_excluding_pairs_reruns_sampling_not_the_data_stages(demo_run, run_cli, tmp_path):
     res, ws = demo_run
     flagged = json.loads((_out(res) / "_manifest.json").read_text())["flagged_up"][:2]
-    rc, out, err = run_cli("run", "sampling", "--spec", DEMO, "--workspace", ws, "--json",
+    rc, out, err = run_cli("run", "sampling", "--spec", DEMO_SHORT, "--workspace", ws, "--json",
                            "--set", f"sampling.exclude_pairs=[{', '.join(flagged)}]")
     assert rc == 0, err
     got = json.loads(out)["stages"]
@@ -114,7 +119,7 @@ def test_excluding_pairs_reruns_sampling_not_the_data_stages(demo_run, run_cli, 
 
     assert names(Path(got["sampling"]["output_dir"])) == names(_out(res, "sampling")) - set(flagged)
 
-    rc, _, err = run_cli("run", "sampling", "--spec", DEMO, "--workspace", ws, "--set", "sampling.exclude_pairs=[en-xh]")
+    rc, _, err = run_cli("run", "sampling", "--spec", DEMO_SHORT, "--workspace", ws, "--set", "sampling.exclude_pairs=[en-xh]")
     assert rc == 2 and "exclude_pairs names pairs the data does not have: en-xh" in err and "Traceback" not in err
 
 
@@ -147,6 +152,7 @@ def _state(out: str) -> dict:
     return json.loads((Path(json.loads(out)["stages"]["audit"]["output_dir"]) / "adversary.json").read_text())
 
 
+@pytest.mark.costs(deepspeed=3, cli=1)  # a killed CLI, its rerun, an uninterrupted run, 2 ranks
 def test_the_q_trajectory_is_exact_after_kill_9_and_the_same_on_two_ranks(demo_run, run_cli, tmp_path):
     """kill -9 of xylent after the checkpoint at step 20 (a re-sampling step), rerun: the same q
     trajectory as an uninterrupted run, bit for bit; 2 ranks: the same up to float noise."""

@@ -51,12 +51,20 @@ def test_a_hand_typed_figure_inside_a_generated_block_is_caught(tmp_path):
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """Every benchmark at --quick into one scratch folder (their order in the doc)."""
+    """Every benchmark at --quick into one scratch folder, two at a time: a smoke run checks that each
+    script works and renders, not how fast (its timings are never read), so they may share the cores."""
+    from concurrent.futures import ThreadPoolExecutor
+
     out = tmp_path_factory.mktemp("bench-quick")
-    for name in render.BENCHMARKS:
+
+    def run(name: str) -> str | None:
         cmd = [sys.executable, f"benchmarks/{name}.py", "--quick", "--out", str(out), *SMOKE_FLAGS.get(name, [])]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        return None if proc.returncode == 0 else f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        failed = [f for f in pool.map(run, render.BENCHMARKS) if f]
+    assert not failed, "\n\n".join(failed)
     return out
 
 

@@ -1,4 +1,6 @@
-"""The embedded demo on the real Django catalogs, and the task runners agree."""
+"""The embedded demo on the real Django catalogs (the session's short run, tests/data/demo-short.yaml:
+every stage's contract, and both losses fall), and the task runners agree.  That the demo as shipped
+learns (1500 steps: both losses below their trivial peers) is tests/acceptance/test_demo_learns.py."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import polars as pl
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"
+SHORT_STEPS = 300  # tests/data/demo-short.yaml's pretrain.steps
 
 
 def _rgb(path: Path) -> np.ndarray:
@@ -76,11 +79,9 @@ def test_demo_pipeline_on_django_catalogs(run_cli, tmp_path, demo_run):
     for task in ("mrtd", "trtd"):
         for loss in ("generator_loss", "discriminator_loss"):
             assert m[f"final.{task}/{loss}"] < m[f"first.{task}/{loss}"] - 0.05, (task, loss)
-    assert m["steps"] == 1500
-    for task in ("mrtd", "trtd"):  # learning, not just falling: each loss ends below its trivial peer
-        assert m[f"final.{task}/discriminator_loss"] < 0.9 * m[f"final.{task}/discriminator_base_loss"], task
-        assert m[f"final.{task}/generator_loss"] < 0.95 * m[f"final.{task}/generator_unigram_loss"], task
-        assert m[f"final.{task}/discriminator_precision"] > 0.5, "it answers 'replaced' and is mostly right"
+        for peer in ("discriminator_base_loss", "generator_unigram_loss"):  # beside each loss, its trivial peer
+            assert m[f"final.{task}/{peer}"] > 0, (task, peer)
+    assert m["steps"] == SHORT_STEPS
     _check_loss_curves(pre / "loss_curves.png")
     from tasks.pretrain.launch import shm_buffers
 
@@ -91,7 +92,7 @@ def test_demo_pipeline_on_django_catalogs(run_cli, tmp_path, demo_run):
     assert {"model.safetensors", "pretraining.safetensors", "config.json", "spm.model"} <= {
         p.name for p in (pre / "model").iterdir()}
     exported = json.loads((pre / "model" / "config.json").read_text())
-    assert exported["steps"] == 1500 and exported["fingerprint"] == res["stages"]["pretrain"]["fingerprint"]
+    assert exported["steps"] == SHORT_STEPS and exported["fingerprint"] == res["stages"]["pretrain"]["fingerprint"]
     vocab = Path(res["stages"]["vocab"]["output_dir"])
     assert (pre / "model" / "spm.model").read_bytes() == (vocab / "spm.model").read_bytes(), "the vocab's tokenizer"
 

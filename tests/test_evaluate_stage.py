@@ -20,6 +20,8 @@ from tasks.evaluate.data import holdout_messages
 from tasks.evaluate.scoring import score_language
 from xylent.spec import load_spec
 
+from conftest import DEMO_SHORT  # the session demo's spec (tests/data/demo-short.yaml)
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"
 TASKS = {"django-topics": "probe", "django-topics-ft": "classification", "django-holdout": "tatoeba",
@@ -35,7 +37,7 @@ def test_demo_scorecard_contract(demo_run):
     res, _ = demo_run
     out, scores = _scores(res)
     assert list(scores["models"]) == ["pipeline", "random-init", "bag-of-subwords"]
-    spec = load_spec(DEMO)
+    spec = load_spec(DEMO_SHORT)
     for model, tasks in scores["models"].items():
         assert set(tasks) == set(TASKS)
         for name, kind in TASKS.items():
@@ -120,7 +122,7 @@ def _arrow_rows(path: Path, column: str) -> list[list[int]]:
 
 def test_demo_holdout_never_reaches_the_shards(demo_run):
     res, ws = demo_run
-    spec = load_spec(DEMO)
+    spec = load_spec(DEMO_SHORT)
     source = spec.sources[0]
     shards = Path(res["stages"]["shards"]["output_dir"])
     index = json.loads((shards / "index.json").read_text())
@@ -195,7 +197,7 @@ def test_a_local_hugging_face_encoder_is_evaluated_side_by_side(demo_run, run_cl
     models = [{"name": "tiny-bert", "path": str(hf), "kind": "hf"}, "random-init"]
     tasks = [{"name": "allauth", "kind": "tatoeba", "format": "gettext", "package": "allauth",
               "languages": ["de", "ja"]}]
-    rc, out, err = run_cli("run", "evaluate", "--spec", DEMO, "--workspace", ws, "--json",
+    rc, out, err = run_cli("run", "evaluate", "--spec", DEMO_SHORT, "--workspace", ws, "--json",
                            "--set", f"evaluate.models={json.dumps(models)}",
                            "--set", f"evaluate.tasks={json.dumps(tasks)}")
     assert rc == 0, err
@@ -255,7 +257,7 @@ def test_a_task_from_a_url_is_fetched_with_its_checksum(demo_run, run_cli, http_
     http_corpus.files["/tatoeba.tar.gz"] = data
     task = {"name": "tatoeba-url", "kind": "tatoeba", "path": f"{http_corpus.base}/tatoeba.tar.gz",
             "sha256": hashlib.sha256(data).hexdigest(), "languages": ["de", "fr"]}
-    args = ("run", "evaluate", "--spec", DEMO, "--workspace", ws, "--json", "--set", "evaluate.models=[random-init]")
+    args = ("run", "evaluate", "--spec", DEMO_SHORT, "--workspace", ws, "--json", "--set", "evaluate.models=[random-init]")
     rc, out, err = run_cli(*args, "--set", f"evaluate.tasks={json.dumps([task])}")
     assert rc == 0, err
     stage = Path(json.loads(out)["stages"]["evaluate"]["output_dir"])
@@ -295,7 +297,7 @@ def test_malformed_task_files_exit_2_naming_file_and_line(demo_run, run_cli, tmp
     (bad / "de-en.de").write_text("eins\nzwei\ndrei\n")
     (bad / "de-en.en").write_text("one\ntwo\n")
     task = {"name": "broken", "kind": "tatoeba", "path": str(bad), "languages": ["de"]}
-    rc, _, err = run_cli("run", "evaluate", "--spec", DEMO, "--workspace", ws, "--set", "evaluate.models=[random-init]",
+    rc, _, err = run_cli("run", "evaluate", "--spec", DEMO_SHORT, "--workspace", ws, "--set", "evaluate.models=[random-init]",
                          "--set", f"evaluate.tasks={json.dumps([task])}")
     assert rc == 2 and "de-en.de" in err and "3" in err and "2" in err, err
     probe = tmp_path / "bad-probe"
@@ -303,7 +305,7 @@ def test_malformed_task_files_exit_2_naming_file_and_line(demo_run, run_cli, tmp
     (probe / "train-en.tsv").write_text("a\tone\nb\ttwo\n")
     (probe / "test-en.tsv").write_text("a\tone\nb two\n")
     task = {"name": "broken-probe", "kind": "probe", "format": "tsv", "path": str(probe), "languages": ["en"]}
-    rc, _, err = run_cli("run", "evaluate", "--spec", DEMO, "--workspace", ws, "--set", "evaluate.models=[random-init]",
+    rc, _, err = run_cli("run", "evaluate", "--spec", DEMO_SHORT, "--workspace", ws, "--set", "evaluate.models=[random-init]",
                          "--set", f"evaluate.tasks={json.dumps([task])}")
     assert rc == 2 and "test-en.tsv:2" in err, err
 
@@ -375,7 +377,7 @@ def test_bucc_mining_runs_in_the_stage_and_writes_a_scorable_submission(demo_run
     _bucc_split(root, "dev", rng, 60, 60)
     gold = _bucc_split(root, "test", rng, 80, 80)
     task = {"name": "bucc-planted", "kind": "bucc2018", "path": str(root), "languages": ["de"]}
-    rc, out, err = run_cli("run", "evaluate", "--spec", DEMO, "--workspace", ws, "--json",
+    rc, out, err = run_cli("run", "evaluate", "--spec", DEMO_SHORT, "--workspace", ws, "--json",
                            "--set", "evaluate.models=[random-init]", "--set", f"evaluate.tasks={json.dumps([task])}")
     assert rc == 0, err
     stage = Path(json.loads(out)["stages"]["evaluate"]["output_dir"])

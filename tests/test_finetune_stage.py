@@ -14,6 +14,8 @@ from finetune_fixtures import pair_examples, qa_examples, tag_examples, write_co
 from tasks.evaluate.scoring import score_language
 from tasks.evaluate.submission import submission_file
 
+from conftest import DEMO_SHORT  # the session demo's spec (tests/data/demo-short.yaml)
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"
 HP = {"lr": 1e-3, "epochs": 1, "batch_size": 16, "max_length": 64}
@@ -43,7 +45,7 @@ def test_xtreme_formats_fine_tune_through_the_stage(demo_run, run_cli, tmp_path)
               "languages": ["en", "de", "th"], "finetune": {**HP, "doc_stride": 32, "max_query_length": 8}},
              {"name": "my-panx", "kind": "tagging", "xtreme_task": "panx", "path": str(dirs["panx"]),
               "languages": ["en", "de", "th"], "finetune": HP}]
-    rc, out, err = run_cli("run", "evaluate", "--spec", DEMO, "--workspace", ws, "--json",
+    rc, out, err = run_cli("run", "evaluate", "--spec", DEMO_SHORT, "--workspace", ws, "--json",
                            "--set", "evaluate.models=[random-init]", "--set", f"evaluate.tasks={json.dumps(tasks)}")
     assert rc == 0, err
     res = json.loads(out)
@@ -77,7 +79,7 @@ def test_a_malformed_fine_tuning_file_exits_2_naming_it_before_training(demo_run
     (dirs["xnli"] / "test-de.tsv").write_text("ein Satz\tnoch einer\tentailment\nkaputt\n")
     task = {"name": "bad-xnli", "kind": "classification", "xtreme_task": "xnli", "path": str(dirs["xnli"]),
             "languages": ["en", "de"], "finetune": HP}
-    rc, _, err = run_cli("run", "evaluate", "--spec", DEMO, "--workspace", ws, "--set", "evaluate.models=[random-init]",
+    rc, _, err = run_cli("run", "evaluate", "--spec", DEMO_SHORT, "--workspace", ws, "--set", "evaluate.models=[random-init]",
                          "--set", f"evaluate.tasks={json.dumps([task])}")
     assert rc == 2 and "test-de.tsv:2" in err and "Traceback" not in err, err
     assert not list((Path(ws) / "evaluate" / "_checkpoints").glob("*/random-init/bad-xnli")), "nothing trained"
@@ -95,7 +97,7 @@ def test_an_exported_hugging_face_dir_is_evaluated_and_fine_tuned_like_the_xylen
               "languages": ["de", "ja", "th"]},
              {"name": "my-xnli", "kind": "classification", "xtreme_task": "xnli", "path": str(dirs["xnli"]),
               "languages": ["en", "de"], "finetune": HP}]
-    rc, out, err = run_cli("run", "evaluate", "--spec", DEMO, "--workspace", ws, "--json",
+    rc, out, err = run_cli("run", "evaluate", "--spec", DEMO_SHORT, "--workspace", ws, "--json",
                            "--set", f"evaluate.models={json.dumps(models)}",
                            "--set", f"evaluate.tasks={json.dumps(tasks)}")
     assert rc == 0, err

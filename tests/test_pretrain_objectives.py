@@ -1,7 +1,9 @@
 """Every pretraining objective through the real stage (DeepSpeed ZeRO-2, CPU ranks): a run
 killed with kill -9 resumes bit for bit, 1 and 2 ranks agree up to float rounding, and the
 exported encoder loads with models.load_pretrained.  (ELECTRA's own checks are in
-test_pretrain.py; this file holds the other recipes of the family.)"""
+test_pretrain.py; this file holds the other recipes of the family.  That the infoxlm recipe
+retrieves better than random-init on the demo is the acceptance tier's claim:
+tests/acceptance/test_infoxlm_retrieval.py.)"""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_pretrain import (DEMO, ROOT, SMALL, _assert_bit_identical, _assert_like_the_reference_on_other_ranks,
+from tests.test_pretrain import (DEMO, SMALL, _assert_bit_identical, _assert_like_the_reference_on_other_ranks,
                                  _kill_launcher_after_first_checkpoint, _linked, _metrics)
 
 OBJECTIVES = {
@@ -155,21 +157,3 @@ def test_an_objectives_knobs_reach_train_json_and_only_its_own_enter_the_fingerp
     assert section_identity(veco.pretrain)["veco"] == {"freeze_body_steps": 7}
     info = load_spec(DEMO, ["pretrain.objective=infoxlm", "pretrain.infoxlm.temperature=0.5"])
     assert info.pretrain.objective_options()["temperature"] == 0.5 and "veco" not in section_identity(info.pretrain)
-
-
-def test_the_demo_with_objective_infoxlm_beats_random_init_on_held_out_retrieval(run_cli, demo_run, tmp_path):
-    """The issue's must-show (docs/recipes.md): ``--set pretrain.objective=infoxlm`` on the demo corpus gives an
-    encoder that retrieves held-out translations better than its untrained copy, and far better than the ELECTRA
-    demo encoder does (XLCo vs none).  Deterministic on one machine: 23.8 vs 20.4 and 12.6 vs 12.5 here."""
-    res, demo_ws = demo_run
-    ws = _linked(Path(demo_ws), tmp_path / "infoxlm")
-    rc, out, err = run_cli("run", "evaluate", "--spec", ROOT / "data_specs" / "recipes" / "infoxlm.yaml",
-                           "--workspace", ws, "--json")
-    assert rc == 0, err[-3000:]
-    got = json.loads((Path(json.loads(out)["stages"]["evaluate"]["output_dir"]) / "scores.json").read_text())
-    demo = json.loads((Path(res["stages"]["evaluate"]["output_dir"]) / "scores.json").read_text())
-    ours, untrained, electra = got["models"]["pipeline"], got["models"]["random-init"], demo["models"]["pipeline"]
-    holdout, allauth = ours["django-holdout"]["avg"], ours["allauth"]["avg"]
-    assert holdout > untrained["django-holdout"]["avg"] + 2, (holdout, untrained["django-holdout"]["avg"])
-    assert allauth > untrained["allauth"]["avg"] - 1, "at least level with random-init (one seed: +0.1 here)"
-    assert holdout > electra["django-holdout"]["avg"] + 10 and allauth > electra["allauth"]["avg"] + 5

@@ -1,0 +1,169 @@
+"""The acceptance tier's bookkeeping: which claims need full-size training, which
+files each claim exercises, and the JSON each run leaves behind.
+
+`make acceptance` runs tests/acceptance/ (hours of CPU, not minutes) and each
+test ends by calling :func:`record`, which writes ``results/<claim>.json``:
+commit, the hash of every file the claim exercises, its figures and the
+thresholds they were held to.  `make test` cannot rerun those claims, so it
+checks the committed results instead (tests/test_acceptance_results.py): a
+result whose code hash differs from the tree's is stale, and a change to
+learning code cannot land without `make acceptance` run again.
+
+    python -m tests.acceptance.claims --render   # rewrite docs/acceptance.md's block from the JSON
+    python -m tests.acceptance.claims --check    # fail naming every stale or missing result
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).resolve().parent / "results"
+DOC = ROOT / "docs" / "acceptance.md"
+
+# the code every learning claim runs through: the model, its training, the loader that feeds it
+_LEARNING = ["models/", "tasks/pretrain/", "tasks/shards/loader.py", "xylent/spec/", "xylent/spec.py"]
+
+CLAIMS: dict[str, dict] = {
+    "demo-learns": {
+        "what": "`make demo` as shipped (1500 steps of a tiny ELECTRA): both losses of both tasks end below "
+                "their trivial peers; the evaluate numbers beside random-init and bag-of-subwords",
+        "test": "tests/acceptance/test_demo_learns.py",
+        "fast_form": "tests/test_demo.py (the session's short demo: every stage's contract, both losses fall)",
+        "code": [*_LEARNING, "tasks/audit/", "tasks/evaluate/", "data_specs/demo.yaml"],
+    },
+    "infoxlm-beats-random-init": {
+        "what": "the infoxlm recipe on the demo corpus retrieves held-out translations better than its "
+                "random-init copy and far better than the ELECTRA demo encoder",
+        "test": "tests/acceptance/test_infoxlm_retrieval.py",
+        "fast_form": "tests/test_pretrain_objectives.py::test_the_objective_learns_and_its_encoder_loads "
+                     "(XLCo's loss below chance in 40 steps)",
+        "code": [*_LEARNING, "tasks/evaluate/", "data_specs/demo.yaml", "data_specs/recipes/infoxlm.yaml"],
+    },
+    "planted-audit": {
+        "what": "the DRO audit on a corpus with planted defects ranks the copied pair last, on two seeds",
+        "test": "tests/acceptance/test_planted_audit.py",
+        "fast_form": "tests/test_audit_planted.py (a short run: the evidence names all three defects, "
+                     "the report and table are complete)",
+        "code": [*_LEARNING, "tasks/audit/", "tests/audit_planted.py"],
+    },
+}
+
+
+def _listed(paths: list[str]) -> list[str]:
+    """The files below ``paths`` that git tracks or would track (untracked, not ignored), sorted."""
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", *paths],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    return sorted({p for p in out if (ROOT / p).is_file() and not p.endswith(".pyc")})
+
+
+def code_files(claim: str) -> dict[str, str]:
+    """relative path -> sha256 of every file the claim exercises, as the tree has it now."""
+    return {p: hashlib.sha256((ROOT / p).read_bytes()).hexdigest() for p in _listed(CLAIMS[claim]["code"])}
+
+
+def code_hash(files: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest()
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def record(claim: str, figures: dict, thresholds: dict, *, seconds: float) -> Path:
+    """Write ``results/<claim>.json`` for a claim whose test has just passed."""
+    files = code_files(claim)
+    result = {
+        "claim": claim, "what": CLAIMS[claim]["what"], "passed": True,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": _commit(), "code_hash": code_hash(files), "code_files": files,
+        "figures": figures, "thresholds": thresholds, "seconds": round(seconds, 1),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{claim}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def problems(claim: str) -> list[str]:
+    """Why the committed result of ``claim`` cannot stand for the tree (empty: it can)."""
+    path = RESULTS / f"{claim}.json"
+    if not path.exists():
+        return [f"{claim}: no result at {path.relative_to(ROOT)}: run `make acceptance`"]
+    result = json.loads(path.read_text())
+    now = code_files(claim)
+    if result.get("code_hash") != code_hash(now):
+        then = result.get("code_files", {})
+        changed = sorted(p for p in set(now) | set(then) if now.get(p) != then.get(p))
+        return [f"{claim}: stale, the code it exercises changed since {result.get('commit', '?')[:10]} "
+                f"({', '.join(changed[:8])}{' …' if len(changed) > 8 else ''}): run `make acceptance` "
+                f"and commit {path.relative_to(ROOT)}"]
+    if not result.get("passed"):
+        return [f"{claim}: its last acceptance run failed"]
+    return []
+
+
+def render() -> str:
+    """The generated block of docs/acceptance.md: one table row per claim, its figures and thresholds."""
+    rows = ["| claim | figures | held to | commit | run time |", "|---|---|---|---|---|"]
+    for claim in CLAIMS:
+        path = RESULTS / f"{claim}.json"
+        if not path.exists():
+            rows.append(f"| {claim} | not run yet | | | |")
+            continue
+        r = json.loads(path.read_text())
+        figs = "; ".join(f"{k} {_fmt(v)}" for k, v in r["figures"].items())
+        held = "; ".join(f"{k} {v}" for k, v in r["thresholds"].items())
+        rows.append(f"| {claim} | {figs} | {held} | `{r['commit'][:10]}` ({r['date'][:10]}) | "
+                    f"{r['seconds'] / 60:.0f} min on {r['machine']['cpus']} CPUs |")
+    return "\n".join(rows)
+
+
+def _fmt(v) -> str:
+    return f"{v:.3f}".rstrip("0").rstrip(".") if isinstance(v, float) else str(v)
+
+
+_BEGIN, _END = "<!-- acceptance:results -->", "<!-- /acceptance:results -->"
+
+
+def rendered_doc() -> str:
+    text = DOC.read_text()
+    head, rest = text.split(_BEGIN, 1)
+    _, tail = rest.split(_END, 1)
+    return f"{head}{_BEGIN}\n{render()}\n{_END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--render", action="store_true", help="rewrite docs/acceptance.md's generated block")
+    ap.add_argument("--check", action="store_true", help="exit 1 naming every stale or missing result")
+    args = ap.parse_args(argv)
+    if args.render:
+        DOC.write_text(rendered_doc())
+    if args.check:
+        found = [p for claim in CLAIMS for p in problems(claim)]
+        if DOC.read_text() != rendered_doc():
+            found.append("docs/acceptance.md differs from the results: run `python -m tests.acceptance.claims "
+                         "--render`")
+        print("\n".join(found) or "every acceptance result is current")
+        return 1 if found else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Planted defects at full size (tests/audit_planted.py: 1500 pretraining and 1500 audit steps),
+on two seeds: the copied pair, whose loss collapses, is the most down-weighted and sits below
+w = 0.6; an audit of a model that learned says so.  The shuffled and the hub-aligned pair are
+not held to a rank (docs/stages/audit.md, "Planted defects"): their ranks are recorded."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import polars as pl
+
+from audit_planted import PLANTED, write_corpus
+from tasks.audit.output import read_audit
+from tests.acceptance.claims import record
+
+NOISY, COPY, HUB = (f"{min('en', x)}-{max('en', x)}" for x in (PLANTED["noisy"], PLANTED["copy"], PLANTED["hub"]))
+SEEDS = (0, 1)
+W_COPY = 0.6
+
+
+def test_the_copied_pair_ranks_last_on_two_seeds(run_cli, tmp_path):
+    start, figures = time.monotonic(), {}
+    for seed in SEEDS:
+        spec = write_corpus(tmp_path / f"corpus-{seed}", seed=seed)
+        rc, out, err = run_cli("run", "audit", "--spec", spec, "--workspace", tmp_path / f"ws-{seed}", "--json")
+        assert rc == 0, err[-3000:]
+        audit_dir = Path(json.loads(out)["stages"]["audit"]["output_dir"])
+        table = read_audit(audit_dir)
+        n, rank = table.height, dict(zip(table["pair"], table["rank_up_mean"]))
+        w = dict(zip(table["pair"], table["w_mean"]))
+        figures[f"seed {seed}: rank of copy / noisy / hub (of {n})"] = f"{rank[COPY]} / {rank[NOISY]} / {rank[HUB]}"
+        figures[f"seed {seed}: w of copy"] = round(w[COPY], 3)
+        msg = table.select("pair", "w_final", "w_mean", "loss_ema").to_dicts()
+        assert rank[COPY] == n and table["pair"][-1] == COPY, msg
+        assert w[COPY] < W_COPY and table.filter(pl.col("pair") == COPY)["w_final"].item() < W_COPY, msg
+        assert "below it: the model learned" in (audit_dir / "report.md").read_text()
+    record("planted-audit", figures, {"copy": f"ranked last, w_mean and w_final < {W_COPY}, seeds {list(SEEDS)}",
+                                      "noisy, hub": "recorded, not held"}, seconds=time.monotonic() - start)
