@@ -42,7 +42,7 @@ test-fast: $(STAMP)
 # the claims that need full-size training (docs/acceptance.md, ~35 min on 2 cores): each passing claim
 # rewrites tests/acceptance/results/<claim>.json; commit them, or `make test` reports them stale
 acceptance: $(STAMP)
-	$(BIN)/python -m pytest -q --acceptance tests/acceptance
+	$(BIN)/python -m pytest -q --acceptance --timeout=7200 tests/acceptance
 	$(BIN)/python -m tests.acceptance.claims --render
 
 # every pretraining recipe of the family on the demo corpus (its data stages are the demo's, cached),
