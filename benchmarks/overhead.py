@@ -320,14 +320,19 @@ def main(argv: list[str] | None = None) -> dict:
     sections = args.sections or (QUICK_SECTIONS if args.quick else SECTIONS)
     scratch = Path(args.scratch or tempfile.mkdtemp(prefix="xylent-overhead-")).resolve()
     scratch.mkdir(parents=True, exist_ok=True)
-    result: dict = {"sections": list(sections)}
+    result: dict = {"sections": list(sections), "loadavg_after": {}}
+
+    def load(section: str) -> None:  # how busy the (shared) machine was: 1-minute load average
+        result["loadavg_after"][section] = round(os.getloadavg()[0], 2)
     try:
         if "cli" in sections:
             result["cli"] = cli_benchmark(args, scratch)
             print(json.dumps({k: v["median_s"] for k, v in result["cli"]["commands"].items()}), flush=True)
+            load("cli")
         if "store" in sections:
             result["store"] = store_benchmark(args, scratch)
             print(json.dumps({k: v["median_s"] for k, v in result["store"]["sides"].items()}), flush=True)
+            load("store")
         if "launch" in sections or "pipeline" in sections:
             import audit
 
@@ -337,9 +342,11 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"shards ready ({time.perf_counter() - t:.0f} s): {upstream['shards']}", flush=True)
             if "launch" in sections:
                 result["launch"] = launch_benchmark(args, scratch, upstream)
+                load("launch")
             if "pipeline" in sections:
                 result["pipeline"] = pipeline_benchmark(args, scratch, workspace)
                 print(json.dumps({"pipeline_cached_median_s": result["pipeline"]["cached"]["median_s"]}), flush=True)
+                load("pipeline")
     finally:
         if args.scratch is None:
             shutil.rmtree(scratch, ignore_errors=True)
@@ -353,7 +360,10 @@ def main(argv: list[str] | None = None) -> dict:
 # ---------------------------------------------------------------- markdown
 
 def _x(a: float, b: float) -> str:
-    return f"{a / b:.2g}×" if b else "–"
+    if not b:
+        return "–"
+    r = a / b
+    return f"{round(r):,}×".replace(",", " ") if r >= 10 else f"{r:.2g}×"
 
 
 def _cli_md(cli: dict) -> list[str]:
@@ -426,6 +436,10 @@ def markdown(result: dict) -> str:
     for key, fn in (("cli", _cli_md), ("store", _store_md), ("launch", _launch_md), ("pipeline", _pipeline_md)):
         if key in result:
             out += [*fn(result[key]), ""]
+    if result.get("loadavg_after"):
+        out.append("The machine's 1-minute load average at the end of each part (it is shared; "
+                   f"{(result.get('environment') or {}).get('machine', {}).get('usable_cpus', '?')} CPUs): "
+                   + ", ".join(f"{k} {v:g}" for k, v in result["loadavg_after"].items()) + ".")
     left = [s for s in SECTIONS if s not in result]
     if left:
         out.append(f"Not measured in this run: {', '.join(left)}.")
