@@ -42,8 +42,8 @@ test-fast: $(STAMP)
 # the claims that need full-size training (docs/acceptance.md, ~35 min on 2 cores): each passing claim
 # rewrites tests/acceptance/results/<claim>.json; commit them, or `make test` reports them stale
 acceptance: $(STAMP)
-	$(BIN)/python -m pytest -q --acceptance --timeout=7200 tests/acceptance
-	$(BIN)/python -m tests.acceptance.claims --render
+	$(BIN)/python -m pytest -q --acceptance --timeout=7200 tests/acceptance; rc=$$?; \
+		$(BIN)/python -m tests.acceptance.claims --render; exit $$rc
 
 # every pretraining recipe of the family on the demo corpus (its data stages are the demo's, cached),
 # evaluated beside random-init, then one table: docs/recipes-scorecard.md (~34 min on 2 CPU cores)

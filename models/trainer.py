@@ -506,9 +506,15 @@ def exit_without_teardown() -> None:
     import sys
     import threading
 
-    for t in threading.enumerate():
-        if t is not threading.main_thread() and not t.daemon:
-            t.join()
+    # the interpreter's own order: threading's exit hooks first (concurrent.futures wakes its idle
+    # workers there, MLflow's async-logging pool among them), then the threads that are not daemons
+    # are joined; then the atexit handlers.  A bare join would wait forever on an idle pool worker.
+    if hasattr(threading, "_shutdown"):
+        threading._shutdown()
+    else:
+        for t in threading.enumerate():
+            if t is not threading.main_thread() and not t.daemon:
+                t.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

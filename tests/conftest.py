@@ -300,9 +300,13 @@ def pytest_addoption(parser):
 
 
 def pytest_ignore_collect(collection_path, config):
-    if "acceptance" in collection_path.parts and not config.getoption("--acceptance"):
-        return True
-    return None
+    if config.getoption("--acceptance"):
+        return None
+    try:
+        inside = collection_path.relative_to(config.rootpath).parts[:2] == ("tests", "acceptance")
+    except ValueError:
+        return None
+    return True if inside else None
 
 
 def kill_9_when(stage: str, spec, ws, ready, timeout: float = 120.0) -> None:

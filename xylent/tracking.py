@@ -134,7 +134,10 @@ def store_template(cache: Path | None = None) -> Path | None:
     import sqlalchemy
     from mlflow.store.db import utils as db_utils
 
-    cache = cache or _cache_dir()
+    try:
+        cache = cache or _cache_dir()
+    except RuntimeError:  # no home to cache in (HOME unset, a uid without a passwd entry)
+        return None
     path = cache / f"mlflow-{mlflow.__version__}-store-template.db"
     if path.exists():
         return path

@@ -5,7 +5,7 @@ files each claim exercises, and the JSON each run leaves behind.
 test ends by calling :func:`record`, which writes ``results/<claim>.json``:
 commit, the hash of every file the claim exercises, its figures and the
 thresholds they were held to.  `make test` cannot rerun those claims, so it
-checks the committed results instead (tests/test_acceptance_results.py): a
+checks the committed results instead (tests/test_tiers.py): a
 result whose code hash differs from the tree's is stale, and a change to
 learning code cannot land without `make acceptance` run again.
 
@@ -30,7 +30,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 DOC = ROOT / "docs" / "acceptance.md"
 
 # the code every learning claim runs through: the model, its training, the loader that feeds it
-_LEARNING = ["models/", "tasks/pretrain/", "tasks/shards/loader.py", "xylent/spec/", "xylent/spec.py"]
+_LEARNING = ["models/", "tasks/pretrain/", "tasks/shards/loader.py", "xylent/spec*"]  # spec.py, spec_audit.py, …
 
 CLAIMS: dict[str, dict] = {
     "demo-learns": {
@@ -82,9 +82,23 @@ def _commit() -> str:
         return "unknown"
 
 
+_AT_START: dict[str, dict[str, str]] = {}  # claim -> its files when the session began (tests/acceptance/conftest.py)
+
+
+def snapshot() -> None:
+    """Remember every claim's files as the session starts: a result certifies the code that ran."""
+    _AT_START.update({claim: code_files(claim) for claim in CLAIMS})
+
+
 def record(claim: str, figures: dict, thresholds: dict, *, seconds: float) -> Path:
-    """Write ``results/<claim>.json`` for a claim whose test has just passed."""
+    """Write ``results/<claim>.json`` for a claim whose test has just passed (with the files as they
+    were when the session began; refused if they changed while it ran)."""
     files = code_files(claim)
+    started = _AT_START.get(claim, files)
+    if started != files:
+        changed = sorted(p for p in set(files) | set(started) if files.get(p) != started.get(p))
+        raise RuntimeError(f"{claim}: {', '.join(changed)} changed while the acceptance run trained; "
+                           "rerun `make acceptance` on a tree nobody edits")
     result = {
         "claim": claim, "what": CLAIMS[claim]["what"], "passed": True,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

@@ -8,12 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_pipeline
+from conftest import ROOT, costs, run_pipeline
+from tests.acceptance import claims
 
 DEMO = ROOT / "data_specs" / "demo.yaml"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def code_at_start():
+    claims.snapshot()
+
+
 @pytest.fixture(scope="session")
+@costs(deepspeed=2)  # pretrain and audit, one rank each
 def demo_full(tmp_path_factory, prefect_server):
     """``make demo`` as shipped (data_specs/demo.yaml unchanged): (its --json, workspace, seconds)."""
     ws = tmp_path_factory.mktemp("demo-full") / "ws"

@@ -8,6 +8,8 @@ import json
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT
 from tests.acceptance.claims import record
 from tests.test_pretrain import _linked
@@ -17,6 +19,7 @@ ALLAUTH_SLACK = 1.0         # allauth: at least level with random-init, within a
 OVER_ELECTRA = (10.0, 5.0)  # holdout, allauth: points above the ELECTRA demo encoder
 
 
+@pytest.mark.costs(deepspeed=1)  # its pretraining (evaluate's fine-tuning runs in-process)
 def test_the_demo_with_objective_infoxlm_beats_random_init_on_held_out_retrieval(run_cli, demo_full, tmp_path):
     res, demo_ws, demo_seconds = demo_full
     ws = _linked(demo_ws, tmp_path / "infoxlm")

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import polars as pl
+import pytest
 
 from audit_planted import PLANTED, write_corpus
 from tasks.audit.output import read_audit
@@ -20,6 +21,7 @@ SEEDS = (0, 1)
 W_COPY = 0.6
 
 
+@pytest.mark.costs(deepspeed=4)  # pretrain and audit on each seed
 def test_the_copied_pair_ranks_last_on_two_seeds(run_cli, tmp_path):
     start, figures = time.monotonic(), {}
     for seed in SEEDS:
