@@ -31,16 +31,17 @@ from xylent.errors import XylentError, environment_error
 _WATCHDOG = """
 import os, signal, sys, time
 import psutil
-parent, server = int(sys.argv[1]), int(sys.argv[2])
+parent, server, started = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 while psutil.pid_exists(parent) and psutil.Process(parent).status() != psutil.STATUS_ZOMBIE:
     time.sleep(0.5)
 try:
     proc = psutil.Process(server)
-    proc.terminate()
-    proc.wait(10)
+    if abs(proc.create_time() - started) < 1e-3:  # the server, not a process that got its pid since
+        proc.terminate()
+        proc.wait(10)
 except psutil.TimeoutExpired:
     proc.kill()
-except psutil.NoSuchProcess:
+except (psutil.NoSuchProcess, psutil.AccessDenied):
     pass
 """
 
@@ -142,7 +143,13 @@ class _TemporaryServer:
     def _spawn(self) -> None:
         self.port = _free_port()
         self.process = subprocess.Popen([*self._args, "--port", str(self.port)], env=self._env)
-        subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(self.process.pid)],
+        import psutil
+
+        try:
+            started = psutil.Process(self.process.pid).create_time()
+        except psutil.NoSuchProcess:  # it exited at once (its port taken): wait() starts another
+            return
+        subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(self.process.pid), repr(started)],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)  # not in our process group: a Ctrl-C reaches us, not it
 

@@ -433,6 +433,7 @@ def test_a_download_whose_end_cannot_be_verified_is_a_warning(tmp_path, http_cor
     assert "/en.txt: the server sent no length" in warning and "sha256" in warning
 
 
+@pytest.mark.costs(cli=1)
 def test_kill_9_of_the_cli_under_the_processes_runner_leaves_no_process_behind(tmp_path):
     """Its own Prefect server (no PREFECT_API_URL, as on a user's machine), pool workers, their helpers."""
     import os
@@ -468,7 +469,8 @@ def test_kill_9_of_the_cli_under_the_processes_runner_leaves_no_process_behind(t
         else:
             pytest.fail("the pool workers never started")
         watchdogs = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"]
-                     and len(p.info["cmdline"]) >= 4 and p.info["cmdline"][-2] == str(cli.pid)]
+                     and len(p.info["cmdline"]) >= 6 and p.info["cmdline"][1] == "-c"
+                     and p.info["cmdline"][3] == str(cli.pid)]  # python -c CODE parent server its-start-time
         servers = [p for p in family if "uvicorn" in cmd(p)]
     finally:
         cli.send_signal(signal.SIGKILL)
