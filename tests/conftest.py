@@ -297,6 +297,9 @@ def pytest_configure(config):
 def pytest_addoption(parser):
     parser.addoption("--acceptance", action="store_true",
                      help="also collect tests/acceptance/: the claims that need full-size training (make acceptance)")
+    parser.addoption("--cost-guard", choices=("report", "strict"), default="report",
+                     help="strict: fail the session on a DeepSpeed launch, CLI process or server a test or fixture "
+                          "did not declare (tests/cost_guard.py); report: name them in the summary")
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -11,7 +11,9 @@ sets it for every local rank program, tasks/pretrain/launch.py), one running ``f
 ``xylent`` is a CLI process, one of the servers below is a server.  What happens inside a CLI
 subprocess is that process's business.  A fixture's set-up is counted against the fixture, the
 rest of a test's run against the test.  An item that declares or requests anything is
-``slow``: ``pytest -m "not slow"`` is the inner loop.  The session ends with a summary.
+``slow``: ``pytest -m "not slow"`` is the inner loop.  The session ends with a summary that
+names every undeclared start; ``--cost-guard=strict`` also fails the session on one (the
+default, ``report``, only names them: not every test declares its costs yet, docs/testing.md).
 """
 
 from __future__ import annotations
@@ -139,7 +141,7 @@ def _mlflow_stores(config) -> int:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if _violations and session.exitstatus == 0:
+    if _violations and session.exitstatus == 0 and session.config.getoption("--cost-guard") == "strict":
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
