@@ -57,9 +57,9 @@ def test_every_recipe_loads_and_changes_only_what_it_names():
 def test_compare_puts_runs_side_by_side_with_their_peers(run_cli, demo_run, tmp_path):
     _, ws = demo_run
     out = tmp_path / "table.md"
-    rc, stdout, err = run_cli("compare", "--spec", DEMO, "--spec", DEMO, "--workspace", ws, "--out", out)
+    rc, stdout, err = run_cli("compare", "--spec", DEMO_SHORT, "--spec", DEMO_SHORT, "--workspace", ws, "--out", out)
     assert rc == 0, err
-    lines = [ln for ln in stdout.splitlines() if ln.startswith("| demo |")]
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("| demo-short |")]
     assert len(lines) == 2 and out.read_text() == stdout
     header = stdout.splitlines()[0]
     assert "django-holdout (random-init)" in header and "mrtd/generator_loss (generator_unigram_loss)" in header
