@@ -551,12 +551,14 @@ def test_the_demo_model_is_exported_tracked_and_registered(demo_run, monkeypatch
                 "lr", "grad_norm", "tokens_per_second"):
         assert len(client.get_metric_history(run_id, key)) >= 150, key
     assert any(k.startswith("system/") for k in client.get_run(run_id).data.metrics), "system metrics are on"
-    mine = [v for v in client.search_model_versions("name='xylent-demo'") if v.run_id == run_id]
-    assert len(mine) == 1
     manifest = json.loads((out / "_manifest.json").read_text())
+    name = manifest["registered_model"]
+    assert name == "xylent-demo-short", "xylent-<spec name> (the session demo: tests/data/demo-short.yaml)"
+    mine = [v for v in client.search_model_versions(f"name='{name}'") if v.run_id == run_id]
+    assert len(mine) == 1
     assert manifest["registered_version"] == int(mine[0].version)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{ws}/mlflow.db")  # undone after the test, unlike
     monkeypatch.setenv("MLFLOW_REGISTRY_URI", f"sqlite:///{ws}/mlflow.db")  # mlflow.set_tracking_uri
-    served = mlflow.pyfunc.load_model(f"models:/xylent-demo/{mine[0].version}")
+    served = mlflow.pyfunc.load_model(f"models:/{name}/{mine[0].version}")
     vecs = np.array(served.predict(["Guten Morgen", "早上好"]))
     assert np.allclose(vecs, enc.embed(["Guten Morgen", "早上好"]).numpy(), atol=1e-5)
