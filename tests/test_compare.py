@@ -10,6 +10,8 @@ import pytest
 from xylent.errors import XylentError
 from xylent.spec import load_spec
 
+from conftest import DEMO_SHORT  # the session demo's spec (tests/data/demo-short.yaml)
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"
 
