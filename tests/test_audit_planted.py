@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 import polars as pl
 
 from audit_planted import CLEAN, PLANTED, write_corpus
@@ -19,6 +21,7 @@ NOISY, COPY, HUB = (f"{min('en', x)}-{max('en', x)}" for x in (PLANTED["noisy"],
 SHORT = 300  # pretraining and audit steps: enough for the copy's loss to start falling, not for ranks to settle
 
 
+@pytest.mark.costs(deepspeed=1)
 def test_planted_defects_are_named_by_the_evidence(run_cli, tmp_path):
     spec = write_corpus(tmp_path / "corpus", seed=0, steps=SHORT)
     rc, out, err = run_cli("run", "audit", "--spec", spec, "--workspace", tmp_path / "ws", "--json")

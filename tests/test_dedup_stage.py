@@ -7,6 +7,8 @@ import json
 import random
 from pathlib import Path
 
+import pytest
+
 import matplotlib
 import matplotlib.colors
 import matplotlib.image
@@ -153,6 +155,7 @@ def _cluster_tags(ws: Path) -> dict[str, str]:
     return {r.data.tags["xylent.stage"]: r.data.tags.get("xylent.cluster") for r in runs}
 
 
+@pytest.mark.costs(servers=1)
 def test_cluster_runners_give_identical_output_on_one_cluster(run_cli, tmp_path):
     spec = make_corpus(tmp_path)
     threads = run_json(run_cli, "run", "dedup", "--spec", spec, "--workspace", tmp_path / "ws-threads")
@@ -200,6 +203,7 @@ def _big_spec(tmp: Path) -> Path:
     })
 
 
+@pytest.mark.costs(cli=1)
 def test_kill_9_during_dedup_then_rerun(run_cli, tmp_path):
     spec = _big_spec(tmp_path)
     ws = tmp_path / "ws"
@@ -238,6 +242,7 @@ def test_joining_a_token_cluster_without_the_token_is_one_clear_error(tmp_path):
     assert "RAY_AUTH_TOKEN or ~/.ray/auth_token" in proc.stderr
 
 
+@pytest.mark.costs(servers=1)
 def test_ray_runner_joins_the_cluster_at_runner_address(run_cli, tmp_path, monkeypatch):
     """A Ray cluster the user started (``ray start --head``, with token authentication, as
     Ray does when it finds a token): every stage runs on it, and it is still up afterwards,

@@ -305,6 +305,7 @@ def _big_text_source(tmp_path: Path, mb: float) -> Path:
         {"name": "web", "kind": "url", "url": text.as_uri(), "format": "text", "lang": "en"}]})
 
 
+@pytest.mark.costs(cli=1)
 @pytest.mark.parametrize("size", ["1400k", "6m"])  # the download fills it / prepare does
 def test_a_full_disk_is_one_clear_error_and_nothing_is_published(tmp_path, size):
     spec = _big_text_source(tmp_path, 4)
@@ -320,6 +321,7 @@ def test_a_full_disk_is_one_clear_error_and_nothing_is_published(tmp_path, size)
     assert not (ws / "mounted").exists(), "the tmpfs was the namespace's own"
 
 
+@pytest.mark.costs(cli=2)
 def test_a_read_only_workspace_is_one_clear_error_at_once(tmp_path, run_cli):
     import time
 
@@ -510,6 +512,7 @@ def test_a_copied_workspace_logs_into_its_own_artifact_store_not_the_originals(t
     assert locations and all(loc.startswith(copy.as_uri() + "/mlartifacts/") for loc in locations), locations
 
 
+@pytest.mark.costs(cli=1)
 def test_a_user_error_in_a_pool_worker_is_one_message(tmp_path):
     import subprocess
     import sys

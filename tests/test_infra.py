@@ -133,6 +133,7 @@ def test_image_extras_exist_in_pyproject():
 
 @pytest.mark.parametrize("service,missing", [("mlflow-server", "MLFLOW_BACKEND_STORE_URI"),
                                              ("worker", "PREFECT_API_URL"), ("deploy", "PREFECT_API_URL")])
+@pytest.mark.costs(servers=1)
 def test_entrypoint_names_the_setting_a_service_lacks(service, missing):
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/")}
     done = subprocess.run([str(DOCKER / "entrypoint.sh"), service], env=env, capture_output=True, text=True,

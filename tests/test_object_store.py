@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cost_guard import costs
+
 from xylent.errors import XylentError
 
 # gcsfs would first ask a gRPC endpoint whether the bucket is zonal, which an emulator is not
@@ -151,6 +153,7 @@ def _azure(tmp: Path):
 
 
 @pytest.fixture(scope="module", params=["s3", "gs", "az"])
+@costs(servers=1)
 def bucket(request, tmp_path_factory):
     """A store's API on 127.0.0.1 with one bucket, and the settings its clients read."""
     start = {"s3": _s3, "gs": _gcs, "az": _azure}[request.param]
@@ -251,6 +254,7 @@ SMALL = {"extends": str(DEMO), "name": "bucket-stages",
                                  "max_pairs": 50, "languages": ["de", "fr"]}]}}
 
 
+@pytest.mark.costs(deepspeed=2)
 @pytest.mark.parametrize("bucket", ["s3"], indirect=True)  # the stores differ only below Workspace.publish
 def test_pretrain_audit_and_evaluate_publish_to_the_bucket_and_another_machine_reuses_them(bucket, tmp_path,
                                                                                             monkeypatch):

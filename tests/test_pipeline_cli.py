@@ -249,6 +249,7 @@ def test_stages_lists_the_pipeline_in_order(run_cli):
 HEAVY = ("torch", "faiss", "deepspeed", "mlflow", "prefect", "transformers", "sklearn", "pyarrow", "polars")
 
 
+@pytest.mark.costs(cli=2)
 def test_commands_that_run_no_stage_import_nothing_heavy(tmp_path):
     """--help, stages, status (nothing built, then one stage published) and user errors load no
     Prefect, MLflow or stage code (torch, faiss, ...): in a fresh process, what they imported."""
@@ -330,6 +331,7 @@ def _big_local_spec(tmp_path: Path) -> Path:
     })
 
 
+@pytest.mark.costs(cli=1)
 def test_kill_9_during_prepare_leaves_nothing_trusted(run_cli, tmp_path):
     spec = _big_local_spec(tmp_path)
     ws = tmp_path / "ws"

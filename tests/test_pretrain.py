@@ -21,6 +21,8 @@ import numpy as np
 import psutil
 import pytest
 
+from cost_guard import costs
+
 from models.optim import param_groups, warmup_linear_decay
 from models.run_config import TrainConfig
 from models.trainer import task_plan
@@ -182,6 +184,7 @@ def _kill_launcher_after_first_checkpoint(ws: Path, *extra: str, ranks: int = 2)
 
 
 @pytest.fixture(scope="module")
+@costs(deepspeed=1)
 def two_ranks(demo_run, tmp_path_factory, prefect_server):
     """The reference run: 2 CPU ranks, ZeRO-2, 40 uninterrupted steps."""
     _, demo_ws = demo_run
@@ -200,6 +203,7 @@ def two_ranks(demo_run, tmp_path_factory, prefect_server):
     return res, Path(res["output_dir"]), ws
 
 
+@pytest.mark.costs(deepspeed=1)
 def test_two_cpu_ranks_with_zero2_match_one_rank_with_the_same_global_batch(run_cli, demo_run, two_ranks, tmp_path):
     _, demo_ws = demo_run
     res2, out2, _ = two_ranks
@@ -229,6 +233,7 @@ def test_two_cpu_ranks_with_zero2_match_one_rank_with_the_same_global_batch(run_
     assert "--num_gpus 2" in log and "dist_world_size=2" in log
 
 
+@pytest.mark.costs(cli=1, deepspeed=1)
 def test_a_killed_rank_is_reported_and_the_rerun_resumes_exactly(run_cli, demo_run, two_ranks, tmp_path):
     _, demo_ws = demo_run
     _, ref_out, ref_ws = two_ranks
@@ -273,6 +278,7 @@ def test_a_killed_rank_is_reported_and_the_rerun_resumes_exactly(run_cli, demo_r
 
 
 @pytest.fixture(scope="module")
+@costs(cli=1)
 def launcher_killed(demo_run, tmp_path_factory, prefect_server):
     """The reference run's spec (2 ranks, ZeRO-2), its ``xylent run pretrain`` process SIGKILLed after the
     first checkpoint; and a copy of its checkpoints as the kill left them, for a rerun on another world size."""
@@ -285,6 +291,7 @@ def launcher_killed(demo_run, tmp_path_factory, prefect_server):
     return ws, snapshot, record
 
 
+@pytest.mark.costs(deepspeed=1)
 def test_a_killed_launcher_leaves_no_rank_and_the_rerun_is_bit_identical(run_cli, two_ranks, launcher_killed):
     _, ref_out, ref_ws = two_ranks
     ws, _, record = launcher_killed
@@ -342,6 +349,7 @@ def _rerun_on_one_rank(run_cli, demo_ws: Path, checkpoints: Path, ws: Path, zero
                    "--set", "pretrain.ranks=1", "--set", f"pretrain.zero_stage={zero_stage}")
 
 
+@pytest.mark.costs(deepspeed=1)
 def test_a_zero2_run_killed_on_two_ranks_is_refused_on_one_and_resumes_on_two(run_cli, demo_run, two_ranks,
                                                                               launcher_killed, tmp_path):
     """DeepSpeed cannot re-partition ZeRO 1-3 optimizer state for another world size
@@ -367,6 +375,7 @@ def test_a_zero2_run_killed_on_two_ranks_is_refused_on_one_and_resumes_on_two(ru
 
 
 @pytest.fixture(scope="module")
+@costs(deepspeed=1)
 def zero0_two_ranks(demo_run, tmp_path_factory, prefect_server):
     """The uninterrupted run of silent_launcher_killed's spec: 2 CPU ranks, ZeRO-0, 40 steps."""
     import contextlib
@@ -384,6 +393,7 @@ def zero0_two_ranks(demo_run, tmp_path_factory, prefect_server):
 
 
 @pytest.fixture(scope="module")
+@costs(cli=1)
 def silent_launcher_killed(demo_run, tmp_path_factory, prefect_server):
     """Like launcher_killed, on ZeRO-0 and with ranks that print nothing between checkpoints (log_every
     beyond the run, not in the fingerprint): only the launcher's death can stop them."""
@@ -403,6 +413,7 @@ def test_ranks_that_print_nothing_do_not_outlive_a_killed_launcher(silent_launch
     assert record["after"]["steps"] <= record["at_kill"]["steps"] + 5, "the ranks stopped with the launcher"
 
 
+@pytest.mark.costs(deepspeed=1)
 def test_a_run_killed_on_two_ranks_resumes_on_one_with_zero0(run_cli, zero0_two_ranks, silent_launcher_killed):
     """The documented resume on another world size, where DeepSpeed allows it (ZeRO-0: the optimizer state
     is not partitioned), against the uninterrupted run of the same spec. (ZeRO-0 and ZeRO-2 runs are not
@@ -420,6 +431,7 @@ def test_a_run_killed_on_two_ranks_resumes_on_one_with_zero0(run_cli, zero0_two_
     _assert_like_the_reference_on_other_ranks(out, ref_out, resumed)
 
 
+@pytest.mark.costs(deepspeed=2)
 def test_mlm_ablation_with_zero3_mixed_tasks_and_accumulation_exports_a_loadable_encoder(run_cli, demo_run, tmp_path):
     _, demo_ws = demo_run
     ws = _linked(Path(demo_ws), tmp_path / "mlm")
@@ -458,6 +470,7 @@ def test_mlm_ablation_with_zero3_mixed_tasks_and_accumulation_exports_a_loadable
     assert [r["mrtd/generator_loss"] for r in _metrics(out)] == [r["mrtd/generator_loss"] for r in rows]
 
 
+@pytest.mark.costs(deepspeed=1)
 def test_user_errors_in_the_pretrain_spec_are_clear(run_cli, demo_run, tmp_path):
     ws = _linked(Path(demo_run[1]), tmp_path / "linked")
     rc, _, err = run_cli("run", "pretrain", "--spec", DEMO, "--workspace", ws, "--set", "pretrain.hostfile=nope.txt")

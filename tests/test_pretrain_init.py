@@ -433,6 +433,7 @@ E2E = ["--set", "pretrain.objective=mlm", "--set", "pretrain.steps=10", "--set",
        "--set", "pretrain.log_every=5", "--set", "pretrain.system_metrics=false", "--set", "model.dropout=0.0"]
 
 
+@pytest.mark.costs(deepspeed=1)
 def test_the_stage_starts_from_an_export_and_reports_the_match(demo_run, run_cli, tmp_path, vocabs, mlm_export):
     from mlflow import MlflowClient
 

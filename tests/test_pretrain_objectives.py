@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+from cost_guard import costs
 import torch
 
 from tests.test_pretrain import (DEMO, SMALL, _assert_bit_identical, _assert_like_the_reference_on_other_ranks,
@@ -28,6 +30,7 @@ OBJECTIVES = {
 
 
 @pytest.fixture(scope="module", params=sorted(OBJECTIVES))
+@costs(cli=1, deepspeed=3)
 def objective_runs(request, demo_run, tmp_path_factory, prefect_server):
     """(objective, its reference run on 2 ranks, a run of the same spec whose launcher was SIGKILLed after
     the checkpoint at step 10, a run on 1 rank)."""

@@ -166,6 +166,7 @@ def test_force_rerun_writes_the_same_vocab_and_shards(threads_run, spec, tmp_pat
         check_index(out, ws)
 
 
+@pytest.mark.costs(cli=1)
 def test_kill_9_mid_vocab_then_rerun(threads_run, spec, dedup_ws, tmp_path):
     ws = copy_ws(dedup_ws, tmp_path / "ws")
     fp = status(spec, ws)["vocab"]["fingerprint"]
@@ -184,6 +185,7 @@ def test_kill_9_mid_vocab_then_rerun(threads_run, spec, dedup_ws, tmp_path):
     assert_same_output("vocab", threads_run["vocab"], threads_run["ws"], ws / "vocab" / fp, ws)
 
 
+@pytest.mark.costs(cli=1)
 def test_kill_9_mid_shards_then_rerun(threads_run, spec, tmp_path):
     ws = copy_ws(threads_run["ws"], tmp_path / "ws", without=("shards",))
     fp = threads_run["shards"].name

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from cost_guard import costs
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"
 TINY = ["--set", "pretrain.steps=10", "--set", "pretrain.checkpoint_every=10", "--set", "pretrain.batch_size=16",
@@ -23,6 +25,7 @@ TINY = ["--set", "pretrain.steps=10", "--set", "pretrain.checkpoint_every=10", "
 
 
 @pytest.fixture(scope="module")
+@costs(servers=1)
 def mlflow_server(tmp_path_factory):
     """A tracking server that proxies artifacts to its own store (as a team runs it)."""
     root = tmp_path_factory.mktemp("mlflow-server")
@@ -55,6 +58,7 @@ def mlflow_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+@costs(deepspeed=2)
 def two_runs(mlflow_server, demo_run, tmp_path_factory):
     """pretrain twice on the demo's data, the second with sampling.temperature changed, then once more (cached)."""
     import contextlib

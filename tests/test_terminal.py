@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import write_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,6 +22,7 @@ def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
                           timeout=300, env={**os.environ, "COLUMNS": "80", **env})
 
 
+@pytest.mark.costs(cli=3)
 def test_the_console_shows_no_info_lines_unless_verbose_and_the_table_keeps_paths_whole(tmp_path, monkeypatch):
     (tmp_path / "en.txt").write_text("".join(f"an English sentence number {i}\n" for i in range(300)))
     ws = tmp_path / "a-workspace-with-a-rather-long-name-that-would-not-fit-in-a-table-column"
