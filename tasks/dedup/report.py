@@ -34,16 +34,24 @@ def _hubs(work: Path, names: list[tuple[str, str]]) -> pl.DataFrame:
               .group_by("pair", maintain_order=True).head(10))
 
 
-def _kept_text(items: list[dict], kind: str, name: str, rid: int) -> str | None:
-    if rid < 0:
-        return None
-    part_idx, row = split_rid(rid)
-    part = next(it for it in items if it["kind"] == kind and it["name"] == name and it["idx"] == part_idx)
-    cols = ["text"] if kind == "mono" else ["src", "tgt"]
-    r = pq.read_table(part["part"], columns=cols).slice(row, 1)
-    if kind == "mono":
-        return r.column("text")[0].as_py()
-    return f"{r.column('src')[0].as_py()} ||| {r.column('tgt')[0].as_py()}"
+def _kept_texts(items: list[dict], wanted: list[tuple[str, str, int]]) -> list[str | None]:
+    """The text of each kept row (kind, name, rid), rid < 0: none. Each part file is read once, however
+    many of its rows are wanted (a demo dedup wants thousands)."""
+    parts = {(it["kind"], it["name"], it["idx"]): it["part"] for it in items}
+    rows: dict[tuple[str, str, int], list[int]] = {}
+    for kind, name, rid in wanted:
+        if rid >= 0:
+            part_idx, row = split_rid(rid)
+            rows.setdefault((kind, name, part_idx), []).append(row)
+    texts: dict[tuple[str, str, int, int], str] = {}
+    for (kind, name, part_idx), want in rows.items():
+        cols = ["text"] if kind == "mono" else ["src", "tgt"]
+        table = pq.read_table(parts[(kind, name, part_idx)], columns=cols).take(sorted(set(want)))
+        got = table.column("text").to_pylist() if kind == "mono" else \
+            [f"{s} ||| {t}" for s, t in zip(table.column("src").to_pylist(), table.column("tgt").to_pylist())]
+        for row, text in zip(sorted(set(want)), got):
+            texts[(kind, name, part_idx, row)] = text
+    return [texts[(kind, name, *split_rid(rid))] if rid >= 0 else None for kind, name, rid in wanted]
 
 
 def _samples(items: list[dict], samples: list[pl.DataFrame], per_reason: int) -> pl.DataFrame:
@@ -51,7 +59,7 @@ def _samples(items: list[dict], samples: list[pl.DataFrame], per_reason: int) ->
         return pl.DataFrame(schema=SAMPLES_SCHEMA)
     df = (pl.concat(samples).sort("kind", "name", "reason", "rid")
             .group_by("kind", "name", "reason", maintain_order=True).head(per_reason))
-    kept = [_kept_text(items, k, n, r) for k, n, r in df.select("kind", "name", "kept").iter_rows()]
+    kept = _kept_texts(items, list(df.select("kind", "name", "kept").iter_rows()))
     return df.with_columns(pl.Series("kept_text", kept, dtype=pl.String)).select(list(SAMPLES_SCHEMA))
 
 
