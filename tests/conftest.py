@@ -312,6 +312,21 @@ def pytest_ignore_collect(collection_path, config):
     return True if inside else None
 
 
+def stopped_after(ref_ws: Path, ws: Path, stage: str, step: int) -> Path:
+    """``ws`` holding ``stage``'s checkpoints of the run in ``ref_ws`` up to ``step``, and its next one cut
+    short, as a run SIGKILLed just after that checkpoint leaves them (what it logged beyond is trimmed
+    on resume). How the kill itself leaves processes and files: tests/test_pretrain.py's kill tests."""
+    import shutil
+
+    (ws / stage).mkdir()
+    shutil.copytree(ref_ws / stage / "_checkpoints", ws / stage / "_checkpoints", symlinks=True)
+    later = sorted(p for p in ws.glob(f"{stage}/_checkpoints/*/deepspeed/step-*") if int(p.name[5:]) > step)
+    for p in later[1:]:
+        shutil.rmtree(p)
+    (later[0] / "COMPLETE").unlink()  # the next checkpoint, cut short: never trusted
+    return ws
+
+
 def kill_9_when(stage: str, spec, ws, ready, timeout: float = 120.0) -> None:
     """Run ``xylent run STAGE`` in a child process and SIGKILL it as soon as
     ``ready()`` is true (i.e. mid-stage); fails if the stage ends or never gets there."""

@@ -18,8 +18,11 @@ sys.path[:0] = [str(ROOT / "benchmarks")]
 
 import render  # noqa: E402
 
-# extra flags of a smoke run: the audit's step overhead trains 2-rank DeepSpeed runs for minutes
-SMOKE_FLAGS = {"audit": ["--only", "best_response"]}
+# every smoke run: no untimed warm-up round (a smoke run's timings are never read)
+SMOKE = ["--quick", "--warmup", "0"]
+# extra flags of a smoke run: the audit's step overhead trains 2-rank DeepSpeed runs for minutes; fine-tuning
+# at one torch thread count, not each of 1 and all cores
+SMOKE_FLAGS = {"audit": ["--only", "best_response"], "finetune": ["--threads", "1"]}
 
 
 def test_the_doc_is_what_the_committed_json_says():
@@ -58,7 +61,7 @@ def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-quick")
 
     def run(name: str) -> str | None:
-        cmd = [sys.executable, f"benchmarks/{name}.py", "--quick", "--out", str(out), *SMOKE_FLAGS.get(name, [])]
+        cmd = [sys.executable, f"benchmarks/{name}.py", *SMOKE, "--out", str(out), *SMOKE_FLAGS.get(name, [])]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
         return None if proc.returncode == 0 else f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
@@ -68,6 +71,7 @@ def smoke(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # every benchmark script in a subprocess: minutes of CPU, none of the guard's kinds
 def test_every_benchmark_runs_at_its_smoke_size_and_renders(smoke, tmp_path):
     for name in render.BENCHMARKS:
         result = json.loads((smoke / f"{name}.json").read_text())

@@ -349,13 +349,19 @@ def _rerun_on_one_rank(run_cli, demo_ws: Path, checkpoints: Path, ws: Path, zero
                    "--set", "pretrain.ranks=1", "--set", f"pretrain.zero_stage={zero_stage}")
 
 
-@pytest.mark.costs(deepspeed=1)
-def test_a_zero2_run_killed_on_two_ranks_is_refused_on_one_and_resumes_on_two(run_cli, demo_run, two_ranks,
-                                                                              launcher_killed, tmp_path):
+def _tree_digest(root: Path) -> dict[str, str]:
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.suffix != ".log"}
+
+
+def test_a_zero2_run_killed_on_two_ranks_is_refused_on_one_and_left_as_it_was(run_cli, demo_run, launcher_killed,
+                                                                             tmp_path):
     """DeepSpeed cannot re-partition ZeRO 1-3 optimizer state for another world size
-    (docs/stages/pretrain.md): the rerun on 1 rank is refused before any rank starts, with
-    the fix; on 2 ranks, as the message says, it resumes and equals the uninterrupted run."""
-    _, ref_out, _ = two_ranks
+    (docs/stages/pretrain.md): the rerun on 1 rank is refused before any rank starts, with the fix,
+    and leaves the checkpoints as the kill left them. (That those checkpoints resume on 2 ranks, as
+    the message says, bit for bit: test_a_killed_launcher_leaves_no_rank_and_the_rerun_is_bit_identical.)"""
     _, snapshot, record = launcher_killed
     ws = tmp_path / "one"
     rc, out, err = _rerun_on_one_rank(run_cli, Path(demo_run[1]), snapshot, ws, 2)
@@ -365,13 +371,7 @@ def test_a_zero2_run_killed_on_two_ranks_is_refused_on_one_and_resumes_on_two(ru
     assert "Traceback" not in err
     logs = list(ws.glob("pretrain/_checkpoints/*/train.log"))
     assert all("--num_gpus 1" not in p.read_text() for p in logs), "refused before launching anything"
-    rc, out, err = run_cli("run", "pretrain", "--spec", DEMO, "--workspace", ws, "--json", *SMALL,
-                           "--set", "pretrain.ranks=2", "--set", "pretrain.zero_stage=2")
-    assert rc == 0, err[-3000:]
-    res = Path(json.loads(out)["stages"]["pretrain"]["output_dir"])
-    assert json.loads((res / "_manifest.json").read_text())["resumed_from_step"] >= 10
-    for name in ("model.safetensors", "pretraining.safetensors"):
-        assert (res / "model" / name).read_bytes() == (ref_out / "model" / name).read_bytes(), name
+    assert _tree_digest(ws / "pretrain" / "_checkpoints") == _tree_digest(snapshot), "the checkpoints untouched"
 
 
 @pytest.fixture(scope="module")
