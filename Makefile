@@ -32,12 +32,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/xylent run pipeline --spec data_specs/demo.yaml
 
+# two xdist workers in lanes (tests/conftest.py): the session demo's tests on one, whole modules on the other
+# as it frees up; one pytest process is half as busy on 2 cores (DeepSpeed's ranks, servers and CLI starts wait)
+TEST_WORKERS ?= 2
+TEST_LANES := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 test: $(STAMP) $(AZURITE)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(TEST_LANES) --cost-guard=strict
 
 # the inner loop: no DeepSpeed launch, CLI subprocess, server or session demo (tests/cost_guard.py marks them slow)
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q $(TEST_LANES) -m "not slow"
 
 # the claims that need full-size training (docs/acceptance.md, ~35 min on 2 cores): each passing claim
 # rewrites tests/acceptance/results/<claim>.json; commit them, or `make test` reports them stale

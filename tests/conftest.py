@@ -294,6 +294,20 @@ def pytest_configure(config):
     config.pluginmanager.register(cost_guard, "xylent-cost-guard")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config, items):
+    """`make test` runs on two xdist workers (``-n 2 --dist loadgroup``), in lanes: every test
+    that reads the session demo's workspace runs on one worker, which builds the demo once (the
+    tests rerun stages on it, under its lock); every other module is one unit of work for
+    whichever worker is free (its module fixtures are built once). One pytest process (no
+    ``-n``) runs them all in this order too."""
+    demo = [item for item in items if "demo_run" in item.fixturenames]
+    for item in items:
+        lane = "session-demo" if "demo_run" in item.fixturenames else item.path.relative_to(config.rootpath).as_posix()
+        item.add_marker(pytest.mark.xdist_group(lane))
+    items[:] = demo + [item for item in items if "demo_run" not in item.fixturenames]
+
+
 def pytest_addoption(parser):
     parser.addoption("--acceptance", action="store_true",
                      help="also collect tests/acceptance/: the claims that need full-size training (make acceptance)")
@@ -315,11 +329,15 @@ def pytest_ignore_collect(collection_path, config):
 def stopped_after(ref_ws: Path, ws: Path, stage: str, step: int) -> Path:
     """``ws`` holding ``stage``'s checkpoints of the run in ``ref_ws`` up to ``step``, and its next one cut
     short, as a run SIGKILLed just after that checkpoint leaves them (what it logged beyond is trimmed
-    on resume). How the kill itself leaves processes and files: tests/test_pretrain.py's kill tests."""
+    on resume). The run must have kept them (``pretrain.keep_checkpoints``; 2 by default). How the
+    kill itself leaves processes and files: tests/test_pretrain.py's kill tests."""
     import shutil
 
     (ws / stage).mkdir()
     shutil.copytree(ref_ws / stage / "_checkpoints", ws / stage / "_checkpoints", symlinks=True)
+    kept = list(ws.glob(f"{stage}/_checkpoints/*/deepspeed/step-{step:08d}/COMPLETE"))
+    assert kept, f"the run in {ref_ws} kept no complete checkpoint at step {step}: run it with a larger " \
+                 "pretrain.keep_checkpoints"
     later = sorted(p for p in ws.glob(f"{stage}/_checkpoints/*/deepspeed/step-*") if int(p.name[5:]) > step)
     for p in later[1:]:
         shutil.rmtree(p)

@@ -14,6 +14,8 @@ rest of a test's run against the test.  An item that declares or requests anythi
 ``slow``: ``pytest -m "not slow"`` is the inner loop.  The session ends with a summary that
 names every undeclared start; ``--cost-guard=strict`` also fails the session on one (the
 default, ``report``, only names them: not every test declares its costs yet, docs/testing.md).
+Under xdist (``make test``'s two lanes) each worker counts its own tests and hands the counts
+to the controller when it finishes, which prints the one summary.
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ def pytest_fixture_setup(fixturedef, request):
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     mark = item.get_closest_marker("costs")
-    with _Owning(item.nodeid, mark.kwargs if mark else {}):
+    with _Owning(_owner(item.nodeid), mark.kwargs if mark else {}):
         return (yield)
 
 
@@ -140,12 +142,33 @@ def _mlflow_stores(config) -> int:
     return sum(1 for _ in Path(base).rglob("mlflow.db")) if base and Path(base).exists() else 0
 
 
+def _owner(nodeid: str) -> str:
+    return nodeid.split("@")[0] if "::" in nodeid else nodeid  # without xdist's "@<group>" suffix
+
+
 def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: its counts go to the controller
+        session.config.workeroutput["xylent_costs"] = {
+            "by_owner": {owner: dict(used) for owner, used in _by_owner.items()}, "violations": _violations}
+        return
     if _violations and session.exitstatus == 0 and session.config.getoption("--cost-guard") == "strict":
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist's controller: add a finished worker's counts to the session's."""
+    got = getattr(node, "workeroutput", {}).get("xylent_costs")
+    if got:
+        with _lock:
+            for owner, used in got["by_owner"].items():
+                _by_owner[owner] = _by_owner.get(owner, Counter()) + Counter(used)
+            _violations.extend(got["violations"])
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if hasattr(config, "workeroutput"):
+        return
     total = Counter()
     for used in _by_owner.values():
         total += used

@@ -168,7 +168,7 @@ def test_the_q_trajectory_is_exact_after_a_resume_and_the_same_on_two_ranks(demo
         return ws
 
     whole_ws = linked("whole")
-    args = ["run", "audit", "--spec", str(DEMO), "--json", *SHORT]
+    args = ["run", "audit", "--spec", str(DEMO), "--json", *SHORT, "--set", "pretrain.keep_checkpoints=4"]
     rc, out, err = run_cli(*args, "--workspace", whole_ws)
     assert rc == 0, err[-3000:]
     whole = _state(out)

@@ -352,8 +352,9 @@ def _rerun_on_one_rank(run_cli, demo_ws: Path, checkpoints: Path, ws: Path, zero
 def _tree_digest(root: Path) -> dict[str, str]:
     import hashlib
 
+    # train.log gains the attempt's lines, train.json is the attempt's launch config: every attempt writes both
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file() and p.suffix != ".log"}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name not in ("train.log", "train.json")}
 
 
 def test_a_zero2_run_killed_on_two_ranks_is_refused_on_one_and_left_as_it_was(run_cli, demo_run, launcher_killed,

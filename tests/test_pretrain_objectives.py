@@ -49,7 +49,7 @@ def objective_runs(request, demo_run, tmp_path_factory, prefect_server):
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             rc = main(["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), "--json", *SMALL, *extra,
-                       "--set", "pretrain.zero_stage=2", *more])
+                       "--set", "pretrain.zero_stage=2", "--set", "pretrain.keep_checkpoints=4", *more])
         assert rc == 0
         res = json.loads(buf.getvalue())["stages"]["pretrain"]
         return res, Path(res["output_dir"])
