@@ -308,6 +308,15 @@ def pytest_collection_modifyitems(config, items):
     items[:] = demo + [item for item in items if "demo_run" not in item.fixturenames]
 
 
+@pytest.hookimpl(trylast=True)  # after xdist has suffixed each test id with its group
+def pytest_collection_finish(session):
+    if hasattr(session.config, "workerinput") and session.config.getvalue("loadgroup"):
+        lost = [item.nodeid for item in session.items if "@" not in item.nodeid]
+        if lost:  # pytest 9.2 ignores xdist's suffix (pytest-dev/pytest-xdist#1386): the demo would build twice
+            pytest.exit(f"xdist's loadgroup lost the lanes ({lost[0]} has no @group): this pytest "
+                        "ignores xdist_group; install the pytest pyproject.toml pins (pytest<9.2)", returncode=4)
+
+
 def pytest_addoption(parser):
     parser.addoption("--acceptance", action="store_true",
                      help="also collect tests/acceptance/: the claims that need full-size training (make acceptance)")
