@@ -31,6 +31,11 @@ for _name in [n for n in os.environ if n.startswith(ISOLATED)]:
 os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ["HF_HUB_OFFLINE"] = "1"  # nothing is ever fetched from the hub
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # two lanes on two cores: one thread each for torch's and OpenMP's pools (and whatever a test starts:
+    # the DeepSpeed launcher keeps a value it is given), unless the caller chose. With both lanes on every
+    # core, idle OpenMP threads spin on cores the other lane needs (a whole run measured slower than one lane)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)
