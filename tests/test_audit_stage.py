@@ -44,7 +44,14 @@ def test_demo_audit_contract(demo_run):
     assert table["w_final"].to_list() == pytest.approx((table["q_final"] / table["prior"]).to_list())
     assert table["w_final"].min() >= spec.audit.min_ratio - 1e-9, "the floor holds"
     assert table["rank_up"].to_list() == list(range(1, len(table) + 1)), "ranked by w_final"
-    assert table["rows_trained"].min() > 0 and table["loss_ema"].is_finite().all()
+    # a pair of tiny prior may never be drawn in the short demo's 120 steps: it has no loss, keeps w = 1 and
+    # the report says so (which pairs depends on float rounding: the thread count, the machine)
+    trained = table["rows_trained"] > 0
+    assert (trained == table["loss_ema"].is_finite()).all(), "a pair has a loss exactly when it was trained"
+    assert table.filter(~trained)["w_final"].to_list() == pytest.approx([1.0] * int((~trained).sum()))
+    assert trained.mean() > 0.9, f"{int((~trained).sum())} of {len(table)} pairs never drawn"
+    if not trained.all():
+        assert "were never drawn during the audit" in (out / "report.md").read_text()
 
     traj = pl.read_parquet(out / TRAJECTORY_TABLE)
     # the last re-sampling spends the whole χ² budget on the pairs drawn before it; a pair not drawn yet
