@@ -54,7 +54,10 @@ def _start_ray(cfg: RunnerConfig, stack: contextlib.ExitStack) -> str:
             if cfg.address:
                 _join_ray(ray, cfg.address)
             else:
-                ray.init(num_cpus=cfg.max_workers or 2, include_dashboard=False, logging_level=logging.WARNING)
+                # "local": a private instance, never a cluster `ray start` left on this machine (its
+                # /tmp/ray/ray_current_cluster outlives a killed head, and ray.init() would join it)
+                ray.init(address="local", num_cpus=cfg.max_workers or 2, include_dashboard=False,
+                         logging_level=logging.WARNING)
         stack.callback(ray.shutdown)
     return ray.get_runtime_context().gcs_address
 

@@ -219,11 +219,18 @@ class Tracker:
         try:
             exp = self.client.get_experiment_by_name(experiment)
             if exp is None:
-                self.experiment_id = self.client.create_experiment(
-                    experiment,
-                    artifact_location=(artifact_root / experiment).as_uri() if artifact_root else None,
-                    tags={EXPERIMENT_KIND: "custom_model_development"},
-                )
+                try:
+                    self.experiment_id = self.client.create_experiment(
+                        experiment,
+                        artifact_location=(artifact_root / experiment).as_uri() if artifact_root else None,
+                        tags={EXPERIMENT_KIND: "custom_model_development"},
+                    )
+                except mlflow.exceptions.MlflowException:
+                    # another process opening the same new store created it between our look and our create
+                    exp = self.client.get_experiment_by_name(experiment)
+                    if exp is None:
+                        raise
+                    self.experiment_id = exp.experiment_id
             else:
                 self.experiment_id = exp.experiment_id
                 if EXPERIMENT_KIND not in exp.tags:
