@@ -114,12 +114,55 @@ def start_prefect_server() -> Callable[[], None]:
     client would start the same server, ``SubprocessASGIServer``, whose command this is,
     but only after importing Prefect's whole server into this process, and waiting.)
     A no-op function when an API is configured.
+
+    Importing Prefect to read its settings takes a second of the server's start, so when
+    Prefect is not imported yet the server starts on a guess read from the environment and
+    the active profile (:func:`_no_api_configured`); Prefect's own settings decide when the
+    function returned is called, and stop a server started on a wrong guess.
     """
+    if "prefect" not in sys.modules and _no_api_configured():
+        server = _TemporaryServer()
+    else:
+        server = None
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ALLOW_EPHEMERAL_MODE
 
-    if PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
-        return lambda: None
-    return _TemporaryServer().wait
+    def ready() -> None:
+        if PREFECT_API_URL.value() or not PREFECT_SERVER_ALLOW_EPHEMERAL_MODE.value():
+            if server is not None:
+                server.stop()
+            return
+        (server or _TemporaryServer()).wait()
+
+    return ready
+
+
+def _no_api_configured() -> bool:
+    """Whether this process's Prefect will need the temporary server, read without importing
+    Prefect: no API URL in the environment or the active profile, ephemeral mode not turned
+    off, and no settings file in the working folder (prefect.toml, .env, pyproject.toml's
+    [tool.prefect]) that only Prefect itself reads right."""
+    import tomllib
+
+    env = os.environ
+    if env.get("PREFECT_API_URL") or env.get("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", "").lower() in ("0", "false"):
+        return False
+    cwd = Path.cwd()
+    if (cwd / "prefect.toml").exists() or (cwd / ".env").exists():
+        return False
+    with contextlib.suppress(OSError):
+        if "[tool.prefect" in (cwd / "pyproject.toml").read_text(encoding="utf-8", errors="replace"):
+            return False
+    home = Path(env.get("PREFECT_HOME") or "~/.prefect").expanduser()
+    try:
+        profiles = tomllib.loads(Path(env.get("PREFECT_PROFILES_PATH") or home / "profiles.toml")
+                                 .expanduser().read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return True  # Prefect's own default profiles: ephemeral
+    except (OSError, ValueError):
+        return False  # Prefect will say what is wrong with it
+    active = (profiles.get("profiles") or {}).get(env.get("PREFECT_PROFILE") or profiles.get("active")) or {}
+    return not active.get("PREFECT_API_URL") and str(
+        active.get("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", "true")).lower() not in ("0", "false")
 
 
 class _TemporaryServer:
@@ -127,16 +170,18 @@ class _TemporaryServer:
     exits; a watchdog stops it after a kill -9."""
 
     def __init__(self):
-        import prefect
-        from prefect.settings import PREFECT_UI_URL, get_current_settings
+        import importlib.util
 
-        self._ui_unset = PREFECT_UI_URL.value() is None  # it would follow the API URL: a link to a server gone at exit
-        self._args = [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+        package = Path(importlib.util.find_spec("prefect").origin).parent
+        self._args = [sys.executable, "-m", "uvicorn", "--app-dir", str(package.parent), "--factory",
                       "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--log-level", "error",
                       "--lifespan", "on"]
         self._env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
-                     "PREFECT__SERVER_FINAL": "1",
-                     **get_current_settings().to_environment_variables(exclude_unset=True)}
+                     "PREFECT__SERVER_FINAL": "1"}
+        if "prefect" in sys.modules:  # settings this process changed (a profile, temporary settings) hold there too
+            from prefect.settings import get_current_settings
+
+            self._env.update(get_current_settings().to_environment_variables(exclude_unset=True))
         self._spawn()
         atexit.register(self.stop)
 
@@ -158,8 +203,9 @@ class _TemporaryServer:
         import urllib.request
 
         from prefect.context import refresh_global_settings_context
-        from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+        from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, PREFECT_UI_URL
 
+        ui_unset = PREFECT_UI_URL.value() is None  # it would follow the API URL: a link to a server gone at exit
         deadline = time.monotonic() + PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
         while True:
             if self.process.poll() == 3:  # the port was taken meanwhile: another one
@@ -176,7 +222,7 @@ class _TemporaryServer:
                 raise RuntimeError(f"timed out while waiting for the temporary Prefect server at {self.api_url}")
             time.sleep(0.05)
         os.environ["PREFECT_API_URL"] = self.api_url  # inherited by pool workers: one server, not one each
-        if self._ui_unset:
+        if ui_unset:
             os.environ["PREFECT_UI_URL"] = ""
         refresh_global_settings_context()  # Prefect read the environment when it was imported
 

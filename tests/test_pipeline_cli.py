@@ -4,6 +4,7 @@ recomputation, MLflow runs, exit codes, kill -9 recovery."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -294,6 +295,37 @@ def test_commands_that_run_no_stage_import_nothing_heavy(tmp_path):
         "output_dir": str(out), "fingerprint": fp, "cached": True, "mlflow_run_id": "0" * 32}
     for result in (before, after):
         assert not set(HEAVY) & set(result["modules"]), sorted(set(HEAVY) & set(result["modules"]))
+
+
+def test_the_cli_starts_its_temporary_server_before_importing_prefect_only_when_nothing_names_an_api(
+        tmp_path, monkeypatch):
+    """The guess read without Prefect (the environment, the active profile, the working folder's
+    settings files); Prefect's own settings overrule it before the first flow."""
+    from flows.hygiene import _no_api_configured
+
+    for k in [k for k in os.environ if k.startswith("PREFECT_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home"))
+    assert _no_api_configured(), "no profiles file: Prefect's default profile is ephemeral"
+    (tmp_path / "home").mkdir()
+    profiles = tmp_path / "home" / "profiles.toml"
+    profiles.write_text('active = "team"\n[profiles.team]\nPREFECT_API_URL = "http://prefect:4200/api"\n'
+                        '[profiles.solo]\nPREFECT_LOGGING_LEVEL = "INFO"\n')
+    assert not _no_api_configured(), "the active profile names a server"
+    monkeypatch.setenv("PREFECT_PROFILE", "solo")
+    assert _no_api_configured()
+    monkeypatch.setenv("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", "false")
+    assert not _no_api_configured(), "ephemeral mode turned off: no temporary server"
+    monkeypatch.delenv("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE")
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
+    assert not _no_api_configured()
+    monkeypatch.delenv("PREFECT_API_URL")
+    (tmp_path / "pyproject.toml").write_text('[tool.prefect]\napi.url = "http://prefect:4200/api"\n')
+    assert not _no_api_configured(), "a settings file only Prefect reads right: no guess"
+    (tmp_path / "pyproject.toml").unlink()
+    profiles.write_text("active = [not toml")
+    assert not _no_api_configured(), "a broken profiles file: Prefect says what is wrong with it"
 
 
 def test_hub_centric_bitexts_fail_sinkhorn_clearly_and_fall_back(run_cli, loopback):

@@ -22,6 +22,15 @@ def tracking_uri_for(workspace_root: Path, configured: str | None = None) -> str
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{workspace_root}/mlflow.db"
 
 
+def import_store(uri: str) -> None:
+    """Import the MLflow store a :class:`Tracker` on ``uri`` opens (MLflow and, for a database,
+    its SQLAlchemy store: ~2 s together), so a caller can pay for it while it waits anyway."""
+    import mlflow  # noqa: F401
+
+    if uri.split(":", 1)[0].lower().split("+", 1)[0] in ("sqlite", "postgresql", "mysql", "mssql"):
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+
+
 def is_server(uri: str) -> bool:
     """A tracking server (its own artifact store, a UI of its own), not a local database or folder."""
     return uri.split(":", 1)[0].lower() in ("http", "https", "databricks", "databricks-uc")
