@@ -340,6 +340,18 @@ def pytest_ignore_collect(collection_path, config):
     return True if inside else None
 
 
+DATA_STAGES = ("download", "prepare", "dedup", "vocab", "sampling", "shards")
+
+
+def linked_data(demo_ws: Path | str, ws: Path, stages: tuple[str, ...] = DATA_STAGES) -> Path:
+    """A new workspace ``ws`` whose data stages are the session demo's (read-only links):
+    a stage test runs its own stage on them without rebuilding the demo's data."""
+    ws.mkdir(parents=True)
+    for stage in stages:
+        (ws / stage).symlink_to(Path(demo_ws) / stage, target_is_directory=True)
+    return ws
+
+
 def stopped_after(ref_ws: Path, ws: Path, stage: str, step: int) -> Path:
     """``ws`` holding ``stage``'s checkpoints of the run in ``ref_ws`` up to ``step``, and its next one cut
     short, as a run SIGKILLed just after that checkpoint leaves them (what it logged beyond is trimmed

@@ -21,6 +21,7 @@ to the controller when it finishes, which prints the one summary.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import threading
 import time
@@ -143,7 +144,9 @@ def _mlflow_stores(config) -> int:
 
 
 def _owner(nodeid: str) -> str:
-    return nodeid.split("@")[0] if "::" in nodeid else nodeid  # without xdist's "@<group>" suffix
+    """The test's id without the ``@<group>`` that xdist's loadgroup appends (an ``@`` inside a
+    parameter id, ``test[a@b]``, stays)."""
+    return nodeid.rsplit("@", 1)[0] if re.search(r"::.*@[^\[\]]*$", nodeid) else nodeid
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -15,7 +15,7 @@ from tasks.sampling.output import pair_table
 from tasks.shards.index import read_index
 from xylent.spec import load_spec
 
-from conftest import DEMO_SHORT, stopped_after  # the session demo's spec (tests/data/demo-short.yaml)
+from conftest import DEMO_SHORT, linked_data, stopped_after  # the session demo's spec (tests/data/demo-short.yaml)
 from tasks.audit.adversary import resample_steps
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,11 +174,7 @@ def test_the_q_trajectory_is_exact_after_a_resume_and_the_same_on_two_ranks(demo
     _, demo_ws = demo_run
 
     def linked(name: str) -> Path:
-        ws = tmp_path / name
-        ws.mkdir()
-        for stage in ("download", "prepare", "dedup", "vocab", "sampling", "shards"):
-            (ws / stage).symlink_to(Path(demo_ws) / stage, target_is_directory=True)
-        return ws
+        return linked_data(demo_ws, tmp_path / name)
 
     whole_ws = linked("whole")
     args = ["run", "audit", "--spec", str(DEMO), "--json", *SHORT, "--set", "pretrain.keep_checkpoints=4"]

@@ -21,6 +21,7 @@ import numpy as np
 import psutil
 import pytest
 
+from conftest import linked_data
 from cost_guard import costs
 
 from models.optim import param_groups, warmup_linear_decay
@@ -32,14 +33,6 @@ DEMO = ROOT / "data_specs" / "demo.yaml"
 SMALL = ["--set", "pretrain.steps=40", "--set", "pretrain.checkpoint_every=10", "--set", "pretrain.batch_size=32",
          "--set", "pretrain.trtd_max_tokens=2048", "--set", "pretrain.warmup_steps=5", "--set", "pretrain.log_every=5",
          "--set", "model.dropout=0.0", "--set", "pretrain.system_metrics=false", "--set", "pretrain.lr=0.0005"]
-
-
-def _linked(demo_ws: Path, ws: Path) -> Path:
-    """A workspace whose data stages are the demo's (read-only links)."""
-    ws.mkdir(parents=True)
-    for stage in ("download", "prepare", "dedup", "vocab", "sampling", "shards"):
-        (ws / stage).symlink_to(demo_ws / stage, target_is_directory=True)
-    return ws
 
 
 def _pretrain(run_cli, ws, *extra):
@@ -190,7 +183,7 @@ def two_ranks(demo_run, tmp_path_factory, prefect_server):
     _, demo_ws = demo_run
     from flows.cli import main
 
-    ws = _linked(Path(demo_ws), tmp_path_factory.mktemp("pt") / "two")
+    ws = linked_data(demo_ws, tmp_path_factory.mktemp("pt") / "two")
     import contextlib
     import io
 
@@ -207,7 +200,7 @@ def two_ranks(demo_run, tmp_path_factory, prefect_server):
 def test_two_cpu_ranks_with_zero2_match_one_rank_with_the_same_global_batch(run_cli, demo_run, two_ranks, tmp_path):
     _, demo_ws = demo_run
     res2, out2, _ = two_ranks
-    res1, out1 = _pretrain(run_cli, _linked(Path(demo_ws), tmp_path / "one"), "--set", "pretrain.ranks=1",
+    res1, out1 = _pretrain(run_cli, linked_data(demo_ws, tmp_path / "one"), "--set", "pretrain.ranks=1",
                            "--set", "pretrain.zero_stage=2")
     assert res1["fingerprint"] == res2["fingerprint"], "ranks are how a run is launched, not what it computes"
     m1, m2 = _metrics(out1), _metrics(out2)
@@ -237,7 +230,7 @@ def test_two_cpu_ranks_with_zero2_match_one_rank_with_the_same_global_batch(run_
 def test_a_killed_rank_is_reported_and_the_rerun_resumes_exactly(run_cli, demo_run, two_ranks, tmp_path):
     _, demo_ws = demo_run
     _, ref_out, ref_ws = two_ranks
-    ws = _linked(Path(demo_ws), tmp_path / "killed")
+    ws = linked_data(demo_ws, tmp_path / "killed")
     args = ["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), *SMALL,
             "--set", "pretrain.ranks=2", "--set", "pretrain.zero_stage=2"]
     proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], stdout=subprocess.PIPE,
@@ -284,7 +277,7 @@ def launcher_killed(demo_run, tmp_path_factory, prefect_server):
     first checkpoint; and a copy of its checkpoints as the kill left them, for a rerun on another world size."""
     import shutil
 
-    ws = _linked(Path(demo_run[1]), tmp_path_factory.mktemp("pt") / "launcher")
+    ws = linked_data(demo_run[1], tmp_path_factory.mktemp("pt") / "launcher")
     record = _kill_launcher_after_first_checkpoint(ws, "--set", "pretrain.zero_stage=2")
     snapshot = ws.parent / "checkpoints-as-left"
     shutil.copytree(ws / "pretrain" / "_checkpoints", snapshot, symlinks=True)
@@ -341,7 +334,7 @@ def _assert_like_the_reference_on_other_ranks(out: Path, ref_out: Path, resumed:
 def _rerun_on_one_rank(run_cli, demo_ws: Path, checkpoints: Path, ws: Path, zero_stage: int):
     import shutil
 
-    _linked(demo_ws, ws)
+    linked_data(demo_ws, ws)
     (ws / "pretrain").mkdir()
     shutil.copytree(checkpoints, ws / "pretrain" / "_checkpoints", symlinks=True)
     assert _complete_checkpoints(ws)
@@ -384,7 +377,7 @@ def zero0_two_ranks(demo_run, tmp_path_factory, prefect_server):
 
     from flows.cli import main
 
-    ws = _linked(Path(demo_run[1]), tmp_path_factory.mktemp("pt") / "zero0")
+    ws = linked_data(demo_run[1], tmp_path_factory.mktemp("pt") / "zero0")
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         rc = main(["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), "--json", *SMALL,
@@ -398,7 +391,7 @@ def zero0_two_ranks(demo_run, tmp_path_factory, prefect_server):
 def silent_launcher_killed(demo_run, tmp_path_factory, prefect_server):
     """Like launcher_killed, on ZeRO-0 and with ranks that print nothing between checkpoints (log_every
     beyond the run, not in the fingerprint): only the launcher's death can stop them."""
-    ws = _linked(Path(demo_run[1]), tmp_path_factory.mktemp("pt") / "silent")
+    ws = linked_data(demo_run[1], tmp_path_factory.mktemp("pt") / "silent")
     record = _kill_launcher_after_first_checkpoint(ws, "--set", "pretrain.zero_stage=0",
                                                    "--set", "pretrain.log_every=1000")
     return ws, record
@@ -435,7 +428,7 @@ def test_a_run_killed_on_two_ranks_resumes_on_one_with_zero0(run_cli, zero0_two_
 @pytest.mark.costs(deepspeed=2)
 def test_mlm_ablation_with_zero3_mixed_tasks_and_accumulation_exports_a_loadable_encoder(run_cli, demo_run, tmp_path):
     _, demo_ws = demo_run
-    ws = _linked(Path(demo_ws), tmp_path / "mlm")
+    ws = linked_data(demo_ws, tmp_path / "mlm")
     mlm = ["--set", "pretrain.objective=mlm", "--set", "pretrain.zero_stage=3", "--set", "pretrain.task_schedule=mix",
            "--set", "pretrain.steps=20", "--set", "pretrain.grad_accum=2"]
     res, out = _pretrain(run_cli, ws, *mlm)
@@ -473,7 +466,7 @@ def test_mlm_ablation_with_zero3_mixed_tasks_and_accumulation_exports_a_loadable
 
 @pytest.mark.costs(deepspeed=1)
 def test_user_errors_in_the_pretrain_spec_are_clear(run_cli, demo_run, tmp_path):
-    ws = _linked(Path(demo_run[1]), tmp_path / "linked")
+    ws = linked_data(demo_run[1], tmp_path / "linked")
     rc, _, err = run_cli("run", "pretrain", "--spec", DEMO, "--workspace", ws, "--set", "pretrain.hostfile=nope.txt")
     assert rc == 2 and "the DeepSpeed hostfile does not exist" in err and "nope.txt" in err
     unreachable = tmp_path / "hostfile"

@@ -15,6 +15,7 @@ import pytest
 import sentencepiece as spm
 import torch
 
+from conftest import linked_data
 from models.config import preset
 from models.init_from import build_init_state, check_body, inspect_source, load_source
 from models.objectives import build_model
@@ -437,10 +438,7 @@ E2E = ["--set", "pretrain.objective=mlm", "--set", "pretrain.steps=10", "--set",
 def test_the_stage_starts_from_an_export_and_reports_the_match(demo_run, run_cli, tmp_path, vocabs, mlm_export):
     from mlflow import MlflowClient
 
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    for stage in ("download", "prepare", "dedup", "vocab", "sampling", "shards"):  # the demo's data, read-only
-        (ws / stage).symlink_to(Path(demo_run[1]) / stage, target_is_directory=True)
+    ws = linked_data(demo_run[1], tmp_path / "ws")
     args = ["run", "pretrain", "--spec", ROOT / "data_specs" / "demo.yaml", "--workspace", ws, "--json", *E2E,
             "--set", f"pretrain.init.from={mlm_export}"]
     rc, out, err = run_cli(*args)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import linked_data
 from cost_guard import costs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,10 +68,8 @@ def two_runs(mlflow_server, demo_run, tmp_path_factory):
     from flows.cli import main
 
     uri, _ = mlflow_server
-    ws = tmp_path_factory.mktemp("team") / "ws"
-    ws.mkdir()
-    for stage in ("download", "prepare", "dedup", "vocab", "shards"):  # sampling is rebuilt here: it changes
-        (ws / stage).symlink_to(Path(demo_run[1]) / stage, target_is_directory=True)
+    ws = linked_data(demo_run[1], tmp_path_factory.mktemp("team") / "ws",  # sampling is rebuilt here: it changes
+                     ("download", "prepare", "dedup", "vocab", "shards"))
 
     def run(*extra):
         buf = io.StringIO()
