@@ -51,7 +51,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # `python benchmarks/audit
 import harness  # noqa: E402
 import numpy as np  # noqa: E402
 
-from tasks.audit import chi2_best_response, chi2_divergence  # noqa: E402
+from models.dro import chi2_best_response, chi2_divergence  # noqa: E402
 
 TARGET_MS_AT_10K = 50.0
 TARGET_OVERHEAD = 0.05
@@ -261,7 +261,7 @@ def run_stats(rows: list[dict], skip: int) -> dict:
 
 
 def one_run(config: Path, ranks: int, skip: int, max_wait_s: float) -> dict:
-    from tasks.pretrain.launch import deepspeed_command, launch
+    from xylent.launch import deepspeed_command, launch
 
     waited = wait_until_quiet(max_wait_s)
     watch = Watch()
@@ -317,7 +317,7 @@ def allreduce_ms(n_pairs: int, repeats: int = 200) -> dict:
     sums the audit adds per TRTD micro-batch, and the 10-float step stats every step already has."""
     import multiprocessing as mp
 
-    from tasks.pretrain.launch import free_port
+    from xylent.launch import free_port
 
     ctx = mp.get_context("spawn")
     q, port = ctx.Queue(), free_port()
@@ -490,7 +490,7 @@ def step_overhead_benchmark(workspace: Path, *, steps: int, repeats: int, task_s
     wait_until_quiet(max_wait_s)
     comp = components(spec, upstream, runs_dir / "components", component_batches)
     print(json.dumps({"components": comp}), flush=True)
-    from tasks.pretrain.launch import sweep_stale_shm_buffers
+    from xylent.launch import sweep_stale_shm_buffers
 
     sweep_stale_shm_buffers()
     import deepspeed

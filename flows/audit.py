@@ -16,7 +16,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from flows.kit import StageContext, StageOutcome, stage_flow
-from flows.pretrain import checkpoint_dir, run_training, shards_source
+from flows.training import checkpoint_dir, run_training, shards_source
 from flows.registry import STAGE_BY_NAME
 
 
@@ -30,7 +30,7 @@ def evidence_task(dedup_dir, pairs, spec):
 
 @stage_flow(STAGE_BY_NAME["audit"])
 def audit(ctx: StageContext) -> StageOutcome:
-    from tasks.audit.adversary import STATE_FILE
+    from models.adversary import STATE_FILE
     from tasks.audit.report import write_output
     from tasks.pretrain import publish
     from tasks.pretrain.config import audit_train_config

@@ -14,7 +14,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.kit import StageContext, StageOutcome, stage_flow
-from flows.pretrain import checkpoint_dir
+from flows.training import checkpoint_dir
 from flows.progress import Progress
 from flows.registry import STAGE_BY_NAME
 
@@ -69,7 +69,7 @@ def evaluate(ctx: StageContext) -> StageOutcome:
     from tasks.evaluate.run import FINETUNED, sentences_to_embed
     from tasks.evaluate.scorecard import PRIMARY, mlflow_metrics, references, write_scorecard
     from tasks.evaluate.sources import EXCLUDED_FILE, task_dirs
-    from tasks.finetune.run import TaskData
+    from tasks.evaluate.finetune.task import TaskData
 
     cfg, tracker = ctx.spec.evaluate, ctx.tracker
     cache = ctx.ws.stage_dir("evaluate") / "_cache"  # fetched archives outlive a failed run

@@ -14,73 +14,10 @@ cached pretrain needs only the flow.
 from __future__ import annotations
 
 import json
-import re
-import shutil
-from pathlib import Path
-
-from prefect import task
-from prefect.cache_policies import NO_CACHE
 
 from flows.kit import StageContext, StageOutcome, stage_flow
-from flows.progress import Progress
 from flows.registry import STAGE_BY_NAME
-from models.run_config import TrainConfig
-
-_STEP = re.compile(r"xylent: step (\d+)/(\d+)")
-
-
-@task(name="train-ranks", cache_policy=NO_CACHE)
-def train_ranks(cmd: list[str], log_file: str, steps: int, checkpoints: str, local_ranks: int | None,
-                stage: str = "pretrain"):
-    from prefect import get_run_logger
-
-    from models.trainer import complete_checkpoints
-    from tasks.pretrain.launch import launch
-
-    logger = get_run_logger()
-    progress = Progress(f"{stage} steps", steps, unit="steps", key=f"{stage}-progress")
-    seen = [0]
-
-    def on_line(line: str) -> None:
-        if m := _STEP.search(line):
-            n = int(m.group(1))
-            progress.advance(n - seen[0])
-            seen[0] = n
-        if line.startswith("xylent:") or "Error" in line or "Traceback" in line:
-            logger.info(line)
-
-    def hint() -> str:
-        done = complete_checkpoints(Path(checkpoints))
-        at = f"from its checkpoint at step {int(done[-1].name.split('-')[1])}" if done else "from the start"
-        return f"see the rank's traceback in the log; run the same command again to resume {at}"
-
-    try:
-        return launch(cmd, Path(log_file), on_line, hint, ranks=local_ranks)
-    finally:
-        progress.close()
-
-
-def checkpoint_dir(ctx: StageContext) -> Path:
-    """``<ws>/<stage>/_checkpoints/<fingerprint>/``: outside the published output, so a rerun resumes."""
-    ckdir = ctx.ws.stage_dir(ctx.stage) / "_checkpoints" / ctx.fingerprint
-    if ctx.force and ckdir.exists():  # --force means train again from scratch, not resume
-        shutil.rmtree(ckdir)
-    ckdir.mkdir(parents=True, exist_ok=True)
-    return ckdir
-
-
-def run_training(ctx: StageContext, cfg: TrainConfig, ckdir: Path):
-    """Write train.json, launch the ranks (pretrain.ranks / hostfile) and wait for them."""
-    from tasks.pretrain.config import check_resumable
-    from tasks.pretrain.launch import deepspeed_command, world_size
-
-    p = ctx.spec.pretrain
-    cfg.save(ckdir / "train.json")
-    hostfile = str(ctx.spec.resolve_path(p.hostfile)) if p.hostfile else None
-    cmd = deepspeed_command(ckdir / "train.json", ranks=p.ranks, hostfile=hostfile, master_port=p.master_port)
-    check_resumable(cfg, world_size(p.ranks, hostfile))  # after the command: it checks the hostfile exists
-    return train_ranks.submit(cmd, str(ckdir / "train.log"), cfg.steps, cfg.checkpoint_dir,
-                              None if hostfile else p.ranks, ctx.stage).result()
+from flows.training import checkpoint_dir, run_training, shards_source
 
 
 @stage_flow(STAGE_BY_NAME["pretrain"])
@@ -116,9 +53,3 @@ def pretrain(ctx: StageContext) -> StageOutcome:
     return StageOutcome(metrics=metrics, table=table, summary=summary,
                         manifest={"checkpoints": str(ckdir), "registered_model": name, "model_uri": model_uri,
                                   "registered_version": version, "resumed_from_step": result.resumed_from_step})
-
-
-def shards_source(ctx: StageContext) -> str | None:
-    """Ranks on other nodes read the shards from the bucket of an object-store workspace;
-    on one node they memory-map this machine's copy."""
-    return ctx.ws.url_of(ctx.upstream["shards"]) if ctx.spec.pretrain.hostfile else None

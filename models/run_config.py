@@ -46,7 +46,7 @@ class TrainConfig:
     keep_checkpoints: int
     seed: int
     init_from: str | None       # a safetensors file of every weight to start from (the audit's init: pretrain)
-    dro: dict | None            # the audit's adversary (tasks.audit.adversary): rho, min_ratio, ema, resamples,
+    dro: dict | None            # the audit's adversary (models.adversary): rho, min_ratio, ema, resamples,
                                 # state_file; None in a plain pretrain run
     # how it is observed
     log_every: int

@@ -2,7 +2,7 @@
 
     deepspeed --num_gpus N --module models.trainer --config train.json
 
-(one local CPU rank is started directly by ``tasks.pretrain.launch``, with the
+(one local CPU rank is started directly by ``xylent.launch``, with the
 command line and environment the launcher would give it).
 
 Each optimizer step runs ``grad_accum`` micro-batches per task it trains
@@ -57,12 +57,14 @@ import torch.distributed as dist  # noqa: E402
 phase("torch_imported")
 
 from models.config import EncoderConfig  # noqa: E402
-from models.objectives import build_model  # noqa: E402
 from models.masking import row_noise  # noqa: E402
+from models.objectives import build_model  # noqa: E402
 from models.optim import flops_per_token, lr_lambdas, make_optimizer, peak_tflops, warmup_linear_decay  # noqa: E402
+from models.rank import restore_rng, save_rng, watch_parent  # noqa: E402
 from models.run_config import TrainConfig  # noqa: E402
 from models.stats import Norms, Stats  # noqa: E402
-from tasks.shards.loader import TrainingLoader  # noqa: E402  (the shard/loader contract; the audit's adversary too)
+from tasks.shards.loader import TrainingLoader  # noqa: E402  (the shard contract: all models take from tasks)
+from xylent.atomic import write_json_atomic  # noqa: E402
 
 phase("xylent_modules_imported")
 
@@ -299,10 +301,7 @@ def train(cfg: TrainConfig) -> None:
                   "generator_unigram_loss restarts from add-one counts", flush=True)
         rng = done[-1] / f"rng-rank{rank}.pt"
         if rng.exists() and client.get("world_size") == world:
-            state = torch.load(rng, weights_only=True)  # tensors only: a tampered file cannot run code
-            torch.set_rng_state(state["cpu"])
-            if cuda and state.get("cuda") is not None:
-                torch.cuda.set_rng_state(state["cuda"])
+            restore_rng(rng, cuda)
         if rank == 0:
             print(f"xylent: resumed from {done[-1]} at step {start}", flush=True)
 
@@ -407,7 +406,7 @@ def make_adversary(cfg: TrainConfig, loaders: dict):
     is the loader's pair table, i.e. the sampling stage's pair_method column."""
     if not cfg.dro:
         return None
-    from tasks.audit.adversary import PairAdversary
+    from models.adversary import PairAdversary
 
     if "trtd" not in loaders:
         raise SystemExit("xylent: the audit re-weights TRTD language pairs, but pretrain.tasks has no 'trtd'")
@@ -429,19 +428,12 @@ def pair_totals(rows: torch.Tensor, pairs: list[str], index: dict[str, int], wor
     return out
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
 def save_checkpoint(engine, cfg: TrainConfig, root: Path, step: int, loader_states: dict, rank: int, world: int,
                     cuda: bool, extra: dict | None = None) -> None:
     tag = f"step-{step:08d}"
     engine.save_checkpoint(str(root), tag=tag, client_state={"step": step, "loaders": loader_states, **(extra or {}),
                                                              "world_size": world})
-    torch.save({"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state() if cuda else None},
-               root / tag / f"rng-rank{rank}.pt")
+    save_rng(root / tag / f"rng-rank{rank}.pt", cuda)
     dist.barrier()
     if rank == 0:
         (root / tag / COMPLETE).write_text(json.dumps({"step": step, "time": time.time(), "world_size": world,
@@ -450,40 +442,6 @@ def save_checkpoint(engine, cfg: TrainConfig, root: Path, step: int, loader_stat
             shutil.rmtree(old, ignore_errors=True)
         print(f"xylent: checkpoint {root / tag}", flush=True)
     dist.barrier()
-
-
-def watch_parent() -> None:
-    """Die with the xylent process that started the launcher (XYLENT_PARENT=pid:start_time).
-
-    A kill -9 of xylent gives its children no chance to stop the ranks (the
-    launcher's own parent-death signal reaches only the launcher, which exits
-    without stopping them), so every local rank checks ten times a second and takes its
-    process group (the launcher's, ranks included) down when the parent is gone."""
-    spec = os.environ.get("XYLENT_PARENT")
-    if not spec:
-        return
-    import contextlib
-    import signal
-    import threading
-
-    import psutil
-
-    pid, started = spec.split(":")
-
-    def alive() -> bool:
-        try:
-            return abs(psutil.Process(int(pid)).create_time() - float(started)) < 1e-3  # not a reused pid
-        except psutil.Error:
-            return False
-
-    def loop() -> None:
-        while alive():
-            time.sleep(0.1)  # tiny CPU steps take ~0.1 s: a slower watch lets a kill -9'd run write on
-        with contextlib.suppress(OSError):  # the log's reader was that process: the line may have nowhere to go
-            print(f"xylent: the process that started this run ({pid}) is gone; stopping the ranks", flush=True)
-        os.killpg(os.getpgid(0), signal.SIGKILL)
-
-    threading.Thread(target=loop, name="xylent-parent-watch", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,7 @@ fixtures it requests declare theirs).  Counts are upper bounds.
 
 Counting: the real ``subprocess.Popen.__init__`` is wrapped (and always called): a process
 started with ``XYLENT_PARENT`` in its environment is a DeepSpeed rank launch (the launcher
-sets it for every local rank program, tasks/pretrain/launch.py), one running ``flows.cli`` or
+sets it for every local rank program, xylent/launch.py), one running ``flows.cli`` or
 ``xylent`` is a CLI process, one of the servers below is a server.  What happens inside a CLI
 subprocess is that process's business.  A fixture's set-up is counted against the fixture, the
 rest of a test's run against the test.  An item that declares or requests anything is

@@ -18,7 +18,7 @@ import torch
 from models.config import EncoderConfig
 from models.pretrained import PretrainedEncoder
 from tasks.evaluate.encoders import XylentEncoder
-from tasks.finetune.data import Example
+from tasks.evaluate.finetune.data import Example
 
 WORDS = "the a cat dog house river green blue run walk over under near far old new".split()
 CITIES = ["paris", "berlin", "rome", "tokyo", "lima", "oslo"]

@@ -2,8 +2,9 @@
 
 - ``xylent/`` (the core) imports neither ``flows`` nor Prefect, nor tasks/models;
 - ``tasks/`` and ``models/`` never import ``flows`` or Prefect;
-- ``models/`` takes two things from ``tasks``: the shard loader contract and the
-  audit's adversary (pure NumPy state that lives inside the training ranks);
+- ``models/`` takes one thing from ``tasks``: the shard loader contract;
+- no import cycle inside ``tasks/`` or ``models/``, and no stage imports a stage that
+  runs after it in the pipeline;
 - nothing imports the CLI (``flows/cli.py`` is the top of the stack);
 - no module patches ``sys.path``.
 """
@@ -21,26 +22,91 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("xylent", "tasks", "models", "flows")
 
 
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
 def _imports(path: Path) -> list[str]:
+    return [name for name, _ in _imports_at(path)]
+
+
+def _imports_at(path: Path) -> list[tuple[str, int]]:
+    """Every module a file imports, at module level or inside a function (a deferred import is
+    still a dependency), with its line; ``from a import b`` gives ``a.b`` where ``a.b`` is a module."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     out = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            out += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            out.append(node.module)
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.module, node.lineno))
+            out += [(f"{node.module}.{a.name}", node.lineno) for a in node.names
+                    if f"{node.module}.{a.name}" in _MODULES]
     return out
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+_MODULES = {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def _graph(packages: tuple[str, ...]) -> dict[str, dict[str, int]]:
+    """module -> {module of ours it imports: line}, for the modules of ``packages``."""
+    out: dict[str, dict[str, int]] = {}
+    for name, path in _MODULES.items():
+        if _top(name) not in packages:
+            continue
+        deps = out.setdefault(name, {})
+        for imported, line in _imports_at(path):
+            while imported and imported not in _MODULES:  # ``a.b.func`` -> ``a.b``
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name and _top(imported) in packages and not name.startswith(imported + "."):
+                deps.setdefault(imported, line)
+    return out
+
+
+def _cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
 
 
 def _modules(package: str) -> list[Path]:
     return sorted((ROOT / package).rglob("*.py"))
 
 
-def _top(name: str) -> str:
-    return name.split(".")[0]
-
-
-MODELS_FROM_TASKS = {"tasks.shards.loader", "tasks.audit.adversary"}
+MODELS_FROM_TASKS = {"tasks.shards.loader"}
 FORBIDDEN = {
     "xylent": {"flows", "tasks", "models", "prefect", "prefect_ray", "prefect_dask"},
     "tasks": {"flows", "prefect", "prefect_ray", "prefect_dask"},
@@ -56,7 +122,35 @@ def test_lower_layers_do_not_import_upper_ones(package):
     assert not bad, "\n".join(bad)
 
 
-def test_models_take_only_the_loader_and_the_adversary_from_tasks():
+def test_no_import_cycle_inside_tasks_or_models():
+    """A deferred import inside a function counts: it only hides the cycle from Python."""
+    graph = _graph(("tasks", "models"))
+    found = _cycles(graph)
+    assert not found, "\n".join(
+        "import cycle: " + ", ".join(f"{a} imports {b} ({_MODULES[a].relative_to(ROOT)}:{graph[a][b]})"
+                                     for a in comp for b in comp if b in graph[a]) for comp in found)
+
+
+def test_no_stage_imports_a_downstream_stage():
+    """``tasks/<stage>/`` may read the stages before it in the pipeline (their data contracts),
+    never one after it; shared code lives below the stages (``xylent/``, ``models/``)."""
+    from flows.registry import STAGE_NAMES
+
+    order = {name: i for i, name in enumerate(STAGE_NAMES)}
+    stage_of = {name: name.split(".")[1] for name in _MODULES if _top(name) == "tasks" and name.count(".") >= 1}
+    bad = []
+    for module, deps in _graph(("tasks",)).items():
+        me = stage_of.get(module)
+        for dep, line in deps.items():
+            them = stage_of.get(dep)
+            if me in order and them in order and order[them] > order[me]:
+                bad.append(f"{_MODULES[module].relative_to(ROOT)}:{line} imports {dep}: stage '{them}' runs after "
+                           f"'{me}'")
+    assert not bad, "\n".join(bad)
+    assert set(stage_of.values()) <= set(order) | {"versions"}, "every folder of tasks/ is a stage"
+
+
+def test_models_take_only_the_loader_from_tasks():
     used = {name for p in _modules("models") for name in _imports(p) if _top(name) == "tasks"}
     assert used <= MODELS_FROM_TASKS, used
 
@@ -64,12 +158,13 @@ def test_models_take_only_the_loader_and_the_adversary_from_tasks():
 def test_only_pretrain_and_evaluate_use_models_and_evaluate_only_loads_exports():
     uses = {(str(p.relative_to(ROOT)), name) for p in _modules("tasks") for name in _imports(p)
             if _top(name) == "models"}
-    assert uses and all(u.startswith(("tasks/pretrain/", "tasks/evaluate/", "tasks/finetune/")) for u, _ in uses), uses
-    evaluate = {name for u, name in uses if u.startswith("tasks/evaluate/")}
+    assert uses and all(u.startswith(("tasks/pretrain/", "tasks/evaluate/")) for u, _ in uses), uses
+    finetune = {name for u, name in uses if u.startswith("tasks/evaluate/finetune/")}
+    evaluate = {name for u, name in uses if u.startswith("tasks/evaluate/")} - finetune
     # exports only: the plug-out encoder, and VECO's plug-in model read back from the same folder
     assert evaluate and evaluate <= {"models.pretrained", "models.config", "models.veco_plug_in"}, evaluate
-    finetune = {name for u, name in uses if u.startswith("tasks/finetune/")}  # evaluate's fine-tuning: heads only
-    assert finetune and finetune <= {"models.heads"}, finetune
+    # evaluate's fine-tuning: the task heads, and the rank conventions its DeepSpeed ranks share with pretrain's
+    assert finetune and finetune <= {"models.heads", "models.rank"}, finetune
 
 
 def test_nothing_imports_the_cli_and_nobody_patches_sys_path():

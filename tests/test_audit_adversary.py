@@ -13,8 +13,8 @@ from models.config import preset
 from models.electra import ElectraModel, MaskedLMModel
 from models.stats import ROW_FIELDS
 from models.masking import row_noise
-from tasks.audit import chi2_best_response
-from tasks.audit.adversary import SUM_FIELDS, PairAdversary, binary_entropy, resample_steps
+from models.dro import chi2_best_response
+from models.adversary import SUM_FIELDS, PairAdversary, binary_entropy, resample_steps
 from tasks.audit.output import audit_table, trajectory_table
 from tasks.vocab.specials import SPECIAL_PIECES
 

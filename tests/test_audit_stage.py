@@ -16,7 +16,7 @@ from tasks.shards.index import read_index
 from xylent.spec import load_spec
 
 from conftest import DEMO_SHORT, linked_data, stopped_after  # the session demo's spec (tests/data/demo-short.yaml)
-from tasks.audit.adversary import resample_steps
+from models.adversary import resample_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"

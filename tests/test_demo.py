@@ -83,7 +83,7 @@ def test_demo_pipeline_on_django_catalogs(run_cli, tmp_path, demo_run):
             assert m[f"final.{task}/{peer}"] > 0, (task, peer)
     assert m["steps"] == SHORT_STEPS
     _check_loss_curves(pre / "loss_curves.png")
-    from tasks.pretrain.launch import shm_buffers
+    from xylent.launch import shm_buffers
 
     log = Path(json.loads((pre / "_manifest.json").read_text())["checkpoints"]) / "train.log"
     launched = [ln[2:].split() for ln in log.read_text().splitlines() if ln.startswith("$ ")]

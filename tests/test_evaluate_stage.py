@@ -318,7 +318,7 @@ def _check_finetuned(out: Path, model: str, name: str, task, r: dict) -> None:
     per_seed = {s: [] for s in r["per_seed"]}
     from collections import Counter
 
-    from tasks.finetune.run import TaskData
+    from tasks.evaluate.finetune.task import TaskData
 
     # the trivial baseline: always answer the commonest label of what was trained on (train-en minus the dev share)
     commonest = Counter(e.label for e in TaskData(task, out / "data" / name).train).most_common(1)[0][0]

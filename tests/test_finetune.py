@@ -29,11 +29,12 @@ from finetune_fixtures import (
 from models.heads import IGNORE
 from tasks.evaluate.scoring import score_language
 from tasks.evaluate.submission import submission_file
-from tasks.finetune.data import Example, read_classification, read_squad, read_tagging
-from tasks.finetune.encoders import factory
-from tasks.finetune.features import tagging_features, tagging_predictions
-from tasks.finetune.run import TaskData, finetune_task
-from tasks.finetune.tokens import SentencePieceTokenizer
+from tasks.evaluate.finetune.data import Example, read_classification, read_squad, read_tagging
+from tasks.evaluate.finetune.encoders import factory
+from tasks.evaluate.finetune.features import tagging_features, tagging_predictions
+from tasks.evaluate.finetune.run import finetune_task
+from tasks.evaluate.finetune.task import TaskData
+from tasks.evaluate.finetune.tokens import SentencePieceTokenizer
 from xylent.errors import XylentError
 from xylent.spec_evaluate import EvalTask
 
@@ -156,8 +157,9 @@ import sys, json
 from pathlib import Path
 sys.path[:0] = [{tests!r}, {root!r}]
 from finetune_fixtures import tiny_encoder, tiny_tokenizer
-from tasks.finetune.encoders import factory
-from tasks.finetune.run import TaskData, finetune_task
+from tasks.evaluate.finetune.encoders import factory
+from tasks.evaluate.finetune.run import finetune_task
+from tasks.evaluate.finetune.task import TaskData
 from xylent.spec_evaluate import EvalTask
 sp = tiny_tokenizer()
 out = Path(sys.argv[1])
@@ -240,7 +242,7 @@ def test_original_headered_xnli_and_pawsx_files_are_read_by_column_name(tmp_path
 def test_a_hugging_face_tokenizer_joins_segments_as_its_own_post_processor_does(tmp_path):
     from transformers import BertTokenizerFast
 
-    from tasks.finetune.tokens import HuggingFaceTokenizer
+    from tasks.evaluate.finetune.tokens import HuggingFaceTokenizer
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefgh", *(f"##{c}" for c in "abcdefgh")]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
@@ -275,7 +277,7 @@ def test_a_task_in_all_of_xtremes_languages_is_also_scored_by_score_submission(s
 
 
 def test_on_several_ranks_a_last_batch_too_small_to_share_is_left_out():
-    from tasks.finetune.train import LoopConfig, optimiser_steps
+    from tasks.evaluate.finetune.train import LoopConfig, optimiser_steps
 
     cfg = LoopConfig(lr=1e-3, epochs=3, batch_size=16, warmup=0.0, weight_decay=0.0, selection="dev",
                      checkpoint_every=10, seed=1)

@@ -91,7 +91,7 @@ def test_stale_deepspeed_shm_segments_are_swept_and_live_ones_kept(tmp_path):
     import mmap
     import os
 
-    from tasks.pretrain import launch
+    from xylent import launch
 
     uid = os.getuid()
     stale = tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_1111_0"

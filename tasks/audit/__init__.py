@@ -1,5 +1,5 @@
-"""audit stage: the χ² DRO bitext audit (XY-LENT §6.6) — best response and divergence."""
+"""audit stage: the χ² DRO bitext audit (XY-LENT §6.6): evidence, report and output.
 
-from tasks.audit.dro import chi2_best_response, chi2_divergence  # noqa: F401
-
-__all__ = ["chi2_best_response", "chi2_divergence"]
+The adversary that trains with the model and its χ² best response run inside the ranks:
+:mod:`models.adversary` and :mod:`models.dro`.
+"""

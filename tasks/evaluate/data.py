@@ -16,6 +16,7 @@ from pathlib import Path
 from tasks.download.assemble import read_records
 from tasks.prepare.gettext import Key, read_catalog
 from tasks.prepare.holdout import msgid, probe_split, reserved_keys
+from xylent.atomic import write_text_atomic
 from xylent.errors import XylentError
 
 
@@ -92,9 +93,7 @@ def holdout_messages(download_dir: Path, source: str, holdout: dict, plurals: st
 
 def write_lines(path: Path, lines: list[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line.replace("\n", " ") + "\n" for line in lines), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(line.replace("\n", " ") + "\n" for line in lines))
 
 
 def write_tatoeba(root: Path, pairs: dict[str, tuple[list[str], list[str]]]) -> Path:

@@ -171,7 +171,7 @@ class FineTuning:
     and gold labels go."""
 
     load: Callable[[], SentenceEncoder]
-    data: dict            # task name -> tasks.finetune.run.TaskData
+    data: dict            # task name -> tasks.evaluate.finetune.run.TaskData
     checkpoints: Path     # <...>/_checkpoints/<fingerprint>/<model>
     labels: Path          # gold test labels in the submission layout
     log: Callable[[str], None] = lambda s: None
@@ -179,8 +179,8 @@ class FineTuning:
 
 
 def _finetuned(enc: SentenceEncoder, task, ft: FineTuning, preds: Path) -> dict:
-    from tasks.finetune.encoders import factory
-    from tasks.finetune.run import finetune_task
+    from tasks.evaluate.finetune.encoders import factory
+    from tasks.evaluate.finetune.run import finetune_task
 
     if enc.kind == "subwords":  # no weights to fine-tune; the random-init encoder is this kind's baseline
         return {"kind": task.kind, "languages": {}, "avg": None, "not_applicable": "no weights to fine-tune"}

@@ -9,14 +9,13 @@ the papers' published numbers for reading a full-scale run against them.
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 import matplotlib
 import numpy as np
 import yaml
 
+from xylent.atomic import write_json_atomic
 from xylent.markdown import markdown_table
 
 matplotlib.use("Agg")
@@ -35,9 +34,7 @@ def references() -> list[dict]:
 
 def write_scores(out: Path, scores: dict) -> Path:
     path = out / "scores.json"
-    tmp = path.with_name(".scores.json.tmp")
-    tmp.write_text(json.dumps(scores, indent=2))  # models and tasks in the spec's order
-    os.replace(tmp, path)
+    write_json_atomic(path, scores, indent=2)  # models and tasks in the spec's order
     return path
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from xylent.atomic import write_text_atomic
 from xylent.errors import XylentError
 
 # How each task's files are laid out; the suffix follows from it.
@@ -190,14 +190,5 @@ def write_predictions(root: str | os.PathLike, task: str, lang: str, predictions
     path = submission_file(root, task, lang, fmt)
     text = _render(path, fmt, predictions)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Same-directory temp file + os.replace: a reader never sees half a file.
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the file from other readers
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, text)
     return path

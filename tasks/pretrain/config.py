@@ -11,7 +11,7 @@ from models.run_config import TrainConfig
 from xylent.errors import XylentError
 from xylent.spec import DEFAULT_CLIP, DEFAULT_LR, Spec
 
-from tasks.audit.adversary import STATE_FILE
+from models.adversary import STATE_FILE
 from tasks.shards.index import has_rows, read_index
 from tasks.vocab.output import load_tokenizer
 from tasks.vocab.specials import special_ids
@@ -107,7 +107,7 @@ def check_resumable(cfg: TrainConfig, world: int) -> None:
                               "again with --force; to change the world size mid-run, train with pretrain.zero_stage=0")
 
 
-# -- the audit stage's run: these settings, plus the DRO adversary (tasks.audit.adversary) --------------
+# -- the audit stage's run: these settings, plus the DRO adversary (models.adversary) --------------
 
 FULL_WEIGHTS = "model/pretraining.safetensors"  # every weight of the pretrain stage's model (tasks.pretrain.publish)
 

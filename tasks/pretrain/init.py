@@ -27,7 +27,6 @@ languages counts in each.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from models.run_config import TrainConfig
 from models.vocab_transfer import RULES
 from tasks.shards.index import read_index
 from tasks.vocab.output import tokenizer_path
+from xylent.atomic import write_atomic, write_json_atomic
 from xylent.errors import XylentError
 from xylent.markdown import markdown_table
 from xylent.spec import Spec
@@ -172,12 +172,6 @@ def language_usage(shards_dir: Path, vocab_size: int, max_tokens: int = USAGE_MA
     return out
 
 
-def _atomic(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def prepare_init(spec: Spec, ws: Workspace, cfg: TrainConfig, upstream: dict[str, Path], ckdir: Path) -> dict:
     """Build the init weights and the report into ``ckdir`` and set ``cfg.init_from``; returns the report."""
     weights, report_file = ckdir / INIT_WEIGHTS, ckdir / REPORT_FILE
@@ -219,8 +213,8 @@ def prepare_init(spec: Spec, ws: Workspace, cfg: TrainConfig, upstream: dict[str
               "dictionary": {"path": str(dict_path), "entries": len(dictionary)} if dictionary else None,
               "languages_from": f"MRTD shards (pieces each language's text uses; first {USAGE_MAX_TOKENS:,} tokens)",
               **report, "copied": copied, "notes": notes}
-    _atomic(weights, lambda p: save_file(state, str(p), metadata={"format": "xylent-init/1"}))
-    _atomic(report_file, lambda p: p.write_text(json.dumps(report, indent=1, ensure_ascii=False)))
+    write_atomic(weights, lambda p: save_file(state, str(p), metadata={"format": "xylent-init/1"}))
+    write_json_atomic(report_file, report, indent=1, ensure_ascii=False)
     cfg.init_from = str(weights)
     return report
 

@@ -20,7 +20,7 @@ import numpy as np
 from models.run_config import TrainConfig
 from xylent.markdown import markdown_table
 
-from tasks.pretrain.launch import REPO
+from xylent.launch import REPO
 from tasks.pretrain.plots import loss_curves
 from tasks.shards.index import read_index
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from xylent.distributions import language_distribution
 from xylent.errors import XylentError
 from xylent.spec import SamplingConfig
 
 from tasks.sampling.tables import (
-    language_distribution,
     m2m_pair_distribution,
     marginal_error,
     sinkhorn_pair_distribution,

@@ -32,20 +32,6 @@ def _check_positive(name: str, value: float) -> float:
     return float(value)
 
 
-def language_distribution(sizes: np.ndarray, alpha: float) -> np.ndarray:
-    """p_j ∝ m_j^α over example counts; languages with no examples get 0."""
-    m = np.asarray(sizes, dtype=np.float64)
-    if m.ndim != 1 or not np.all(np.isfinite(m)) or np.any(m < 0):
-        raise XylentError("language sizes must be finite and non-negative", where="sampling input")
-    _check_positive("alpha", alpha)
-    if m.sum() <= 0:
-        raise XylentError("no language has any data", where="sampling input",
-                          fix="check the prepare/dedup statistics: every language is empty")
-    w = np.where(m > 0, m, 0.0) ** alpha
-    w[m == 0] = 0.0
-    return w / w.sum()
-
-
 def symmetric_counts(counts: np.ndarray) -> np.ndarray:
     """Validate an L×L count matrix and return C + Cᵀ (float64)."""
     c = np.asarray(counts, dtype=np.float64)

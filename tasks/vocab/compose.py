@@ -10,12 +10,12 @@ from pathlib import Path
 
 import polars as pl
 
+from xylent.distributions import language_distribution
 from xylent.errors import XylentError
 from xylent.markdown import markdown_table
 from xylent.spec import VocabConfig
 from xylent.stage import StageOutcome
 
-from tasks.sampling import language_distribution
 from tasks.vocab import allocate_vocabulary, evaluate_tokenizer
 from tasks.vocab.merge import build_model
 from tasks.vocab.output import ALLOCATION_FILE, COMPARISON_FILE, JOINT_MODEL_FILE, MODEL_FILE, VOCAB_FILE
@@ -40,7 +40,8 @@ def compose(results: dict[str, dict], examples: dict[str, int], grid_dir: Path, 
         why = "; ".join(f"{lang}: {reason}" for lang, reason in skipped.items())
         raise XylentError(f"no language has enough text for the smallest vocabulary size ({why})",
                           where="spec field vocab.grid", fix="use smaller grid sizes, or more text")
-    q = dict(zip(usable, language_distribution([examples.get(lang, 0) for lang in usable], cfg.alpha)))
+    q = dict(zip(usable, language_distribution([examples.get(lang, 0) for lang in usable], cfg.alpha,
+                                               field="vocab.alpha")))
 
     @lru_cache(maxsize=256)  # the allocation scan asks for each grid model once: keep few in memory
     def pieces(lang: str, size: int) -> frozenset:

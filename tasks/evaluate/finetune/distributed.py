@@ -1,8 +1,8 @@
 """Fine-tuning on several ranks through pretrain's DeepSpeed launcher.
 
 ``finetune.launcher: deepspeed`` runs each seed's training as
-``deepspeed --num_gpus N --module tasks.finetune.distributed --config job.json``
-(``tasks.pretrain.launch``: the same launcher, log streaming, death messages and
+``deepspeed --num_gpus N --module tasks.evaluate.finetune.distributed --config job.json``
+(``xylent.launch``: the same launcher, log streaming, death messages and
 orphan protection as pretrain).  Each rank takes its slice of every global batch;
 DeepSpeed averages the gradients, clips at 1.0, steps AdamW (ZeRO stage
 ``finetune.zero_stage``, bf16 on GPUs) and saves resumable checkpoints
@@ -22,10 +22,12 @@ from pathlib import Path
 
 import torch
 
-from tasks.finetune.train import LoopConfig, loop_config, optimiser, optimiser_steps
+from models.rank import restore_rng, save_rng, watch_parent
+from tasks.evaluate.finetune.train import LoopConfig, loop_config, optimiser, optimiser_steps
+from xylent.atomic import write_json_atomic
 
 RECORD = "record.json"
-MODULE = "tasks.finetune.distributed"
+MODULE = "tasks.evaluate.finetune.distributed"
 
 
 class DeepSpeedStepper:
@@ -50,10 +52,7 @@ class DeepSpeedStepper:
 
     def save(self, ckdir: Path, progress: dict) -> None:
         tag = f"step{progress['step']}"
-        rng = {"cpu": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available()
-                                                else {})}
-        torch.save(rng, ckdir / f".rng-{tag}-rank{self.rank}.pt")
-        os.replace(ckdir / f".rng-{tag}-rank{self.rank}.pt", ckdir / f"rng-{tag}-rank{self.rank}.pt")
+        save_rng(ckdir / f"rng-{tag}-rank{self.rank}.pt", torch.cuda.is_available())
         # DeepSpeed writes the tag's folder, then its `latest` pointer: a cut-short save is never loaded
         self.engine.save_checkpoint(str(ckdir / "ds"), tag=tag, client_state={"progress": json.dumps(progress),
                                                                             "world": self.world})
@@ -74,10 +73,7 @@ class DeepSpeedStepper:
             raise RuntimeError(f"the checkpoint in {ckdir} was written by {client.get('world')} ranks, not "
                                f"{self.world}: fine-tune with the same finetune.ranks, or --force")
         progress = json.loads(client["progress"])
-        rng = torch.load(ckdir / f"rng-step{progress['step']}-rank{self.rank}.pt", weights_only=True)
-        torch.set_rng_state(rng["cpu"])
-        if "cuda" in rng:
-            torch.cuda.set_rng_state(rng["cuda"])
+        restore_rng(ckdir / f"rng-step{progress['step']}-rank{self.rank}.pt", torch.cuda.is_available())
         print(f"xylent: resumed from {ckdir} at step {progress['step']}", flush=True)
         return progress
 
@@ -86,16 +82,14 @@ def job(task, data_dir: Path, model: dict, seed: int, ckdir: Path) -> Path:
     """Write what every rank needs to rebuild the same model and data -> job.json."""
     path = ckdir / "job.json"
     ckdir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(".job.json.tmp")
-    tmp.write_text(json.dumps({"task": task.model_dump(mode="json"), "data_dir": str(data_dir), "model": model,
-                               "seed": seed, "ckdir": str(ckdir)}, indent=2))
-    os.replace(tmp, path)
+    write_json_atomic(path, {"task": task.model_dump(mode="json"), "data_dir": str(data_dir), "model": model,
+                             "seed": seed, "ckdir": str(ckdir)}, indent=2)
     return path
 
 
 def train_on_ranks(task, data_dir: Path, model: dict, seed: int, ckdir: Path, log) -> dict:
     """Launch the ranks for one seed, wait, and return rank 0's training record."""
-    from tasks.pretrain.launch import deepspeed_command, launch
+    from xylent.launch import deepspeed_command, launch
 
     ft = task.finetune
     cmd = deepspeed_command(job(task, data_dir, model, seed, ckdir), ranks=ft.ranks, master_port=ft.master_port,
@@ -110,15 +104,16 @@ def main() -> None:
     import deepspeed
 
     from tasks.evaluate.encoders import load_ref
-    from tasks.finetune.encoders import task_model
-    from tasks.finetune.run import Runner, TaskData
-    from tasks.finetune.train import train
+    from tasks.evaluate.finetune.encoders import task_model
+    from tasks.evaluate.finetune.task import Runner, TaskData
+    from tasks.evaluate.finetune.train import train
     from xylent.spec_evaluate import EvalTask
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", required=True)
     ap.add_argument("--local_rank", type=int, default=0)
     args = ap.parse_args()
+    watch_parent()
     spec = json.loads(Path(args.config).read_text())
     cuda = torch.cuda.is_available()
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
@@ -140,9 +135,7 @@ def main() -> None:
                    lambda msg: print(f"[rank{stepper.rank}] {msg}", flush=True) if stepper.rank == 0 else None,
                    stepper=stepper)
     if stepper.rank == 0:
-        tmp = ckdir / f".{RECORD}.tmp"
-        tmp.write_text(json.dumps({**record, "train_features": len(feats), "world": stepper.world}))
-        os.replace(tmp, ckdir / RECORD)
+        write_json_atomic(ckdir / RECORD, {**record, "train_features": len(feats), "world": stepper.world})
 
 
 if __name__ == "__main__":

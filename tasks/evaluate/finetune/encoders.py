@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from models.heads import Body, TaskModel
-from tasks.finetune.tokens import HuggingFaceTokenizer, SentencePieceTokenizer
+from tasks.evaluate.finetune.tokens import HuggingFaceTokenizer, SentencePieceTokenizer
 
 
 def task_model(enc, kind: str, n_labels: int, seed: int) -> tuple[TaskModel, object]:

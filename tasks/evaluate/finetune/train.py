@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,8 @@ import numpy as np
 import torch
 
 from models.heads import IGNORE, TaskModel
-from tasks.finetune.features import Feature
+from tasks.evaluate.finetune.features import Feature
+from xylent.atomic import write_atomic
 
 STATE = "state.pt"
 
@@ -82,12 +82,6 @@ def logits_of(model: TaskModel, features: list[Feature], pad_id: int, batch_size
     return out
 
 
-def _atomic_save(obj, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def schedule(step: int, total: int, warmup_steps: int) -> float:
     if step < warmup_steps:
         return (step + 1) / warmup_steps
@@ -113,7 +107,7 @@ def optimiser(model, cfg: LoopConfig, total: int):
 
 class Stepper:
     """One process's optimiser steps and resumable state (the in-process path);
-    :class:`tasks.finetune.distributed.DeepSpeedStepper` is the same for ranks."""
+    :class:`tasks.evaluate.finetune.distributed.DeepSpeedStepper` is the same for ranks."""
 
     rank, world = 0, 1
 
@@ -134,7 +128,7 @@ class Stepper:
         self.sched.step()
 
     def save(self, ckdir: Path, progress: dict) -> None:
-        _atomic_save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+        _save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                       "scheduler": self.sched.state_dict(), "rng": torch.get_rng_state(),
                       # dropout on a GPU draws from CUDA's generators, not the CPU's
                       "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
@@ -207,7 +201,7 @@ def train(model: TaskModel, features: list[Feature], dev_score: Callable[[TaskMo
             state["best"], state["best_epoch"] = dev, state["epoch"] + 1
             state["best_file"] = best_file(state["best_epoch"])
             if stepper.rank == 0:
-                _atomic_save(model.state_dict(), ckdir / state["best_file"])
+                _save(model.state_dict(), ckdir / state["best_file"])
         state.update(epoch=state["epoch"] + 1, step_in_epoch=0, epoch_loss=0.0)
         stepper.save(ckdir, state)
         if stepper.rank == 0 and before and before != state["best_file"]:
@@ -234,3 +228,7 @@ def batch_share(features: list[Feature], mine: list[int], batch: list[int], worl
                    else 1 for i in idx)
     total = units(batch)
     return units(mine) * world / total if total else 0.0
+
+
+def _save(obj, path: Path) -> None:
+    write_atomic(path, lambda tmp: torch.save(obj, tmp))
