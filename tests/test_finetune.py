@@ -36,7 +36,7 @@ from tasks.evaluate.finetune.run import finetune_task
 from tasks.evaluate.finetune.task import TaskData
 from tasks.evaluate.finetune.tokens import SentencePieceTokenizer
 from xylent.errors import XylentError
-from xylent.spec_evaluate import EvalTask
+from xylent.spec.evaluate import EvalTask
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -160,7 +160,7 @@ from finetune_fixtures import tiny_encoder, tiny_tokenizer
 from tasks.evaluate.finetune.encoders import factory
 from tasks.evaluate.finetune.run import finetune_task
 from tasks.evaluate.finetune.task import TaskData
-from xylent.spec_evaluate import EvalTask
+from xylent.spec.evaluate import EvalTask
 sp = tiny_tokenizer()
 out = Path(sys.argv[1])
 task = EvalTask(name="t", kind="classification", xtreme_task="xnli", path={data!r}, languages=["en", "de"],

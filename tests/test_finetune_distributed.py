@@ -27,7 +27,7 @@ from tasks.evaluate.encoders import load_xylent
 from tasks.evaluate.finetune.encoders import factory
 from tasks.evaluate.finetune.run import finetune_task
 from tasks.evaluate.finetune.task import TaskData
-from xylent.spec_evaluate import EvalTask
+from xylent.spec.evaluate import EvalTask
 out, shared = Path(sys.argv[1]), Path({shared!r})
 model_dir, data = shared / "m" / "model", shared / "data"
 if not model_dir.exists():

@@ -281,7 +281,7 @@ def test_the_evaluate_probe_in_plug_in_mode_reads_each_text_beside_its_translati
     from tasks.evaluate.encoders import load_ref
     from tasks.evaluate.run import evaluate_model
     from tasks.vocab.specials import special_ids
-    from xylent.spec_evaluate import EvalTask
+    from xylent.spec.evaluate import EvalTask
 
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_dir / "spm.model"))
     cfg = preset("tiny", vocab_size=sp.get_piece_size(), max_position=64, dropout=0.0, specials=special_ids(sp))

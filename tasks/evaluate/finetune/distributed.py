@@ -107,7 +107,7 @@ def main() -> None:
     from tasks.evaluate.finetune.encoders import task_model
     from tasks.evaluate.finetune.task import Runner, TaskData
     from tasks.evaluate.finetune.train import train
-    from xylent.spec_evaluate import EvalTask
+    from xylent.spec.evaluate import EvalTask
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--config", required=True)

@@ -11,7 +11,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from xylent.spec_evaluate import Strict
+from xylent.spec.base import Strict
 
 
 class AuditConfig(Strict):

@@ -11,13 +11,10 @@ from pathlib import Path
 from typing import ClassVar, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from xylent.languages import check_language
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
+from xylent.spec.base import Strict
 
 
 class ModelRef(Strict):

@@ -1,0 +1,140 @@
+"""Reading a spec: YAML (duplicate keys refused), ``extends:`` bases, ``--set`` overrides, and validation errors that say what, where and what to do."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from xylent.errors import XylentError
+from xylent.spec.root import Spec
+
+# -- loading ------------------------------------------------------------------
+
+
+def apply_override(data: dict, assignment: str) -> None:
+    """Apply one ``dotted.path=value`` override to a raw spec dict, in place."""
+    if "=" not in assignment:
+        raise XylentError(
+            f"bad --set {assignment!r}", fix="write overrides as key.path=value, e.g. --set prepare.min_chars=5"
+        )
+    path, raw = assignment.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as exc:
+        raise XylentError(f"bad value in --set {assignment!r}: {exc}", fix="quote it or write valid YAML") from None
+    keys = path.strip().split(".")
+    node: Any = data
+    for i, key in enumerate(keys):
+        last = i == len(keys) - 1
+        where = ".".join(keys[: i + 1])
+        if isinstance(node, list):
+            if not key.isdigit() or int(key) >= len(node):
+                raise XylentError(
+                    f"--set {path}: {where!r} is not an index of a list of {len(node)} items",
+                    fix="use a 0-based index that exists, e.g. sources.0.max_lines=1000",
+                )
+            idx = int(key)
+            if last:
+                node[idx] = value
+            else:
+                node = node[idx]
+        elif isinstance(node, dict):
+            if last:
+                node[key] = value
+            else:
+                node = node.setdefault(key, {})
+        else:
+            raise XylentError(f"--set {path}: {'.'.join(keys[:i])!r} is a value, not a section")
+
+
+def _format_validation_error(exc: ValidationError, source: str) -> XylentError:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling; see docs for the fields of this section)"
+        lines.append(f"  - {loc or '(top level)'}: {msg}")
+    return XylentError(
+        "the spec is invalid:\n" + "\n".join(lines),
+        where=source,
+        fix="fix these fields in the YAML or in --set; every field is documented in docs/spec.md",
+    )
+
+
+def spec_from_dict(data: dict, *, source: str = "<spec>", base_dir: str = ".") -> Spec:
+    data = dict(data)
+    data["base_dir"] = base_dir
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as exc:
+        raise _format_validation_error(exc, source) from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an
+    error: PyYAML would keep the last one silently, and half a spec would be ignored."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key!r} appears twice in one mapping (only one would be used)",
+                    key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_yaml(p: Path) -> dict:
+    if not p.is_file():
+        raise XylentError(f"spec file not found: {p}", fix="pass --spec with a YAML file, e.g. data_specs/demo.yaml")
+    try:
+        data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except UnicodeDecodeError as exc:
+        raise XylentError(f"the spec is not UTF-8 text ({exc.reason} at byte {exc.start})", where=str(p),
+                          fix="save the spec as UTF-8") from None
+    except yaml.YAMLError as exc:
+        raise XylentError(f"the spec is not valid YAML: {exc}", where=str(p)) from None
+    if not isinstance(data, dict):
+        raise XylentError("the spec must be a YAML mapping", where=str(p))
+    return data
+
+
+def _merged(base: dict, over: dict) -> dict:
+    """``over`` on top of ``base``: mappings merge key by key, anything else (lists too) is replaced."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _with_bases(p: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """The spec at ``p`` with its ``extends:`` chain applied (a recipe = a base spec + what it changes)."""
+    p = p.resolve()
+    if p in seen:
+        chain = " -> ".join(str(s) for s in (*seen, p))
+        raise XylentError(f"specs extend each other in a cycle: {chain}", where=str(p), fix="remove one 'extends:'")
+    data = _read_yaml(p)
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise XylentError("'extends' must be the path of one spec file", where=str(p),
+                          fix="write e.g. extends: ../demo.yaml (relative to this file)")
+    return _merged(_with_bases(p.parent / base, (*seen, p)), data)
+
+
+def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
+    """The spec file (with its ``extends:`` chain), then each ``--set`` override.  Relative
+    paths, the base's included, are resolved against the folder of the file named here."""
+    p = Path(path)
+    data = copy.deepcopy(_with_bases(p) if p.is_file() else _read_yaml(p))
+    for ov in overrides:
+        apply_override(data, ov)
+    return spec_from_dict(data, source=str(p), base_dir=str(p.resolve().parent))

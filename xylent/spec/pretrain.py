@@ -1,0 +1,174 @@
+"""The ``model`` and ``pretrain`` sections: the encoder, its objective and its training."""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar, Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from xylent.spec.base import Strict
+
+
+class ModelConfig(Strict):
+    """A size band (models/config.py presets, XLM-E Table 8) with any field overridden.
+    The vocabulary size comes from the vocab stage, positions from shards.seq_len."""
+
+    size: Literal["tiny", "small", "base", "large", "xl"] = "tiny"
+    hidden: int | None = Field(default=None, gt=0)
+    layers: int | None = Field(default=None, gt=0)
+    heads: int | None = Field(default=None, gt=0)
+    ffn: int | None = Field(default=None, gt=0)
+    generator_layers: int | None = Field(default=None, gt=0)
+    max_position: int | None = Field(default=None, gt=0)
+    rel_buckets: int | None = Field(default=None, gt=1)
+    rel_max_distance: int | None = Field(default=None, gt=1)
+    dropout: float | None = Field(default=None, ge=0, lt=1)
+    relative_bias: bool | None = None
+
+    def overrides(self) -> dict:
+        return {k: v for k, v in self.model_dump().items() if k != "size" and v is not None}
+
+
+# lr / clip per size band (XY-LENT Table 9 for base/large/xl; ours for tiny/small)
+DEFAULT_LR = {"tiny": 2e-3, "small": 1e-3, "base": 8e-4, "large": 2e-4, "xl": 1e-4}
+
+
+DEFAULT_CLIP = {"tiny": 2.0, "small": 2.0, "base": 2.0, "large": 1.0, "xl": 1.0}
+
+
+class InfoXLMConfig(Strict):
+    """XLCo, InfoXLM's cross-lingual contrast (models/infoxlm.py); read with objective: infoxlm."""
+
+    layer: int | None = Field(default=None, gt=0, description="the layer whose states are contrasted; default "
+                              "InfoXLM's: 8 of 12 (Base), 12 of 24 (Large), two-thirds otherwise")
+    queue_size: int = Field(default=131_072, gt=0, description="negative keys kept from earlier batches (paper: 131072)")
+    temperature: float = Field(default=0.25, gt=0, allow_inf_nan=False, description="τ of InfoNCE (reference: 0.25)")
+    momentum: float = Field(default=0.999, ge=0, lt=1, description="m of the key encoder's EMA (paper: 0.999 or 0.9999)")
+    weight: float = Field(default=1.0, gt=0, allow_inf_nan=False, description="XLCo's weight next to MMLM + TLM")
+    normalize: bool = Field(default=False, description="L2-normalise queries and keys (the reference does not)")
+    pool: Literal["cls", "mean"] = Field(default="cls", description="cls: the <s> state (InfoXLM); mean: the mean "
+                                         "over real tokens, as retrieval pools")
+    in_batch_negatives: bool = Field(default=False, description="also contrast against the other pairs of the same "
+                                     "global batch (keys of the same key-encoder version), not the queue alone")
+    mixup: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False,
+                         description="mixup contrast: the share of rows that are merged with another row of the "
+                         "global batch into one pair (x_i x_j against y_i y_j, each side in random order); 0: off")
+
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("mixup",)
+
+
+REGISTRY_URI = re.compile(r"^models:/(?P<name>[^/@']+)(?:/(?P<version>latest|[0-9]+)|@(?P<alias>[A-Za-z0-9_-]+))$")
+
+
+class InitConfig(Strict):
+    """``pretrain.init``: start from an existing encoder (MetaXLM) -- the body copied, the
+    new vocabulary's embeddings matched piece by piece (exact, normalised, dictionary),
+    the rest random (docs/stages/pretrain.md)."""
+
+    model_config = ConfigDict(validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+
+    from_: str = Field(alias="from", min_length=1,
+                       description="a local model dir -- an xylent export (<ws>/pretrain/<fp>/model), an `xylent "
+                       "export-hf` dir, a Hugging Face BERT/RoBERTa/XLM-R dir; relative to the spec file -- or a "
+                       "registered model models:/<name>/<version|latest> (or @<alias>) in the workspace's MLflow store")
+    dictionary: str | None = Field(default=None, description="bilingual dictionary, one 'new-word<TAB>old-word' "
+                                   "(or MUSE's 'new old') per line: unmatched pieces matched through translations")
+    generator: Literal["random", "body", "source"] = Field(
+        default="random", description="ELECTRA's generator: random; body: the first generator_layers layers of the "
+        "source body; source: the source's own generator (an xylent ELECTRA export)")
+    heads: bool = Field(default=True, description="copy the source's pretraining heads that the new model has under "
+                        "the same name and shape (vocabulary-sized biases remapped)")
+
+    @field_validator("from_")
+    @classmethod
+    def _from(cls, v: str) -> str:
+        if v.startswith("models:") and not REGISTRY_URI.match(v):
+            raise ValueError(f"{v!r} is not a registered model URI: write models:/<name>/<version> (a number or "
+                             "'latest') or models:/<name>@<alias>, or give a local dir")
+        return v
+
+    def registry(self) -> dict | None:
+        """{name, version, alias} of a ``models:/`` source, else None (a local dir)."""
+        m = REGISTRY_URI.match(self.from_)
+        return m.groupdict() if m else None
+
+
+class VecoConfig(Strict):
+    """VECO's CA-MLM (models/veco.py); read with objective: veco."""
+
+    freeze_body_steps: int = Field(default=0, ge=0, description="the two-phase schedule for a model started from an "
+                                   "encoder (pretrain.init): steps during which only the cross-attention trains")
+
+
+class PretrainConfig(Strict):
+    objective: Literal["electra", "mlm", "infoxlm", "veco"] = Field(
+        default="electra", description="electra: XLM-E generator + discriminator; mlm: the MLM/TLM ablation; "
+        "infoxlm: MMLM + TLM + XLCo contrast; veco: MLM + cross-attention MLM (plug-in/plug-out)")
+    infoxlm: InfoXLMConfig = Field(default_factory=InfoXLMConfig)
+    veco: VecoConfig = Field(default_factory=VecoConfig)
+    tasks: list[Literal["mrtd", "trtd"]] = Field(default_factory=lambda: ["mrtd", "trtd"], min_length=1)
+    task_schedule: Literal["alternate", "mix"] = Field(
+        default="alternate", description="alternate: one task per optimizer step; mix: every task every step")
+    trtd_ratio: float = Field(default=0.5, gt=0, lt=1, description="alternate: share of steps that are TRTD")
+    steps: int = Field(default=125_000, gt=0, description="optimizer steps")
+    batch_size: int = Field(default=8192, gt=0, description="MRTD sequences per micro-batch, all ranks together")
+    trtd_max_tokens: int = Field(default=4_194_304, gt=0,
+                                 description="TRTD tokens (padded) per micro-batch, all ranks together")
+    grad_accum: int = Field(default=1, gt=0, description="micro-batches per task per optimizer step")
+    lr: float | None = Field(default=None, gt=0, description="peak lr; default by size (base 8e-4, large 2e-4, xl 1e-4)")
+    warmup_steps: int = Field(default=10_000, ge=0)
+    betas: tuple[float, float] = (0.9, 0.98)
+    eps: float = Field(default=1e-6, gt=0)
+    weight_decay: float = Field(default=0.01, ge=0)
+    clip: float | None = Field(default=None, gt=0, description="gradient clipping norm; default by size")
+    disc_weight: float = Field(default=50.0, gt=0, description="λ in L_G + λ·L_D")
+    mask_prob: float = Field(default=0.15, gt=0, lt=1)
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        default=2, description="picks infra/deepspeed/zero<N>.json; with deepspeed_config the file's stage rules")
+    precision: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="auto: bf16 on GPU, fp32 on CPU")
+    checkpoint_every: int = Field(default=1000, gt=0)
+    keep_checkpoints: int = Field(default=2, gt=0)
+    # how to run, not what: left out of the fingerprint, so a restart may change them and still resume
+    ranks: int = Field(default=1, gt=0, description="local ranks (GPUs; CPU processes without a GPU)")
+    hostfile: str | None = Field(default=None, description="DeepSpeed hostfile for several nodes")
+    master_port: int | None = Field(default=None, gt=0, lt=65536, description="default: a free port")
+    deepspeed_config: str | None = Field(default=None, description="default: infra/deepspeed/zero<stage>.json")
+    log_every: int = Field(default=10, gt=0, description="steps between MLflow flushes and log lines")
+    system_metrics: bool = True
+    system_metrics_interval: float = Field(default=10.0, gt=0, description="seconds between system metric samples")
+    peak_tflops: float | None = Field(default=None, gt=0, description="for MFU; default from the GPU's name")
+    register_name: str | None = Field(default=None, description="MLflow registered model; default xylent-<spec name>")
+    init: InitConfig | None = Field(default=None, description="start from an existing encoder (MetaXLM): "
+                                    "body copied, embeddings matched by piece; default: a random init")
+
+    OPERATIONAL: ClassVar[tuple[str, ...]] = ("ranks", "hostfile", "master_port", "log_every", "system_metrics",
+                                              "system_metrics_interval", "peak_tflops", "register_name")
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("infoxlm", "veco", "init")
+    # each objective's own section: in the fingerprint only when that objective is trained
+    OBJECTIVE_SECTIONS: ClassVar[dict[str, str]] = {"infoxlm": "infoxlm", "veco": "veco"}
+
+    def unread_fields(self) -> set[str]:
+        """The other objectives' sections: not read by this run, so not part of what it computes."""
+        return {sec for obj, sec in self.OBJECTIVE_SECTIONS.items() if obj != self.objective}
+
+    def objective_options(self) -> dict:
+        """The trained objective's own knobs (pretrain.<objective>), for train.json."""
+        section = self.OBJECTIVE_SECTIONS.get(self.objective)
+        return getattr(self, section).model_dump() if section else {}
+
+    @model_validator(mode="after")
+    def _check(self):
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError("pretrain.tasks lists a task twice")
+        if self.objective in ("infoxlm", "veco") and "trtd" not in self.tasks:
+            raise ValueError(f"objective {self.objective} learns from translation pairs (InfoXLM: XLCo and TLM; "
+                             "VECO: cross-attention MLM): add 'trtd' to pretrain.tasks")
+        if self.objective == "infoxlm" and self.zero_stage == 3:
+            raise ValueError("objective infoxlm keeps a momentum copy of the encoder, which ZeRO-3's partitioned "
+                                 "parameters cannot update: use pretrain.zero_stage 0, 1 or 2")
+        for name in ("batch_size", "trtd_max_tokens"):
+            if getattr(self, name) % self.ranks:
+                raise ValueError(f"pretrain.{name} ({getattr(self, name)}) must be divisible by pretrain.ranks "
+                                 f"({self.ranks}): it is the global micro-batch, split evenly over ranks")
+        return self
