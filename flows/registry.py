@@ -68,7 +68,7 @@ STAGES = order_stages([
     _declare("vocab", description="VoCAP vocabulary: per-language SentencePiece grids, ALP allocation, one merged "
              "unigram model", version="1", reads=("vocab", "seed"), upstream=("dedup",)),
     _declare("sampling", description="language and language-pair sampling tables (alpha-smoothing, M2M-100 LP, "
-             "XY-LENT Sinkhorn)", version="1", reads=("sampling",), upstream=("dedup",)),
+             "XY-LENT Sinkhorn)", version="2", reads=("sampling",), upstream=("dedup",)),
     _declare("shards", description="tokenised, packed Arrow shards for MRTD and TRTD (+ index.json for the loader)",
              version="1", reads=("shards",), upstream=("dedup", "vocab")),
     _declare("pretrain", description="ELECTRA (MRTD + TRTD) pretraining under DeepSpeed ZeRO; exports and registers "

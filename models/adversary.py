@@ -41,7 +41,7 @@ class PairAdversary:
         self.pairs = list(pairs)
         self.index = {p: i for i, p in enumerate(self.pairs)}
         self.prior = np.asarray(prior, dtype=np.float64) / np.sum(prior)
-        self.rho, self.min_ratio, self.alpha = rho, min_ratio, ema
+        self.rho, self.min_ratio, self.ema_rate = rho, min_ratio, ema  # the spec's audit.ema
         self.weights = (float(weights[0]), float(weights[1]))
         self.schedule = resample_steps(steps, resamples)
         n = len(self.pairs)
@@ -71,7 +71,7 @@ class PairAdversary:
             first = upd & np.isnan(old)
             old[first] = x[first]
             later = upd & ~first
-            old[later] = (1 - self.alpha) * old[later] + self.alpha * x[later]
+            old[later] = (1 - self.ema_rate) * old[later] + self.ema_rate * x[later]
         self.rows += rows.astype(np.int64)
         self.last_step[seen] = step
 
@@ -108,7 +108,7 @@ class PairAdversary:
         return {"pairs": self.pairs, "prior": self.prior.tolist(), "schedule": self.schedule,
                 "ema": {k: _list(v) for k, v in self.ema.items()}, "rows": self.rows.tolist(),
                 "last_step": self.last_step.tolist(), "q": self.q.tolist(), "trajectory": self.trajectory,
-                "rho": self.rho, "min_ratio": self.min_ratio, "alpha": self.alpha, "weights": list(self.weights)}
+                "rho": self.rho, "min_ratio": self.min_ratio, "ema_rate": self.ema_rate, "weights": list(self.weights)}
 
     def load_state_dict(self, state: dict) -> None:
         if state["pairs"] != self.pairs or list(state["weights"]) != list(self.weights):

@@ -71,7 +71,7 @@ def write_corpus(out: Path, *, seed: int = 0, steps: int = 1500, max_pairs: int 
         # the planted copies and hubs must reach training: dedup's copy, hub and lang-id rules are off
         "dedup": {"exact_level": "line", "near_level": "line", "buckets": 2, "copies": False, "hubs": False},
         "vocab": {"grid": [400, 800], "budget": 4000, "held_sentences": 100, "held_fraction": 0.15},
-        "sampling": {"pair_method": "temperature", "pair_alpha": 0.3},
+        "sampling": {"pair_method": "smoothed", "pair_alpha": 0.3},
         "shards": {"seq_len": 128, "shard_mb": 64},
         "model": {"size": "tiny"},
         "pretrain": {"tasks": ["trtd"], "steps": steps, "batch_size": 16, "trtd_max_tokens": 4096, "lr": 0.002,

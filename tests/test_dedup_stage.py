@@ -54,7 +54,7 @@ def make_corpus(tmp: Path) -> Path:
         ],
         "prepare": {"part_rows": 40},  # several parts: duplicates must be found across them
         "dedup": {"buckets": 3, "near_level": "line", "hub_min_partners": 5},
-        "sampling": {"pair_method": "temperature"},
+        "sampling": {"pair_method": "smoothed"},
         "vocab": {"grid": [40, 60, 80], "budget": 200},
         "shards": {"seq_len": 64},
         "tracking": {"experiment": "dedup-test"},

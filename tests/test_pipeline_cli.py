@@ -43,7 +43,7 @@ def serve_corpus(corpus) -> dict:
         "download": {"backoff_s": 0.01},
         # de-sw and en-sw only: every pair contains sw, so the Sinkhorn table is
         # infeasible at T != 1 and the loader follows the temperature table
-        "sampling": {"pair_method": "temperature"},
+        "sampling": {"pair_method": "smoothed"},
         # a handful of sentences per language: only tiny vocabularies can be learned
         "vocab": {"grid": [20, 22, 24], "budget": 60, "character_coverage": 0.98},
     }
@@ -331,7 +331,7 @@ def test_the_cli_starts_its_temporary_server_before_importing_prefect_only_when_
 def test_hub_centric_bitexts_fail_sinkhorn_clearly_and_fall_back(run_cli, loopback):
     spec, ws, _ = loopback
     rc, _, err = run_cli("run", "sampling", "--spec", spec, "--workspace", ws, "--set", "sampling.pair_method=sinkhorn")
-    assert rc == 2 and "every pair contains 'sw'" in err and "pair_method: temperature" in err
+    assert rc == 2 and "every pair contains 'sw'" in err and "pair_method: smoothed" in err
     assert "Traceback" not in err
     res = run_json(run_cli, "run", "sampling", "--spec", spec, "--workspace", ws)
     out = Path(res["stages"]["sampling"]["output_dir"])

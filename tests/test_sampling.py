@@ -15,7 +15,7 @@ from tasks.sampling import (
     m2m_pair_distribution,
     read_pair_counts,
     sinkhorn_pair_distribution,
-    temperature_pair_distribution,
+    smoothed_pair_distribution,
 )
 from tasks.sampling.tables import marginal_error, target_marginal
 from xylent.errors import XylentError
@@ -115,22 +115,22 @@ def test_english_centric_bitexts_are_infeasible_and_say_why():
     with pytest.raises(XylentError) as err:
         sinkhorn_pair_distribution(star, 5.0, names=["en", "de", "sw", "xh"])
     msg = str(err.value)
-    assert "every pair contains 'en'" in msg and "half" in msg and "pair_method: temperature" in msg
+    assert "every pair contains 'en'" in msg and "half" in msg and "pair_method: smoothed" in msg
     assert np.allclose(sinkhorn_pair_distribution(star, 1.0).sum(axis=1)[0], 0.5), "T = 1 is feasible"
-    p = temperature_pair_distribution(star, 0.7)
+    p = smoothed_pair_distribution(star, 0.7)
     assert abs(p.sum() - 1) < 1e-12 and np.all(p[1:, 1:] == 0)
 
 
 def test_the_en_x_only_ablation_keeps_the_pivots_pairs_alone():
     pairs = {("de", "en"): 500, ("en", "fr"): 300, ("de", "fr"): 200, ("es", "fr"): 100}
     mono = {lang: 100 for lang in ("de", "en", "es", "fr")}
-    t = build_tables(mono, pairs, SamplingConfig(pivot="en", pair_method="temperature"))
+    t = build_tables(mono, pairs, SamplingConfig(pivot="en", pair_method="smoothed"))
     b = t.bitext
     kept = b.filter(b["p"] > 0)
     assert sorted(zip(kept["lang_a"], kept["lang_b"])) == [("de", "en"), ("en", "fr")]
     assert abs(b["p"].sum() - 1) < 1e-12 and any("pivot=en" in n for n in t.notes)
     with pytest.raises(XylentError, match="sampling.pivot"):
-        build_tables(mono, pairs, SamplingConfig(pivot="sw", pair_method="temperature"))
+        build_tables(mono, pairs, SamplingConfig(pivot="sw", pair_method="smoothed"))
 
 
 def test_a_support_that_cannot_carry_the_marginals_is_named():
@@ -235,7 +235,7 @@ def test_additivity_residual_detects_a_plan_that_is_not_a_scaling():
     s = c + c.T
     q = s / s.sum()
     assert additivity_residual(sinkhorn_knopp(q, target_marginal(q, 5.0)), q) < 1e-10
-    assert additivity_residual(temperature_pair_distribution(c, 0.7), q) > 0.1
+    assert additivity_residual(smoothed_pair_distribution(c, 0.7), q) > 0.1
 
 
 @pytest.mark.parametrize("t", [2.0, 5.0])

@@ -140,7 +140,7 @@ def skewed(tmp_path_factory):
         index["trtd"][f"{a}-{b}"] = _write_group(shards, f"trtd/pair={a}-{b}", TRTD_SCHEMA, [src, tgt])
     (shards / "index.json").write_text(json.dumps(index))
 
-    t = build_tables(MONO_ROWS, PAIR_ROWS, SamplingConfig(pair_method="temperature"))
+    t = build_tables(MONO_ROWS, PAIR_ROWS, SamplingConfig(pair_method="smoothed"))
     mono = t.mono.with_columns(pl.Series("p", [MONO_P[lang] for lang in t.mono["lang"]]))
     bitext = t.bitext.with_columns(pl.Series("p", [PAIR_P[(a, b)] for a, b in zip(t.bitext["lang_a"],
                                                                                     t.bitext["lang_b"])]))

@@ -47,6 +47,15 @@ def test_unknown_fields_are_errors_that_name_the_field(tmp_path):
     assert "prepare.min_chrs" in str(err.value) and str(spec) in str(err.value)
 
 
+def test_a_renamed_value_is_refused_with_its_new_name(tmp_path):
+    spec = write_spec(tmp_path / "s.yaml", {**BASE, "sampling": {"pair_method": "temperature"}})
+    with pytest.raises(XylentError) as err:
+        load_spec(spec)
+    text = err.value.render()
+    assert "sampling.pair_method" in text and "pair_method: smoothed" in text, text
+    assert load_spec(spec, ["sampling.pair_method=smoothed"]).sampling.pair_method == "smoothed"
+
+
 def test_set_overrides_nested_fields_lists_and_yaml_values(tmp_path):
     spec = write_spec(tmp_path / "s.yaml", BASE)
     s = load_spec(spec, ["prepare.min_chars=5", "sources.0.max_lines=10", "languages=[de, en, fr]",

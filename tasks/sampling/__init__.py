@@ -1,7 +1,7 @@
 """sampling stage: language and language-pair sampling tables with diagnostics.
 
 Public API: :func:`language_distribution`, :func:`sinkhorn_pair_distribution`,
-:func:`m2m_pair_distribution`, :func:`temperature_pair_distribution`,
+:func:`m2m_pair_distribution`, :func:`smoothed_pair_distribution`,
 :func:`build_tables` (statistics -> the two Parquet tables + metrics).
 """
 
@@ -22,12 +22,12 @@ from tasks.sampling.tables import (
     sinkhorn_pair_distribution,
     symmetric_counts,
     target_marginal,
-    temperature_pair_distribution,
+    smoothed_pair_distribution,
 )
 
 __all__ = [
     "SamplingTables", "build_tables", "language_distribution", "m2m_pair_distribution", "read_pair_counts",
-    "sinkhorn_pair_distribution", "temperature_pair_distribution",
+    "sinkhorn_pair_distribution", "smoothed_pair_distribution",
 ]
 
 
@@ -136,8 +136,8 @@ def build_tables(mono_counts: dict[str, int], pair_counts: dict[tuple[str, str],
             raise
         notes.append(f"Sinkhorn table not available: {exc.what}")
     p_m2m = m2m_pair_distribution(counts, cfg.temperature)
-    p_temp = temperature_pair_distribution(counts, cfg.pair_alpha)
-    chosen = {"sinkhorn": p_star, "m2m": p_m2m, "temperature": p_temp}[cfg.pair_method]
+    p_smoothed = smoothed_pair_distribution(counts, cfg.pair_alpha)
+    chosen = {"sinkhorn": p_star, "m2m": p_m2m, "smoothed": p_smoothed}[cfg.pair_method]
 
     iu = np.triu_indices(len(blangs), k=1)
     n_pairs = sym[iu]  # sentence pairs of each unordered pair, X→Y and Y→X files summed
@@ -150,7 +150,7 @@ def build_tables(mono_counts: dict[str, int], pair_counts: dict[tuple[str, str],
     cols = {
         "lang_a": [blangs[i] for i in iu[0][keep]], "lang_b": [blangs[j] for j in iu[1][keep]],
         "pairs": n_pairs[keep].astype(np.int64), "q": _upper(q)[keep],
-        "p_star": col(p_star), "p_m2m": col(p_m2m), "p_temperature": col(p_temp), "p": col(chosen),
+        "p_star": col(p_star), "p_m2m": col(p_m2m), "p_smoothed": col(p_smoothed), "p": col(chosen),
     }
     for name in ("star", "m2m"):
         probs = cols[f"p_{name}"]
@@ -162,7 +162,7 @@ def build_tables(mono_counts: dict[str, int], pair_counts: dict[tuple[str, str],
     metrics: dict[str, float] = {
         "languages.mono": float(len(langs)), "languages.bitext": float(len(blangs) - len(dropped)),
         "pairs.nonzero_q": float(keep.sum()), "entropy.q": _entropy(_upper(q)),
-        "entropy.temperature": _entropy(_upper(p_temp)),
+        "entropy.smoothed": _entropy(_upper(p_smoothed)),
     }
     active = sym.sum(axis=1) > 0
     a = target_marginal(q[np.ix_(active, active)], cfg.temperature)

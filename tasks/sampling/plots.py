@@ -40,7 +40,7 @@ def heatmaps(matrices: dict[str, np.ndarray], languages: list[str], path: Path) 
 def sorted_pair_probabilities(bitext: pl.DataFrame, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for col, label in (("q", "data Q"), ("p_star", "XY-LENT P*"), ("p_m2m", "M2M-100 LP"),
-                       ("p_temperature", "temperature")):
+                       ("p_smoothed", "smoothed")):
         if col in bitext.columns and bitext[col].null_count() == 0:
             values = np.sort(bitext[col].to_numpy())[::-1]
             shown = values[values > 0]

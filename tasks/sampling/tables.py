@@ -96,7 +96,7 @@ def _hub(support: np.ndarray) -> int | None:
 
 def _explain_infeasible(support: np.ndarray, a: np.ndarray, names: list[str] | None) -> XylentError:
     label = (lambda i: names[i]) if names else (lambda i: f"#{i}")
-    fix = ("use sampling.pair_method: temperature (p_pair ∝ n_pair^α, XLM-E style), set sampling.temperature: 1, "
+    fix = ("use sampling.pair_method: smoothed (p_pair ∝ n_pair^pair_alpha, XLM-E style), set sampling.temperature: 1, "
            "or add bitexts between the other languages (X–Y, not only English-centric)")
     h = _hub(support)
     if h is not None:
@@ -149,7 +149,7 @@ def sinkhorn_pair_distribution(counts: np.ndarray, temperature: float, *, eps: f
             f"the Sinkhorn pair table did not converge in {max_iter} iterations (max marginal error {err:.3g}): "
             "the target marginals can be met only by giving some pairs zero probability",
             where="sampling: bitext pair counts",
-            fix="lower sampling.temperature, or use sampling.pair_method: temperature")
+            fix="lower sampling.temperature, or use sampling.pair_method: smoothed")
     plan = (plan + plan.T) / 2  # symmetric by construction; remove round-off asymmetry
     plan /= plan.sum()
     return _embed(plan, idx, len(s))
@@ -169,7 +169,7 @@ def m2m_pair_distribution(counts: np.ndarray, temperature: float) -> np.ndarray:
     return _embed(plan, idx, len(s))
 
 
-def temperature_pair_distribution(counts: np.ndarray, alpha: float) -> np.ndarray:
+def smoothed_pair_distribution(counts: np.ndarray, alpha: float) -> np.ndarray:
     """p_pair ∝ n_pair^α over unordered pairs, split evenly over (i, j) and (j, i)."""
     s = symmetric_counts(counts)
     _check_positive("pair_alpha", alpha)

@@ -1,4 +1,5 @@
-"""Reading a spec: YAML (duplicate keys refused), ``extends:`` bases, ``--set`` overrides, and validation errors that say what, where and what to do."""
+"""Reading a spec: YAML (duplicate keys refused), ``extends:`` bases, ``--set`` overrides,
+and validation errors that say what, where and what to do."""
 
 from __future__ import annotations
 

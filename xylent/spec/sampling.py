@@ -18,10 +18,11 @@ class SamplingConfig(Strict):
                          description="monolingual smoothing: p_j ∝ m_j^alpha")
     temperature: float = Field(default=5.0, gt=0, allow_inf_nan=False,
                                description="pair tables: target marginal a = p^(1/T)")
-    pair_method: Literal["sinkhorn", "m2m", "temperature"] = Field(
-        default="sinkhorn", description="which pair table the data loader follows (column p)")
+    pair_method: Literal["sinkhorn", "m2m", "smoothed"] = Field(
+        default="sinkhorn", description="which pair table the data loader follows (column p): sinkhorn (XY-LENT "
+        "Eq. 2) and m2m (M2M-100's LP) target a = p^(1/temperature); smoothed is p_pair ∝ n_pair^pair_alpha")
     pair_alpha: float = Field(default=0.7, gt=0, le=1, allow_inf_nan=False,
-                              description="temperature method: p_pair ∝ n_pair^pair_alpha")
+                              description="smoothed method: p_pair ∝ n_pair^pair_alpha")
     eps: float = Field(default=0.0, ge=0, allow_inf_nan=False,
                        description="0: empty pairs are structural zeros; > 0: the paper's -log(Q + eps)")
     bitext_budget: int = Field(default=1_000_000, gt=0,
@@ -32,6 +33,14 @@ class SamplingConfig(Strict):
         "the tables are built as if they had no data")
     pivot: str | None = Field(default=None, description="keep only the pairs with this language (e.g. en: the EN-X "
                               "only ablation of XY-LENT's X-Y bitexts); the others get probability 0")
+
+    @field_validator("pair_method", mode="before")
+    @classmethod
+    def _renamed(cls, v):
+        if v == "temperature":  # its old name: it never read sampling.temperature
+            raise ValueError("pair_method 'temperature' is now called 'smoothed' (p_pair ∝ n_pair^pair_alpha; "
+                             "it never read sampling.temperature): write pair_method: smoothed")
+        return v
 
     @field_validator("pivot")
     @classmethod
