@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from cost_guard import costs
-from conftest import stopped_after
+from conftest import linked_data, stopped_after
 import torch
 
 from tests.test_pretrain import (DEMO, SMALL, _assert_bit_identical, _assert_like_the_reference_on_other_ranks,
-                                 _linked, _metrics)
+                                 _metrics)
 
 OBJECTIVES = {
     # a small queue, so it wraps within 40 steps; in-batch negatives, so keys cross ranks inside the loss;
@@ -54,11 +54,11 @@ def objective_runs(request, demo_run, tmp_path_factory, prefect_server):
         res = json.loads(buf.getvalue())["stages"]["pretrain"]
         return res, Path(res["output_dir"])
 
-    two_ws = _linked(demo_ws, root / "two")
+    two_ws = linked_data(demo_ws, root / "two")
     ref = run(two_ws, "--set", "pretrain.ranks=2")
-    stopped_ws = stopped_after(two_ws, _linked(demo_ws, root / "stopped"), "pretrain", 10)
+    stopped_ws = stopped_after(two_ws, linked_data(demo_ws, root / "stopped"), "pretrain", 10)
     resumed = run(stopped_ws, "--set", "pretrain.ranks=2")
-    one = run(_linked(demo_ws, root / "one"), "--set", "pretrain.ranks=1")
+    one = run(linked_data(demo_ws, root / "one"), "--set", "pretrain.ranks=1")
     return {"name": name, "ref": (*ref, two_ws), "resumed": (*resumed, stopped_ws), "one": one}
 
 

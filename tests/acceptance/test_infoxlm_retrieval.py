@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, linked_data
 from tests.acceptance.claims import record
-from tests.test_pretrain import _linked
 
 OVER_RANDOM = 2.0           # django-holdout: points above random-init
 ALLAUTH_SLACK = 1.0         # allauth: at least level with random-init, within a point
@@ -22,7 +21,7 @@ OVER_ELECTRA = (10.0, 5.0)  # holdout, allauth: points above the ELECTRA demo en
 @pytest.mark.costs(deepspeed=1)  # its pretraining (evaluate's fine-tuning runs in-process)
 def test_the_demo_with_objective_infoxlm_beats_random_init_on_held_out_retrieval(run_cli, demo_full, tmp_path):
     res, demo_ws, demo_seconds = demo_full
-    ws = _linked(demo_ws, tmp_path / "infoxlm")
+    ws = linked_data(demo_ws, tmp_path / "infoxlm")
     start = time.monotonic()
     rc, out, err = run_cli("run", "evaluate", "--spec", ROOT / "data_specs" / "recipes" / "infoxlm.yaml",
                            "--workspace", ws, "--json")
