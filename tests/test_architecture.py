@@ -198,3 +198,32 @@ def test_every_stage_is_declared_once_with_a_callable_body_and_a_docs_page():
         page = ROOT / "docs" / "stages" / f"{stage.name}.md"
         assert page.exists(), f"{stage.name} has no docs page"
         assert "architecture.md" in page.read_text(), f"{page.name} does not link the stage contract"
+
+
+def test_every_stage_has_what_the_adding_a_stage_checklist_asks_for():
+    """docs/architecture.md's "How to add a stage", item by item, for every declared stage: its
+    logic folder, its flow file, its Prefect deployment, its spec section when it reads one of
+    its own name, its docs page, its row in the data-contract table naming files that exist."""
+    import re
+
+    import yaml
+
+    from flows.registry import STAGES
+    from xylent.spec import Spec
+
+    deployments = {d["entrypoint"] for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]}
+    contracts = {}
+    for line in (ROOT / "docs" / "architecture.md").read_text().splitlines():
+        if m := re.match(r"^\| (\w+) \| .* \| (.*) \|$", line):
+            contracts[m.group(1)] = re.findall(r"`((?:tasks|models)/[\w/]+\.py)`", m.group(2))
+    for stage in STAGES:
+        name = stage.name
+        assert (ROOT / "tasks" / name / "__init__.py").exists(), f"{name}: no tasks/{name}/ folder"
+        assert (ROOT / "flows" / f"{name}.py").exists(), f"{name}: no flows/{name}.py"
+        assert f"flows/{name}.py:{name}" in deployments, f"{name}: no deployment in prefect.yaml"
+        if name in stage.reads:
+            assert name in Spec.model_fields, f"{name} reads a spec section '{name}' that Spec does not have"
+        assert (ROOT / "docs" / "stages" / f"{name}.md").exists(), f"{name}: no docs/stages/{name}.md"
+        assert contracts.get(name), f"{name}: no row in docs/architecture.md's data-contract table"
+        missing = [f for f in contracts[name] if not (ROOT / f).exists()]
+        assert not missing, f"{name}'s contract names files that do not exist: {missing}"
