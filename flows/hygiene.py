@@ -136,15 +136,17 @@ def start_prefect_server() -> Callable[[], None]:
     return ready
 
 
+_EPHEMERAL = ("PREFECT_SERVER_EPHEMERAL_ENABLED", "PREFECT_SERVER_ALLOW_EPHEMERAL_MODE")  # the name, its old alias
+
+
 def _no_api_configured() -> bool:
     """Whether this process's Prefect will need the temporary server, read without importing
-    Prefect: no API URL in the environment or the active profile, ephemeral mode not turned
-    off, and no settings file in the working folder (prefect.toml, .env, pyproject.toml's
-    [tool.prefect]) that only Prefect itself reads right."""
-    import tomllib
-
+    Prefect as Prefect reads it: no API URL in the environment or the active profile (the
+    profiles Prefect ships, updated by the user's file), ephemeral mode on (its default is
+    off; Prefect's own "ephemeral" profile turns it on), and no settings file in the working
+    folder (prefect.toml, .env, pyproject.toml's [tool.prefect]) that only Prefect reads right."""
     env = os.environ
-    if env.get("PREFECT_API_URL") or env.get("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", "").lower() in ("0", "false"):
+    if env.get("PREFECT_API_URL"):
         return False
     cwd = Path.cwd()
     if (cwd / "prefect.toml").exists() or (cwd / ".env").exists():
@@ -152,17 +154,38 @@ def _no_api_configured() -> bool:
     with contextlib.suppress(OSError):
         if "[tool.prefect" in (cwd / "pyproject.toml").read_text(encoding="utf-8", errors="replace"):
             return False
-    home = Path(env.get("PREFECT_HOME") or "~/.prefect").expanduser()
+    profiles = _profiles()
+    if profiles is None:
+        return False  # Prefect will say what is wrong with the file
+    active = profiles["profiles"].get(env.get("PREFECT_PROFILE") or profiles["active"]) or {}
+    if active.get("PREFECT_API_URL"):
+        return False
+    flag = next((v for v in [*(env.get(k) for k in _EPHEMERAL), *(active.get(k) for k in _EPHEMERAL)]
+                 if v not in (None, "")), "false")
+    return str(flag).strip().lower() in ("1", "true", "t", "yes", "y", "on")
+
+
+def _profiles() -> dict | None:
+    """Prefect's shipped profiles with the user's file over them (``active`` and
+    ``profiles``); None when the user's file cannot be read as TOML."""
+    import importlib.util
+    import tomllib
+
+    shipped = Path(importlib.util.find_spec("prefect").origin).parent / "settings" / "profiles.toml"
+    out = tomllib.loads(shipped.read_text(encoding="utf-8"))
+    out.setdefault("profiles", {})
+    home = Path(os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser()
+    path = Path(os.environ.get("PREFECT_PROFILES_PATH") or home / "profiles.toml").expanduser()
     try:
-        profiles = tomllib.loads(Path(env.get("PREFECT_PROFILES_PATH") or home / "profiles.toml")
-                                 .expanduser().read_text(encoding="utf-8"))
+        user = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        return True  # Prefect's own default profiles: ephemeral
+        return out
     except (OSError, ValueError):
-        return False  # Prefect will say what is wrong with it
-    active = (profiles.get("profiles") or {}).get(env.get("PREFECT_PROFILE") or profiles.get("active")) or {}
-    return not active.get("PREFECT_API_URL") and str(
-        active.get("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", "true")).lower() not in ("0", "false")
+        return None
+    for name, values in (user.get("profiles") or {}).items():
+        out["profiles"][name] = {**out["profiles"].get(name, {}), **(values or {})}
+    out["active"] = user.get("active", out.get("active"))
+    return out
 
 
 class _TemporaryServer:

@@ -42,7 +42,7 @@ def serve_corpus(corpus) -> dict:
         "tracking": {"experiment": "loopback"},
         "download": {"backoff_s": 0.01},
         # de-sw and en-sw only: every pair contains sw, so the Sinkhorn table is
-        # infeasible at T != 1 and the loader follows the temperature table
+        # infeasible at T != 1 and the loader follows the smoothed table
         "sampling": {"pair_method": "smoothed"},
         # a handful of sentences per language: only tiny vocabularies can be learned
         "vocab": {"grid": [20, 22, 24], "budget": 60, "character_coverage": 0.98},
@@ -307,16 +307,21 @@ def test_the_cli_starts_its_temporary_server_before_importing_prefect_only_when_
         monkeypatch.delenv(k)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home"))
-    assert _no_api_configured(), "no profiles file: Prefect's default profile is ephemeral"
+    assert _no_api_configured(), "no profiles file: Prefect's shipped profile 'ephemeral' is active"
     (tmp_path / "home").mkdir()
     profiles = tmp_path / "home" / "profiles.toml"
     profiles.write_text('active = "team"\n[profiles.team]\nPREFECT_API_URL = "http://prefect:4200/api"\n'
-                        '[profiles.solo]\nPREFECT_LOGGING_LEVEL = "INFO"\n')
+                        '[profiles.solo]\nPREFECT_LOGGING_LEVEL = "INFO"\n'
+                        '[profiles.mine]\nPREFECT_SERVER_EPHEMERAL_ENABLED = "true"\n')
     assert not _no_api_configured(), "the active profile names a server"
     monkeypatch.setenv("PREFECT_PROFILE", "solo")
+    assert not _no_api_configured(), "ephemeral mode is off unless a profile or the environment turns it on"
+    monkeypatch.setenv("PREFECT_PROFILE", "ephemeral")
+    assert _no_api_configured(), "the user's file keeps Prefect's shipped profiles"
+    monkeypatch.setenv("PREFECT_PROFILE", "mine")
     assert _no_api_configured()
-    monkeypatch.setenv("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", "false")
-    assert not _no_api_configured(), "ephemeral mode turned off: no temporary server"
+    monkeypatch.setenv("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE", "off")  # the old name, a false Prefect accepts
+    assert not _no_api_configured(), "the environment turns ephemeral mode off"
     monkeypatch.delenv("PREFECT_SERVER_ALLOW_EPHEMERAL_MODE")
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
     assert not _no_api_configured()

@@ -30,7 +30,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 DOC = ROOT / "docs" / "acceptance.md"
 
 # the code every learning claim runs through: the model, its training, the loader that feeds it
-_LEARNING = ["models/", "tasks/pretrain/", "tasks/shards/loader.py", "xylent/spec/"]  # every section of the spec
+_LEARNING = ["models/", "tasks/pretrain/", "tasks/shards/loader.py", "xylent/spec/", "xylent/launch.py",
+             "xylent/atomic.py"]  # the spec, and how the ranks are launched and write their files
 
 CLAIMS: dict[str, dict] = {
     "demo-learns": {
