@@ -15,8 +15,8 @@ import shutil
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.kit import StageContext, StageOutcome, stage_flow
-from flows.training import checkpoint_dir, run_training, shards_source
+from flows.kit.stage import StageContext, StageOutcome, stage_flow
+from flows.kit.training import checkpoint_dir, run_training, shards_source
 from flows.registry import STAGE_BY_NAME
 
 

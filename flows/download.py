@@ -9,10 +9,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.kit import StageContext, StageOutcome, stage_flow
-from flows.progress import Progress
+from flows.kit.stage import StageContext, StageOutcome, stage_flow
+from flows.kit.progress import Progress
 from flows.registry import STAGE_BY_NAME
-from flows.runners import run_tasks
+from flows.kit.runners import run_tasks
 from xylent.errors import XylentError, environment_error
 from xylent.spec import DownloadConfig
 from xylent.workspace import Workspace

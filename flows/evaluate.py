@@ -13,9 +13,9 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.kit import StageContext, StageOutcome, stage_flow
-from flows.training import checkpoint_dir
-from flows.progress import Progress
+from flows.kit.stage import StageContext, StageOutcome, stage_flow
+from flows.kit.training import checkpoint_dir
+from flows.kit.progress import Progress
 from flows.registry import STAGE_BY_NAME
 
 

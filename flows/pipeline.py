@@ -7,7 +7,7 @@ import contextlib
 from prefect import flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-from flows.kit import Invocation
+from flows.kit.stage import Invocation
 from flows.registry import STAGE_NAMES, STAGES, stage_flow_of
 from xylent.stage import find_stage
 

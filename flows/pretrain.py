@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 
-from flows.kit import StageContext, StageOutcome, stage_flow
+from flows.kit.stage import StageContext, StageOutcome, stage_flow
 from flows.registry import STAGE_BY_NAME
-from flows.training import checkpoint_dir, run_training, shards_source
+from flows.kit.training import checkpoint_dir, run_training, shards_source
 
 
 @stage_flow(STAGE_BY_NAME["pretrain"])

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.kit import StageContext, StageOutcome, stage_flow
+from flows.kit.stage import StageContext, StageOutcome, stage_flow
 from flows.registry import STAGE_BY_NAME
 from xylent.spec import SamplingConfig
 

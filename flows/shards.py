@@ -8,10 +8,10 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.kit import StageContext, StageOutcome, stage_flow
-from flows.progress import Progress
+from flows.kit.stage import StageContext, StageOutcome, stage_flow
+from flows.kit.progress import Progress
 from flows.registry import STAGE_BY_NAME
-from flows.runners import batches, make_task_runner, run_tasks, task_slots
+from flows.kit.runners import batches, make_task_runner, run_tasks, task_slots
 from xylent.spec import ShardsConfig
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.kit import StageContext, StageOutcome, stage_flow
+from flows.kit.stage import StageContext, StageOutcome, stage_flow
 from flows.registry import STAGE_BY_NAME
-from flows.runners import run_tasks
+from flows.kit.runners import run_tasks
 from xylent.spec import VocabConfig
 
 

@@ -7,7 +7,7 @@ fixtures it requests declare theirs).  Counts are upper bounds.
 
 Counting: the real ``subprocess.Popen.__init__`` is wrapped (and always called): a process
 started with ``XYLENT_PARENT`` in its environment is a DeepSpeed rank launch (the launcher
-sets it for every local rank program, xylent/launch.py), one running ``flows.cli`` or
+sets it for every local rank program, xylent/launch.py), one running ``flows.kit.cli`` or
 ``xylent`` is a CLI process, one of the servers below is a server.  What happens inside a CLI
 subprocess is that process's business.  A fixture's set-up is counted against the fixture, the
 rest of a test's run against the test.  An item that declares or requests anything is
@@ -47,7 +47,7 @@ def kind_of(args, env) -> str | None:
     if env and "XYLENT_PARENT" in env:
         return "deepspeed"
     names = [Path(a).name for a in argv[:3]]
-    if any("flows.cli" in a for a in argv) or (names and names[0] == "xylent"):  # -m, -c and sh -c forms too
+    if any("flows.kit.cli" in a for a in argv) or (names and names[0] == "xylent"):  # -m, -c and sh -c forms too
         return "cli"
     if any(n in ("mlflow", "prefect", "ray") for n in names):  # their commands that start one
         return "servers" if {"server", "ui", "start"} & set(argv) else None

@@ -54,7 +54,7 @@ def test_prefect_yaml_declares_every_stage_and_deploys(deployed):
         flow_params = set(got.parameter_openapi_schema["properties"])
         assert {"spec_file", "workspace", "overrides", "force"} <= flow_params, "the UI's form is the flow's signature"
         assert not {p for p in flow_params if "mlflow" in p}, "no internal parameter on the run form"
-        assert got.pull_steps == [{"flows.deployment_steps.enter_xylent_home": {}}], \
+        assert got.pull_steps == [{"flows.kit.deployment_steps.enter_xylent_home": {}}], \
             "nothing of the deploying machine is stored: the worker's XYLENT_HOME is read when a run starts"
     assert "gpu" in deployments["pretrain"].tags
     crons = {name: [(s.schedule.cron, s.schedule.timezone, s.active) for s in d.schedules]

@@ -168,7 +168,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def _run(*args) -> dict:
-    from flows.cli import main
+    from flows.kit.cli import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -261,7 +261,7 @@ def test_commands_that_run_no_stage_import_nothing_heavy(tmp_path):
                 ["status", "--spec", spec, "--workspace", ws, "--set", "sampling.temperature=x"]]
 
     def run(argvs) -> dict:
-        code = ("import contextlib, io, json, sys\nfrom flows.cli import main\nrcs, outs = [], []\n"
+        code = ("import contextlib, io, json, sys\nfrom flows.kit.cli import main\nrcs, outs = [], []\n"
                 f"for argv in {[[str(a) for a in c] for c in argvs]!r}:\n"
                 "    out = io.StringIO()\n"
                 "    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):\n"
@@ -301,7 +301,7 @@ def test_the_cli_starts_its_temporary_server_before_importing_prefect_only_when_
         tmp_path, monkeypatch):
     """The guess read without Prefect (the environment, the active profile, the working folder's
     settings files); Prefect's own settings overrule it before the first flow."""
-    from flows.hygiene import _no_api_configured
+    from flows.kit.processes import _no_api_configured
 
     for k in [k for k in os.environ if k.startswith("PREFECT_")]:
         monkeypatch.delenv(k)

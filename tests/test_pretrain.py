@@ -148,7 +148,7 @@ def _kill_launcher_after_first_checkpoint(ws: Path, *extra: str, ranks: int = 2)
     args = ["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), *SMALL,
             "--set", f"pretrain.ranks={ranks}", *extra]
     with open(ws.parent / f"{ws.name}.stderr", "w") as err:  # a pipe nobody reads would block the child
-        proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, "-m", "flows.kit.cli", *args], stdout=subprocess.DEVNULL,
                                 stderr=err, env=os.environ.copy())
     deadline = time.time() + 240
     while not list(ws.glob("pretrain/_checkpoints/*/deepspeed/step-00000010/COMPLETE")):
@@ -181,7 +181,7 @@ def _kill_launcher_after_first_checkpoint(ws: Path, *extra: str, ranks: int = 2)
 def two_ranks(demo_run, tmp_path_factory, prefect_server):
     """The reference run: 2 CPU ranks, ZeRO-2, 40 uninterrupted steps."""
     _, demo_ws = demo_run
-    from flows.cli import main
+    from flows.kit.cli import main
 
     ws = linked_data(demo_ws, tmp_path_factory.mktemp("pt") / "two")
     import contextlib
@@ -233,7 +233,7 @@ def test_a_killed_rank_is_reported_and_the_rerun_resumes_exactly(run_cli, demo_r
     ws = linked_data(demo_ws, tmp_path / "killed")
     args = ["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), *SMALL,
             "--set", "pretrain.ranks=2", "--set", "pretrain.zero_stage=2"]
-    proc = subprocess.Popen([sys.executable, "-m", "flows.cli", *args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "flows.kit.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=os.environ.copy())
     deadline, killed = time.time() + 240, None
     while time.time() < deadline and proc.poll() is None and killed is None:
@@ -375,7 +375,7 @@ def zero0_two_ranks(demo_run, tmp_path_factory, prefect_server):
     import contextlib
     import io
 
-    from flows.cli import main
+    from flows.kit.cli import main
 
     ws = linked_data(demo_run[1], tmp_path_factory.mktemp("pt") / "zero0")
     buf = io.StringIO()

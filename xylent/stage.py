@@ -1,6 +1,6 @@
 """The stage contract, as the core sees it: what a stage is, what its body
 returns, and what its fingerprint covers.  Nothing here knows Prefect; the
-flows layer (``flows/kit.py``) turns a :class:`StageDef` into a Prefect flow.
+flows layer (``flows/kit/stage.py``) turns a :class:`StageDef` into a Prefect flow.
 
 A stage's fingerprint hashes its name, its code version, the slice of the spec
 it reads and its upstream stages' fingerprints.  Bump ``version`` whenever a

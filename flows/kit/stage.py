@@ -25,10 +25,10 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, State
 
 import xylent
-from flows.deployment_steps import workspace_slot
+from flows.kit.deployment_steps import workspace_slot
 from flows.registry import STAGE_BY_NAME, stage_flow_of
-from flows.run_record import effective_params, headline, log_spec_file, log_stage_inputs, run_name, source_tags
-from flows.runners import cluster_tags, shared_cluster
+from flows.kit.run_record import effective_params, headline, log_spec_file, log_stage_inputs, run_name, source_tags
+from flows.kit.runners import cluster_tags, shared_cluster
 from xylent.errors import XylentError, environment_error
 from xylent.spec import Spec, load_spec
 from xylent.stage import StageContext, StageDef, StageOutcome, stage_fingerprints, workspace_for

@@ -15,7 +15,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from flows.hygiene import quiet_console, quiet_user_errors
+from flows.kit.processes import quiet_console, quiet_user_errors
 
 quiet_console(sys.argv)  # before Prefect is imported: its console handler reads its level once
 
@@ -115,7 +115,7 @@ def _run(args) -> dict:
             raise XylentError("--until only goes with 'pipeline'", fix=f"xylent run pipeline --until {target}")
     elif args.until:
         find_stage(STAGES, args.until)
-    from flows.hygiene import run_log, start_prefect_server
+    from flows.kit.processes import run_log, start_prefect_server
     from xylent.spec import load_spec
 
     spec = load_spec(args.spec, args.overrides)
@@ -148,7 +148,7 @@ def _print_summary(result: dict, *, ran: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from flows.run_record import headline_text
+    from flows.kit.run_record import headline_text
 
     console = Console()
     table = Table("stage", "state", "time", "headline", "fingerprint")

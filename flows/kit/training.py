@@ -13,8 +13,8 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.kit import StageContext
-from flows.progress import Progress
+from flows.kit.stage import StageContext
+from flows.kit.progress import Progress
 from models.run_config import TrainConfig
 
 _STEP = re.compile(r"xylent: step (\d+)/(\d+)")
