@@ -435,6 +435,39 @@ def test_a_download_whose_end_cannot_be_verified_is_a_warning(tmp_path, http_cor
     assert "/en.txt: the server sent no length" in warning and "sha256" in warning
 
 
+def test_the_server_watchdog_stops_only_the_server_it_was_given_never_a_process_that_took_its_number():
+    """PIDs wrap within minutes on a busy machine: the watchdog knows its CLI and its server by
+    PID and start time, so a reused number, for the parent or the server, is not them."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from flows.kit.processes import _WATCHDOG
+
+    def watchdog(parent: psutil.Process, server: psutil.Process, server_started: float) -> None:
+        subprocess.run([sys.executable, "-c", _WATCHDOG, str(parent.pid), repr(parent.create_time()), str(server.pid),
+                        repr(server_started)], timeout=60, check=True)
+
+    stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        holder = psutil.Process(stand_in.pid)
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        parent = psutil.Process(gone.pid)
+        gone.wait()  # the CLI is gone: the watchdog goes on at once
+        watchdog(parent, holder, holder.create_time() - 5.0)  # the server's number, now another process's
+        assert stand_in.poll() is None, "a process that took the server's number was stopped"
+        alive_parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+        started = time.time()
+        watchdog(psutil.Process(alive_parent.pid), holder, holder.create_time())  # the real server, once its CLI ends
+        assert time.time() - started >= 1.0, "it waited for its CLI"
+        assert stand_in.wait(timeout=10) is not None, "the server itself is stopped"
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+
+
 @pytest.mark.costs(cli=1)
 def test_kill_9_of_the_cli_under_the_processes_runner_leaves_no_process_behind(tmp_path):
     """Its own Prefect server (no PREFECT_API_URL, as on a user's machine), pool workers, their helpers."""

@@ -75,6 +75,7 @@ def test_set_overrides_nested_fields_lists_and_yaml_values(tmp_path):
 
 @pytest.mark.parametrize("bad, message", [
     ({"languages": ["de", "english"]}, "unknown language code 'english'"),
+    ({"languages": ["de", "en\n"]}, "unknown language code 'en\\\\n'"),  # a folder name must not end in a newline
     ({"languages": ["de", "de", "en"]}, "twice"),
     ({"languages": ["de"]}, "not in the spec's 'languages'"),
     ({"sources": [{"name": "t", "kind": "url", "url": "u", "format": "moses-zip", "lang": "de"}]}, "bitext"),

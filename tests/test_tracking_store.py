@@ -83,3 +83,21 @@ def test_concurrent_first_creations_leave_one_whole_store(tmp_path):
     templates = list((tmp_path / "cache" / "xylent").iterdir())
     assert [p.name for p in templates] == [tracking.store_template(tmp_path / "cache" / "xylent").name]
     _use(ws)  # and MLflow goes on using it
+
+
+def test_a_workspace_path_with_url_characters_is_refused_before_anything_runs(tmp_path, run_cli):
+    """``?`` would start the store URI's query and ``%41`` decode to ``A``: the store would land
+    outside the workspace.  A configured store is not affected."""
+    from conftest import write_spec
+
+    (tmp_path / "en.txt").write_text("a sentence\n")
+    spec = write_spec(tmp_path / "spec.yaml", {"name": "u", "languages": ["en"], "sources": [
+        {"name": "loc", "kind": "local", "format": "text", "lang": "en", "path": str(tmp_path / "en.txt")}]})
+    for bad in ("runs?v=1", "a%41b", "x#y"):
+        rc, _, err = run_cli("run", "download", "--spec", spec, "--workspace", tmp_path / bad / "ws")
+        assert rc == 2 and "which the URI of its MLflow store" in err and "tracking.tracking_uri" in err, err
+        assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["en.txt", "spec.yaml"], "nothing was written"
+    from xylent.tracking import tracking_uri_for
+
+    assert tracking_uri_for(tmp_path / "a?b", "sqlite:////elsewhere/mlflow.db") == "sqlite:////elsewhere/mlflow.db"

@@ -38,7 +38,7 @@ _CODE_RE = re.compile(r"^(?P<base>[a-z]{2,3})(?:_(?P<sub>[A-Za-z]{3,4}))?$")
 
 def check_language(code: str, *, where: str) -> str:
     """Return ``code`` if it is a language code xylent knows, else a user error."""
-    m = _CODE_RE.match(code or "")
+    m = _CODE_RE.fullmatch(code or "")  # not match(): "$" would accept a trailing newline
     if not m or m.group("base") not in KNOWN_BASE_CODES:
         raise XylentError(
             f"unknown language code {code!r}",

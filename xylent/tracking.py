@@ -19,7 +19,18 @@ from xylent.redact import redact
 
 
 def tracking_uri_for(workspace_root: Path, configured: str | None = None) -> str:
-    return configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{workspace_root}/mlflow.db"
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    if bad := next((c for c in "%?#" if c in str(workspace_root)), None):
+        # SQLAlchemy reads the store's URI as a URL: "?" starts its query, "%41" decodes to "A" (and
+        # MLflow makes the folders of the undecoded path): the store would land outside the workspace
+        raise XylentError(f"the workspace path holds {bad!r}, which the URI of its MLflow store "
+                          "(sqlite:///<workspace>/mlflow.db) would read as part of a URL: the store would "
+                          "land outside the workspace", where=str(workspace_root),
+                          fix="use a workspace path without %, ? or #, or point tracking.tracking_uri "
+                              "(or MLFLOW_TRACKING_URI) at a store elsewhere")
+    return f"sqlite:///{workspace_root}/mlflow.db"
 
 
 def import_store(uri: str) -> None:

@@ -120,6 +120,7 @@ def _run(args) -> dict:
 
     spec = load_spec(args.spec, args.overrides)
     root = workspace_for(spec, args.workspace).root  # a bad spec stops here
+    store = tracking_uri_for(root, spec.tracking.tracking_uri)  # and a workspace its store cannot live in
     server_ready = start_prefect_server()
     # while the server starts: the flow, and MLflow's store that every stage's tracker opens
     if target == "pipeline":
@@ -130,7 +131,7 @@ def _run(args) -> dict:
         run = stage_flow_of(target)
     from xylent.tracking import import_store
 
-    import_store(tracking_uri_for(root, spec.tracking.tracking_uri))
+    import_store(store)
     server_ready()
     kwargs = {"spec_file": args.spec, "workspace": args.workspace, "overrides": args.overrides, "force": args.force}
     with run_log(root, target) as log:

@@ -29,14 +29,23 @@ from typing import Callable, Iterator
 from xylent.errors import XylentError, environment_error
 
 _WATCHDOG = """
-import os, signal, sys, time
+import sys, time
 import psutil
-parent, server, started = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
-while psutil.pid_exists(parent) and psutil.Process(parent).status() != psutil.STATUS_ZOMBIE:
+parent, parent_started, server, server_started = (int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]),
+                                                  float(sys.argv[4]))
+
+def alive(pid, started):  # that process, not one that got its number since (PIDs wrap within minutes)
+    try:
+        p = psutil.Process(pid)
+        return abs(p.create_time() - started) < 1e-3 and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+while alive(parent, parent_started):
     time.sleep(0.5)
 try:
     proc = psutil.Process(server)
-    if abs(proc.create_time() - started) < 1e-3:  # the server, not a process that got its pid since
+    if abs(proc.create_time() - server_started) < 1e-3:  # still the server: not one that took its number
         proc.terminate()
         proc.wait(10)
 except psutil.TimeoutExpired:
@@ -217,7 +226,9 @@ class _TemporaryServer:
             started = psutil.Process(self.process.pid).create_time()
         except psutil.NoSuchProcess:  # it exited at once (its port taken): wait() starts another
             return
-        subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), str(self.process.pid), repr(started)],
+        me = psutil.Process()
+        subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(me.pid), repr(me.create_time()), str(self.process.pid),
+                          repr(started)],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)  # not in our process group: a Ctrl-C reaches us, not it
 
