@@ -204,3 +204,19 @@ def test_a_folder_that_is_not_an_xylent_export_is_refused(exports, tmp_path):
             export_hf(src, tmp_path / "out")
         assert err.value.where and err.value.fix
         assert not (tmp_path / "out").exists()
+
+
+def test_export_hf_never_replaces_a_users_folder_or_a_published_output_unless_asked(tmp_path, run_cli):
+    mine = tmp_path / "my-notes"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    rc, _, err = run_cli("export-hf", str(tmp_path / "no-model"), str(mine))
+    assert rc == 2 and "not an earlier Hugging Face export" in err and "--replace" in err, err
+    assert (mine / "thesis.tex").read_text() == "years of work"
+    published = tmp_path / "ws" / "pretrain" / "0123abcd"
+    (published / "model").mkdir(parents=True)
+    (published / "_manifest.json").write_text("{}")
+    for target in (published, published / "model", published / "hf"):
+        rc, _, err = run_cli("export-hf", str(tmp_path / "no-model"), str(target), "--replace")
+        assert rc == 2 and "published stage output" in err, err
+    assert sorted(p.name for p in published.iterdir()) == ["_manifest.json", "model"]

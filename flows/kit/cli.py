@@ -62,8 +62,31 @@ def _parser() -> argparse.ArgumentParser:
     hf = sub.add_parser("export-hf", help="write an exported xylent model/ dir as a Hugging Face transformers dir "
                         "(AutoModel & co. with trust_remote_code=True; fast tokenizer)")
     hf.add_argument("model_dir", help="an xylent model/ dir, e.g. workspace/pretrain/<fingerprint>/model")
-    hf.add_argument("out_dir", help="the folder to write (replaced whole)")
+    hf.add_argument("out_dir", help="the folder to write: new, empty, or an earlier export (replaced whole)")
+    hf.add_argument("--replace", action="store_true", help="replace out_dir even when it holds something else")
     return p
+
+
+def _check_export_target(out: Path, replace: bool) -> None:
+    """export-hf replaces its folder whole: never a published stage output (or a folder inside
+    one), and a folder holding anything but an earlier export only when asked."""
+    out = out.resolve()
+    for folder in (out, *out.parents):
+        if (folder / "_manifest.json").is_file():
+            raise XylentError("the Hugging Face dir would replace part of a published stage output",
+                              where=str(folder), fix="choose a folder outside the workspace's stage outputs")
+    if out.exists() and not out.is_dir():
+        raise XylentError("the Hugging Face dir is a file", where=str(out), fix="choose a new or empty folder")
+    if replace or not out.is_dir() or not any(out.iterdir()):
+        return
+    try:
+        earlier = json.loads((out / "config.json").read_text(encoding="utf-8")).get("model_type") == "xylent"
+    except (OSError, ValueError, AttributeError):
+        earlier = False
+    if not earlier:
+        raise XylentError("the folder holds files and is not an earlier Hugging Face export of an xylent model; "
+                          "export-hf replaces the folder whole", where=str(out),
+                          fix="choose a new or empty folder, or add --replace to replace it and everything in it")
 
 
 def _outputs(spec_file: str, overrides: list[str], workspace: str | None, fetch: bool = True):
@@ -242,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "export-hf":
             from models.hf_export import export_hf
+
+            _check_export_target(Path(args.out_dir), args.replace)
 
             print(export_hf(args.model_dir, args.out_dir))
             return 0
