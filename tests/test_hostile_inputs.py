@@ -435,6 +435,23 @@ def test_a_download_whose_end_cannot_be_verified_is_a_warning(tmp_path, http_cor
     assert "/en.txt: the server sent no length" in warning and "sha256" in warning
 
 
+def test_a_local_source_that_is_not_a_regular_file_is_one_clear_message(tmp_path, run_cli):
+    """A symlink loop, a folder and a FIFO: each is named for what it is (a FIFO would hang the
+    reader, a loop was a traceback), before anything is read."""
+    import os
+
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    for name, what in (("loop", "cannot be opened"), ("folder", "is a folder, not a file"),
+                       ("fifo", "not a regular file")):
+        spec = write_spec(tmp_path / f"{name}.yaml", {"name": name, "languages": ["en"], "sources": [
+            {"name": "loc", "kind": "local", "format": "text", "lang": "en", "path": str(tmp_path / name)}]})
+        rc, _, err = run_cli("run", "download", "--spec", spec, "--workspace", tmp_path / f"ws-{name}")
+        assert rc == 2 and what in err and str(tmp_path / name) in err, err
+        assert "Traceback" not in err
+
+
 def test_the_server_watchdog_stops_only_the_server_it_was_given_never_a_process_that_took_its_number():
     """PIDs wrap within minutes on a busy machine: the watchdog knows its CLI and its server by
     PID and start time, so a reused number, for the parent or the server, is not them."""

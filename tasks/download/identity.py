@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import stat
+from pathlib import Path
 from typing import Any
 
 from xylent.errors import XylentError
@@ -19,15 +21,7 @@ def source_identity(spec: Spec, source) -> dict[str, Any]:
     """
     d = source.model_dump(mode="json")
     if source.kind == "local":
-        path = spec.resolve_path(source.path)
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            raise XylentError(
-                f"source {source.name!r}: local file not found: {path}",
-                where="spec field sources[].path",
-                fix="check the path (relative paths are resolved from the spec file's folder)",
-            ) from None
+        st = local_file(spec.resolve_path(source.path), source.name)
         d["_stat"] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
     elif source.kind == "gettext" or getattr(source, "format", None) == "gettext":
         pkg = getattr(source, "package", None)
@@ -50,3 +44,22 @@ def spec_slice(spec: Spec) -> dict:
         "languages": spec.languages,
         "sources": [{k: v for k, v in source_identity(spec, s).items() if k != "max_lines"} for s in spec.sources],
     }
+
+
+def local_file(path: Path, source: str) -> os.stat_result:
+    """A local source's stat, or a user error that says what the path is instead of a file."""
+    where, fix = f"source {source!r}: {path}", "check the path (relative paths start at the spec file's folder)"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise XylentError(f"local file not found: {path}", where=f"source {source!r}", fix=fix) from None
+    except OSError as exc:  # a symlink loop, a permission, a file used as a folder on the way
+        raise XylentError(f"the local path cannot be opened: {exc.strerror}", where=where,
+                          fix=f"{fix}: a symlink loop, a folder you may not read, a file used as a folder") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise XylentError("the local path is a folder, not a file", where=where,
+                          fix="name one file (a folder's files are separate sources)")
+    if not stat.S_ISREG(st.st_mode):
+        raise XylentError("the local path is not a regular file (a pipe, socket or device)", where=where,
+                          fix="copy the data into a file: a local source is identified by its size and mtime")
+    return st

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import requests
 
+from tasks.download.identity import local_file
 from xylent.errors import XylentError
 from xylent.languages import CC100_FILE_NAMES, DJANGO_LOCALES, pair_name, parse_pair
 from xylent.spec import Spec
@@ -162,9 +163,7 @@ def plan_source(spec: Spec, source) -> list[FetchItem]:
         ]
     if source.kind == "local":
         path = spec.resolve_path(source.path)
-        if not path.is_file():
-            raise XylentError(f"local file not found: {path}", where=f"source {source.name!r}",
-                              fix="check the path (relative paths start at the spec file's folder)")
+        local_file(path, source.name)
         return [
             FetchItem(source=source.name, format=source.format, filename=path.name, path=str(path),
                       lang=source.lang, pair=source.pair,
