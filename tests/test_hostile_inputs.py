@@ -181,7 +181,7 @@ def test_a_parquet_file_with_a_damaged_data_page_is_refused(tmp_path, run_cli):
     assert rc == 2 and "bad.parquet" in err and "Traceback" not in err, err
 
 
-def test_a_redirect_loop_is_one_clear_error(tmp_path, http_corpus, run_cli):
+def test_a_redirect_loop_or_to_a_non_http_scheme_is_one_clear_error(tmp_path, http_corpus, run_cli):
     http_corpus.redirects["/a"] = "/b"
     http_corpus.redirects["/b"] = "/a"
     spec = write_spec(tmp_path / "spec.yaml", {
@@ -189,6 +189,13 @@ def test_a_redirect_loop_is_one_clear_error(tmp_path, http_corpus, run_cli):
         "sources": [{"name": "web", "kind": "url", "url": f"{http_corpus.base}/a", "format": "text", "lang": "en"}]})
     rc, _, err = run_cli("run", "download", "--spec", spec)
     assert rc == 2 and "redirects in a loop" in err and "/a" in err and "Traceback" not in err, err
+    http_corpus.redirects["/ftp"] = "ftp://127.0.0.1/en.txt"  # a scheme requests has no adapter for
+    spec = write_spec(tmp_path / "ftp.yaml", {
+        "name": "ftp", "languages": ["en"], "workspace": str(tmp_path / "ws-ftp"),
+        "sources": [{"name": "web", "kind": "url", "url": f"{http_corpus.base}/ftp", "format": "text", "lang": "en"}]})
+    rc, _, err = run_cli("run", "download", "--spec", spec)
+    assert rc == 2 and "cannot be fetched over HTTP(S)" in err and "ftp://" in err and "Traceback" not in err, err
+    assert "attempts" not in err, "not retried: another try would be sent to the same place"
 
 
 @pytest.mark.parametrize("inside", [False, True])

@@ -102,6 +102,11 @@ def _stream_http(
         raise XylentError("the server redirects in a loop (more than 30 redirects)", where=url,
                           fix="open the URL in a browser to see where it leads, and put the final URL in the spec"
                           ) from None
+    except (requests.exceptions.InvalidSchema, requests.exceptions.InvalidURL, requests.exceptions.MissingSchema) as exc:
+        # the server sent us somewhere requests cannot go (ftp://, a malformed Location): retrying cannot help
+        raise XylentError(f"the server redirects to a URL that cannot be fetched over HTTP(S): {exc}", where=url,
+                          fix="open the URL in a browser to see where it leads, and put a http(s):// or file:// "
+                              "URL of the file in the spec") from None
     except (requests.ConnectionError, requests.Timeout) as exc:
         raise _Retry(f"connection failed: {exc}") from None
     with resp:
