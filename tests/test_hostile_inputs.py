@@ -417,7 +417,7 @@ def test_urls_that_cannot_give_the_declared_file_are_named_clearly(tmp_path, htt
     url, fmt, message = {
         "html-for-xz": (f"{http_corpus.base}/cc100/en.txt.xz", "text-xz", "got an HTML page where a text-xz file"),
         "gopher": ("gopher://example.org/0/en.txt", "text", "unsupported URL scheme 'gopher://'"),
-        "file-folder": ((tmp_path / "folder").as_uri(), "text", "names a folder, not a file"),
+        "file-folder": ((tmp_path / "folder").as_uri(), "text", "is a folder, not a file"),
     }[case]
     spec = write_spec(tmp_path / "spec.yaml", {"name": "u", "languages": ["en"], "workspace": str(tmp_path / "ws"),
                                                "sources": [{"name": "web", "kind": "url", "url": url, "format": fmt,
@@ -443,8 +443,9 @@ def test_a_download_whose_end_cannot_be_verified_is_a_warning(tmp_path, http_cor
 
 
 def test_a_local_source_that_is_not_a_regular_file_is_one_clear_message(tmp_path, run_cli):
-    """A symlink loop, a folder and a FIFO: each is named for what it is (a FIFO would hang the
-    reader, a loop was a traceback), before anything is read."""
+    """A symlink loop, a folder and a FIFO, as a local source or a file:// URL, and /dev/zero: each
+    is named for what it is (a FIFO would hang the reader, /dev/zero fill the disk, a loop was a
+    traceback), before anything is read."""
     import os
 
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
@@ -457,6 +458,12 @@ def test_a_local_source_that_is_not_a_regular_file_is_one_clear_message(tmp_path
         rc, _, err = run_cli("run", "download", "--spec", spec, "--workspace", tmp_path / f"ws-{name}")
         assert rc == 2 and what in err and str(tmp_path / name) in err, err
         assert "Traceback" not in err
+    # the same through a file:// URL, and /dev/zero, which would fill the disk
+    for path, what in ((tmp_path / "fifo", "not a regular file"), (Path("/dev/zero"), "not a regular file")):
+        spec = write_spec(tmp_path / "url.yaml", {"name": "u", "languages": ["en"], "sources": [
+            {"name": "web", "kind": "url", "format": "text", "lang": "en", "url": path.as_uri()}]})
+        rc, _, err = run_cli("run", "download", "--spec", spec, "--workspace", tmp_path / "ws-url")
+        assert rc == 2 and what in err and str(path) in err and "Traceback" not in err, err
 
 
 def test_the_server_watchdog_stops_only_the_server_it_was_given_never_a_process_that_took_its_number():

@@ -195,6 +195,12 @@ def _stream_fsspec(url: str, part: Path, *, max_bytes: int | None, chunk: int, o
     except ImportError as exc:
         raise XylentError(f"reading {protocol}:// URLs needs a package that is not installed ({exc})", where=url,
                           fix="install it (e.g. pip install s3fs for s3://)") from None
+    if protocol == "file":  # /dev/zero would fill the disk, a FIFO would hang: a regular file or nothing
+        from urllib.parse import unquote, urlparse
+
+        from tasks.download.identity import local_file
+
+        local_file(Path(unquote(urlparse(url).path)) if "://" in url else Path(url), url)
     have = part.stat().st_size if part.exists() else 0
     try:
         with fsspec.open(url, "rb") as src, open(part, "ab") as dst:
