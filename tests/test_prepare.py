@@ -78,6 +78,7 @@ def test_truncated_xz_is_a_clear_error(tmp_path):
     with pytest.raises(XylentError) as err:
         run(tmp_path, [record(f, "text-xz", lang="de")])
     assert "truncated" in str(err.value) and "de.txt.xz" in str(err.value)
+    assert "xylent never deletes it" in err.value.fix and "delete it" not in err.value.fix.replace("never deletes it", "")
     assert not list((tmp_path / "ws" / "prepare" / "_units").iterdir()), "no half output may remain"
 
 

@@ -38,8 +38,9 @@ def _read_error(exc: BaseException, where: str, fmt: str) -> XylentError:
         return XylentError(
             f"truncated {fmt} file: the compressed stream ends before its end marker ({exc})",
             where=where,
-            fix="the download was cut short or the file is damaged: delete it and rerun the download "
-            "(or use the source's max_bytes to read a prefix on purpose)",
+            fix="a file xylent downloaded: fetch it again with `xylent run download --force` (same --spec and "
+            "--workspace); a file of your own (a local source): restore it from where it came from, xylent never "
+            "deletes it; or set the source's max_bytes to read a prefix on purpose",
         )
     return XylentError(
         f"cannot decode {fmt} file: {exc}",
