@@ -81,7 +81,7 @@ def test_a_broken_spec_file_is_one_clear_message(tmp_path, run_cli, text, messag
     assert rc == 2 and message in err and "spec.yaml" in err and "Traceback" not in err, err
 
 
-def test_a_password_in_a_url_is_used_but_never_recorded(tmp_path, http_corpus, run_cli):
+def test_a_password_or_a_signature_in_a_url_is_used_but_never_recorded(tmp_path, http_corpus, run_cli):
     http_corpus.files["/corpus/en.txt"] = "".join(f"line {i}\n" for i in range(50)).encode()
     secret = "s3cret-Pa55"
     url = http_corpus.base.replace("http://", f"http://alice:{secret}@") + "/corpus/en.txt"
@@ -103,6 +103,20 @@ def test_a_password_in_a_url_is_used_but_never_recorded(tmp_path, http_corpus, r
         "sources": [{"name": "web", "kind": "url", "url": bad, "format": "text", "lang": "en"}]})
     rc, out, err = run_cli("run", "download", "--spec", spec)
     assert rc == 2 and "404" in err and secret not in err and "alice:***@" in err, err
+    # a presigned URL: the secret is in the query (S3's signature and session token, an Azure SAS sig)
+    signed = (f"{http_corpus.base}/corpus/en.txt?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIA{secret}"
+              f"&X-Amz-Security-Token=tok{secret}&X-Amz-Signature=sig{secret}&sig=sas{secret}&keyword=kept")
+    spec = write_spec(tmp_path / "spec3.yaml", {
+        "name": "signed", "languages": ["en"], "workspace": str(tmp_path / "ws3"),
+        "sources": [{"name": "web", "kind": "url", "url": signed, "format": "text", "lang": "en"}]})
+    rc, out, err = run_cli("run", "download", "--spec", spec, "--json")
+    assert rc == 0, err
+    leaks = [p for p in (tmp_path / "ws3").rglob("*") if secret in p.name or (p.is_file() and secret.encode()
+                                                                             in p.read_bytes())]
+    assert not leaks and secret not in out + err, f"the signature is recorded in {leaks}"
+    records = next((tmp_path / "ws3").glob("download/*/records.json")).read_text()
+    assert "X-Amz-Signature=***" in records and "sig=***" in records and "keyword=kept" in records, records
+    assert list((tmp_path / "ws3").glob("download/*/web/en.txt")), "the file is named by the URL's path alone"
 
 
 class _Payload:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import requests
 
@@ -154,7 +155,8 @@ def plan_source(spec: Spec, source) -> list[FetchItem]:
     if source.kind == "gettext":
         return plan_gettext(spec, source)
     if source.kind == "url":
-        name = source.url.rstrip("/").rsplit("/", 1)[-1] or "data"
+        # the path's last part: a query (a presigned URL's signature) is no part of a file name
+        name = urlsplit(source.url).path.rstrip("/").rsplit("/", 1)[-1] or "data"
         return [
             FetchItem(source=source.name, format=source.format, filename=name, url=source.url,
                       lang=source.lang, pair=source.pair,
