@@ -97,11 +97,15 @@ def test_stale_deepspeed_shm_segments_are_swept_and_live_ones_kept(tmp_path):
     stale = tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_1111_0"
     live = tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_2222_0"
     other = tmp_path / "something_else"
-    for p in (stale, live, other):
+    starting = tmp_path / f"deepspeed_allreduce_buffer_{uid}_127.0.0.1_3333_1"  # written, not yet mapped
+    for p in (stale, live, other, starting):
         p.write_bytes(b"\0" * 4096)
+    for p in (stale, live, other):
+        os.utime(p, (os.stat(p).st_atime, os.stat(p).st_mtime - 3600))  # an hour old
     with open(live, "r+b") as fh, mmap.mmap(fh.fileno(), 4096):  # a running rank maps its segment
         assert launch.sweep_stale_shm_buffers(tmp_path) == [stale]
     assert not stale.exists() and live.exists() and other.exists()
+    assert starting.exists(), "a launch starting beside this one keeps the segment its peers wait for"
     cmd = ["deepspeed", "--master_port", "2222", "--module", "models.trainer"]
     assert launch.shm_buffers(cmd, tmp_path) == [live]
     launch.remove_shm_buffers(cmd, tmp_path)

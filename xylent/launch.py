@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -134,9 +135,15 @@ def remove_shm_buffers(cmd: list[str], shm_dir: Path = SHM_DIR) -> None:
             path.unlink()
 
 
-def sweep_stale_shm_buffers(shm_dir: Path = SHM_DIR) -> list[Path]:
-    """Remove this user's DeepSpeed all-reduce segments that no live process maps:
-    what runs killed with -9 (their launcher never cleaned up) left behind."""
+SHM_MIN_AGE_S = 120.0
+
+
+def sweep_stale_shm_buffers(shm_dir: Path = SHM_DIR, min_age_s: float = SHM_MIN_AGE_S) -> list[Path]:
+    """Remove this user's DeepSpeed all-reduce segments that no live process maps and that
+    nobody has written for ``min_age_s``: what runs killed with -9 (their launcher never
+    cleaned up) left behind.  The age matters: a rank creates its segment by writing all of
+    it (66 MB) before it maps it, and its peers spin until they can open it, so a young
+    unmapped segment is another launch starting on this machine, not litter."""
     if not shm_dir.is_dir():
         return []
     ours = set(shm_dir.glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*"))
@@ -147,10 +154,12 @@ def sweep_stale_shm_buffers(shm_dir: Path = SHM_DIR) -> list[Path]:
         with contextlib.suppress(OSError):
             mapped.update(Path(ln.split()[-1]) for ln in maps.read_text().splitlines()
                           if "deepspeed_allreduce_buffer" in ln)
-    stale = sorted(ours - mapped)
-    for path in stale:
-        with contextlib.suppress(OSError):
-            path.unlink()
+    now, stale = time.time(), []
+    for path in sorted(ours - mapped):
+        with contextlib.suppress(OSError):  # gone meanwhile: its launch cleaned up
+            if now - path.stat().st_mtime >= min_age_s:
+                path.unlink()
+                stale.append(path)
     return stale
 
 
