@@ -8,7 +8,7 @@ audit's per-step overhead against plain pretrain steps of the same model.
 
 2. ``step_overhead``: the demo's shards (built once with the real CLI, ``xylent run
    pipeline --until shards``, into a scratch workspace), two train.json written by
-   ``tasks.pretrain.config.train_config`` that differ only in ``dro`` (None vs the
+   ``tasks.pretrain.train_json.train_config`` that differ only in ``dro`` (None vs the
    audit's adversary: per-row losses, per-pair sums all-reduced over ranks, EMA
    update, K best-response re-samplings), each launched like the pretrain stage
    (``deepspeed_command`` + ``launch``, 2 CPU ranks over gloo).  Runs alternate
@@ -130,10 +130,10 @@ def load_bench_spec():
 
 def bench_config(spec, upstream: dict[str, Path], ckdir: Path, *, steps: int, tasks: list[str], audit: bool,
                  rho: float | None = None):
-    """train.json as the pretrain stage writes it (tasks.pretrain.config.train_config); the audit
-    run differs only in ``dro``, taken from the audit stage's builder (tasks.pretrain.config.audit_train_config)."""
-    from tasks.pretrain.config import audit_train_config
-    from tasks.pretrain.config import train_config
+    """train.json as the pretrain stage writes it (tasks.pretrain.train_json.train_config); the audit
+    run differs only in ``dro``, taken from the audit stage's builder (tasks.pretrain.train_json.audit_train_config)."""
+    from tasks.pretrain.train_json import audit_train_config
+    from tasks.pretrain.train_json import train_config
 
     cfg = train_config(spec, upstream, ckdir, None, None)
     cfg.steps, cfg.tasks = steps, list(tasks)

@@ -99,7 +99,7 @@ def ours_discriminator(cfg):
 
     from models.electra import RTDHead
     from models.encoder import Embeddings, Encoder
-    from models.init import init_weights
+    from models.weight_init import init_weights
     from models.optim import make_optimizer
 
     class Discriminator(torch.nn.Module):

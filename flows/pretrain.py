@@ -23,8 +23,8 @@ from flows.kit.training import checkpoint_dir, run_training, shards_source
 @stage_flow(STAGE_BY_NAME["pretrain"])
 def pretrain(ctx: StageContext) -> StageOutcome:
     from tasks.pretrain import publish
-    from tasks.pretrain.config import train_config
-    from tasks.pretrain.init import REPORT_FILE, init_metrics, init_summary, prepare_init
+    from tasks.pretrain.train_json import train_config
+    from tasks.pretrain.init_source import REPORT_FILE, init_metrics, init_summary, prepare_init
 
     spec, p, tracker = ctx.spec, ctx.spec.pretrain, ctx.tracker
     ckdir = checkpoint_dir(ctx)

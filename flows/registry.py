@@ -49,7 +49,7 @@ def _download_slice(spec: Spec) -> dict:
 def _init_identity(spec: Spec, ws: Workspace) -> dict:
     if spec.pretrain.init is None:
         return {}  # the source model's identity only with pretrain.init (and torch only then)
-    from tasks.pretrain.init import source_identity
+    from tasks.pretrain.init_source import source_identity
 
     return source_identity(spec, ws)
 
@@ -72,7 +72,7 @@ STAGES = order_stages([
     _declare("shards", description="tokenised, packed Arrow shards for MRTD and TRTD (+ index.json for the loader)",
              version="1", reads=("shards",), upstream=("dedup", "vocab")),
     _declare("pretrain", description="ELECTRA (MRTD + TRTD) pretraining under DeepSpeed ZeRO; exports and registers "
-             "the encoder", version="2", reads=("model", "pretrain", "seed"), upstream=("vocab", "sampling", "shards"),
+             "the encoder", version="3", reads=("model", "pretrain", "seed"), upstream=("vocab", "sampling", "shards"),
              identity=_init_identity),
     _declare("audit", description="DRO bitext audit (XY-LENT §6.6): train under a χ² adversary over language pairs, "
              "rank pairs by w = q/Q, evidence for the flagged ones", version="1",

@@ -26,11 +26,14 @@ class EncoderConfig:
     rel_max_distance: int = 128
     dropout: float = 0.1
     relative_bias: bool = True  # False: plain attention (the benchmark's "what does the bias cost" row)
+    gate: str = "xlm-e"  # the bias gate's form (models/attention.py): XLM-E's equations, or "wavlm"
     # the tokenizer's special ids (unk, bos, eos, pad, mask), copied from it when the model is
-    # configured (tasks.pretrain.config); models read them from here, never from a constant
+    # configured (tasks.pretrain.train_json); models read them from here, never from a constant
     specials: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self):
+        if self.gate not in ("xlm-e", "wavlm"):
+            raise ValueError(f"gate {self.gate!r} is not 'xlm-e' (XLM-E §3.3) or 'wavlm' (WavLM's code)")
         if self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
 
@@ -52,6 +55,14 @@ class EncoderConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_export(cls, meta: dict) -> "EncoderConfig":
+        """The encoder config of an export's config.json.  Exports written before the
+        ``gate`` field (and before ``specials`` moved into ``encoder``) were trained
+        with WavLM's gate."""
+        enc = meta["encoder"]
+        return cls(**{"gate": "wavlm", **enc, "specials": enc.get("specials") or meta["specials"]})
 
 
 PRESETS: dict[str, EncoderConfig] = {

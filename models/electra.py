@@ -25,7 +25,7 @@ from torch import nn
 
 from models.config import EncoderConfig
 from models.encoder import Embeddings, Encoder
-from models.init import init_weights
+from models.weight_init import init_weights
 from models.masking import bert_corrupt, choose_masked, corrupt, sample_tokens
 from models.stats import Norms, Stats, row_sums, zero
 
@@ -129,6 +129,7 @@ class MaskedLMModel(nn.Module):
                 noise: torch.Tensor, per_row: bool = False) -> Stats:
         masked = choose_masked(ids, segments, self.mask_prob, noise[0], self.special_ids)
         corrupted = bert_corrupt(ids, masked, noise, self.cfg.vocab_size, self.mask_id, max(self.special_ids) + 1)
+        self.corrupted = corrupted  # the input this step read (InfoXLM contrasts it)
         hidden = self.encoder(self.embeddings(corrupted), pad)
         logits = self.head(hidden[masked], self.embeddings.tokens.weight)
         target = ids[masked]

@@ -26,7 +26,7 @@ class Embeddings(nn.Module):
 class Layer(nn.Module):
     def __init__(self, cfg: EncoderConfig, dropout: float):
         super().__init__()
-        self.attn = SelfAttention(cfg.hidden, cfg.heads, dropout, cfg.relative_bias)
+        self.attn = SelfAttention(cfg.hidden, cfg.heads, dropout, cfg.relative_bias, cfg.gate)
         self.ln1 = nn.LayerNorm(cfg.hidden)
         self.ffn = nn.Sequential(nn.Linear(cfg.hidden, cfg.ffn), nn.GELU(), nn.Linear(cfg.ffn, cfg.hidden))
         self.ln2 = nn.LayerNorm(cfg.hidden)

@@ -66,7 +66,7 @@ def export_hf(model_dir: Path, out_dir: Path) -> Path:
     if out_dir.resolve() == model_dir.resolve() or out_dir.resolve() in model_dir.resolve().parents:
         raise XylentError("the Hugging Face dir would replace the model it is exported from", where=str(out_dir),
                           fix="write it to a new folder, e.g. <model dir>-hf")
-    meta = read_export(model_dir)
+    meta = read_xylent_config(model_dir)
     enc = meta["encoder"]
     specials = enc.get("specials") or meta["specials"]  # older exports keep them at the top level
     config = hf_config(enc, specials)
@@ -90,7 +90,7 @@ def export_hf(model_dir: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def read_export(model_dir: Path) -> dict:
+def read_xylent_config(model_dir: Path) -> dict:
     """config.json of an xylent export, after checking its files are there."""
     try:
         meta = json.loads((model_dir / "config.json").read_text())
@@ -118,7 +118,7 @@ def hf_config(enc: dict, specials: dict[str, int]):
         vocab_size=enc["vocab_size"], hidden_size=enc["hidden"], num_hidden_layers=enc["layers"],
         num_attention_heads=enc["heads"], intermediate_size=enc["ffn"], max_position_embeddings=enc["max_position"],
         rel_buckets=enc["rel_buckets"], rel_max_distance=enc["rel_max_distance"],
-        relative_bias=enc["relative_bias"], hidden_dropout_prob=enc["dropout"],
+        relative_bias=enc["relative_bias"], gate=enc.get("gate", "wavlm"), hidden_dropout_prob=enc["dropout"],
         attention_probs_dropout_prob=enc["dropout"],  # xylent drops attention with the same rate
         pad_token_id=specials["pad"], bos_token_id=specials["bos"], eos_token_id=specials["eos"],
         mask_token_id=specials["mask"], unk_token_id=specials["unk"])

@@ -35,7 +35,7 @@ class XylentConfig(PretrainedConfig):
 
     def __init__(self, vocab_size=250_002, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                  intermediate_size=3072, max_position_embeddings=512, rel_buckets=32, rel_max_distance=128,
-                 relative_bias=True, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                 relative_bias=True, gate="wavlm", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
                  classifier_dropout=None, layer_norm_eps=1e-5, initializer_range=0.02,
                  pad_token_id=3, bos_token_id=1, eos_token_id=2, mask_token_id=4, unk_token_id=0, **kwargs):
         if hidden_size % num_attention_heads:
@@ -50,6 +50,7 @@ class XylentConfig(PretrainedConfig):
         self.rel_buckets = rel_buckets
         self.rel_max_distance = rel_max_distance
         self.relative_bias = relative_bias
+        self.gate = gate  # "wavlm" by default: exports written before the field were trained with it
         self.hidden_dropout_prob = hidden_dropout_prob
         self.attention_probs_dropout_prob = attention_probs_dropout_prob
         self.classifier_dropout = classifier_dropout
@@ -105,19 +106,22 @@ class XylentRelativeBias(nn.Module):
 
 
 class XylentGate(nn.Module):
-    """Per-layer gate of the shared table: r = d + g_u·d + (1 − g_u)·w·g_r·d, gates from the
-    attention input split into heads; -inf at padded keys folded into the same tensor."""
+    """Per-layer gate of the shared table: r = d + g_u·d + (1 − g_u)·w·g_r·d.  ``gate: xlm-e``:
+    gates from each head's projected query, one w (XLM-E §3.3); ``wavlm``: from the attention
+    input split into heads, a w per head.  -inf at padded keys folded into the same tensor."""
 
     def __init__(self, config: XylentConfig):
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
+        self.form = config.gate
         self.uv = nn.Linear(self.head_dim, 2, bias=False)
-        self.w = nn.Parameter(torch.ones(self.num_heads))
+        self.w = nn.Parameter(torch.ones(self.num_heads if self.form == "wavlm" else 1))
 
-    def forward(self, x: torch.Tensor, d: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, q: torch.Tensor, d: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
         b, n, _ = x.shape
-        g = torch.sigmoid(self.uv(x.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)))
+        src = q if self.form == "xlm-e" else x.view(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        g = torch.sigmoid(self.uv(src))
         g_u, g_r = g[..., 0:1], g[..., 1:2]
         scale = 1 + g_u + (1 - g_u) * self.w.view(1, -1, 1, 1) * g_r
         neg = torch.zeros(pad.shape, dtype=d.dtype, device=d.device).masked_fill(pad, float("-inf"))
@@ -137,7 +141,7 @@ class XylentSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, rel: torch.Tensor | None, pad: torch.Tensor) -> torch.Tensor:
         b, n, dim = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        mask = self.gate(x, rel, pad) if self.gate is not None else ~pad[:, None, None, :]
+        mask = self.gate(x, q, rel, pad) if self.gate is not None else ~pad[:, None, None, :]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(b, n, dim))
 
@@ -181,7 +185,7 @@ class XylentPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = False
 
     def _init_weights(self, module):
-        # xylent's own scheme (models/init.py): N(0, σ) weights, zero biases, identity norms, gate w = 1
+        # xylent's own scheme (models/weight_init.py): N(0, σ) weights, zero biases, identity norms, gate w = 1
         std = self.config.initializer_range
         if isinstance(module, nn.Linear):
             _init.normal_(module.weight, mean=0.0, std=std)

@@ -51,7 +51,7 @@ from models.stats import Norms, Stats, distributed
 
 @dataclass(frozen=True)
 class XLCoConfig:
-    layer: int | None = None       # None: InfoXLM's choice by depth (default_layer)
+    layer: int | None = None       # None: InfoXLM's choice by depth (xlco_default_layer)
     queue_size: int = 131_072
     temperature: float = 0.25
     momentum: float = 0.999
@@ -60,9 +60,11 @@ class XLCoConfig:
     pool: str = "cls"              # cls: the <s> state (InfoXLM); mean: the mean over real tokens
     in_batch_negatives: bool = False  # also the other rows' keys of this global batch (same key-encoder version)
     mixup: float = 0.0             # share of rows that start a merged pair (InfoXLM's mixup contrast)
+    scale: str = "shared"          # shared: one denominator, tokens + examples (InfoXLM's code); separate: two means
+    masked_inputs: bool = True     # contrast the TLM-masked pair (InfoXLM's code masks XLCo's inputs)
 
 
-def default_layer(layers: int) -> int:
+def xlco_default_layer(layers: int) -> int:
     """InfoXLM contrasts layer 8 of 12 (Base) and 12 of 24 (Large); other depths two-thirds
     (at least 1)."""
     return {12: 8, 24: 12}.get(layers, max(1, round(layers * 2 / 3)))
@@ -74,7 +76,7 @@ class InfoXLMModel(MaskedLMModel):
     def __init__(self, cfg: EncoderConfig, mask_prob: float = 0.15, xlco: XLCoConfig | None = None):
         super().__init__(cfg, mask_prob)
         self.xlco = xlco or XLCoConfig()
-        self.layer = self.xlco.layer or default_layer(cfg.layers)
+        self.layer = self.xlco.layer or xlco_default_layer(cfg.layers)
         if not 1 <= self.layer <= cfg.layers:
             raise ValueError(f"pretrain.infoxlm.layer={self.layer} is not a layer of this {cfg.layers}-layer model; "
                              f"pick 1..{cfg.layers}")
@@ -237,7 +239,8 @@ class InfoXLMModel(MaskedLMModel):
                 noise: torch.Tensor, per_row: bool = False) -> Stats:
         st = super().forward(ids, pad, segments, noise, per_row)  # MMLM (MRTD rows) or TLM (TRTD rows)
         if segments is not None:
-            st.c_loss, st.c_count, st.c_correct = self.contrast(ids, pad, segments, noise)
+            seen = self.corrupted if self.xlco.masked_inputs else ids
+            st.c_loss, st.c_count, st.c_correct = self.contrast(seen, pad, segments, noise)
             st.extra["trtd/contrast_queue_fill"] = self._key["fill"] / self.xlco.queue_size
             if self.xlco.mixup > 0:
                 st.extra["trtd/contrast_mixup_share"] = self._mixup_share
@@ -245,10 +248,14 @@ class InfoXLMModel(MaskedLMModel):
         return st
 
     def loss(self, st: Stats, norms: Norms) -> torch.Tensor:
-        out = st.g_loss / norms.g
-        if st.c_loss is not None:
-            out = out + self.xlco.weight * st.c_loss / norms.c
-        return out
+        """InfoXLM's Eq. 7, L_MMLM + L_TLM + L_XLCo, normalised as ``scale`` says.  ``shared`` is
+        its fairseq code: every loss is a sum and the gradient is divided by the summed sample
+        sizes (masked tokens, plus contrasted examples); ``separate`` takes each term's mean."""
+        if st.c_loss is None:
+            return st.g_loss / norms.g
+        if self.xlco.scale == "shared":
+            return (st.g_loss + self.xlco.weight * st.c_loss) / (norms.g + norms.c)
+        return st.g_loss / norms.g + self.xlco.weight * st.c_loss / norms.c
 
 
 def gather_rows(x: torch.Tensor) -> torch.Tensor:

@@ -137,6 +137,7 @@ def inspect_source(path: Path) -> SourceInfo:
             files.append(path / "pretraining.safetensors")
         body = {k: enc.get(k) for k in ("layers", "hidden", "heads", "ffn", "max_position", "vocab_size",
                                         "relative_bias", "rel_buckets", "rel_max_distance")}
+        body["gate"] = enc.get("gate", "wavlm")  # exports older than the field used WavLM's gate
         return SourceInfo("xylent", path, body, tuple(files), meta)
     kind = meta.get("model_type")
     if kind == "xylent" or kind in HF_PLAIN:
@@ -145,7 +146,8 @@ def inspect_source(path: Path) -> SourceInfo:
                 "heads": meta.get("num_attention_heads"), "ffn": meta.get("intermediate_size"),
                 "max_position": meta.get("max_position_embeddings"), "vocab_size": meta.get("vocab_size"),
                 "relative_bias": bool(meta.get("relative_bias")) if kind == "xylent" else False,
-                "rel_buckets": meta.get("rel_buckets"), "rel_max_distance": meta.get("rel_max_distance")}
+                "rel_buckets": meta.get("rel_buckets"), "rel_max_distance": meta.get("rel_max_distance"),
+                "gate": meta.get("gate", "wavlm")}
         if kind != "xylent":
             problems = []
             if meta.get("hidden_act", "gelu") != "gelu":
@@ -206,10 +208,10 @@ def check_body(info: SourceInfo, target: dict, where: str = "spec fields pretrai
                           "has none: its trained bias would be dropped", where=where,
                           fix="set model.relative_bias: true (the default)")
     if src["relative_bias"]:
-        for k in ("rel_buckets", "rel_max_distance"):
+        for k in ("rel_buckets", "rel_max_distance", "gate"):
             if src[k] != target[k]:
                 raise XylentError(f"the encoder to start from has {k} {src[k]}, the new model {target[k]}: its "
-                                  "relative position bias would mean other distances", where=where,
+                                  "relative position bias would mean something else", where=where,
                                   fix=f"set model.{k}: {src[k]}")
     elif target["relative_bias"]:
         notes.append("the source has no relative position bias: the new model's bias table and gates start random "

@@ -25,7 +25,7 @@ def build_model(objective: str, cfg: EncoderConfig, disc_weight: float = 50.0, m
 
         return InfoXLMModel(cfg, mask_prob, XLCoConfig(**options))
     if objective == "veco":
-        from models.veco import VecoConfig, VecoModel
+        from models.veco import VecoOptions, VecoModel
 
-        return VecoModel(cfg, mask_prob, VecoConfig(**options))
+        return VecoModel(cfg, mask_prob, VecoOptions(**options))
     raise ValueError(f"unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")

@@ -19,13 +19,13 @@ from torch import nn
 
 from models.config import EncoderConfig
 from models.encoder import Embeddings, Encoder
-from models.init import init_weights
+from models.weight_init import init_weights
 from xylent.errors import XylentError
 
 FORMAT = "xylent-encoder/1"
 
 
-def consolidate(checkpoint_root: Path, tag: str) -> dict[str, torch.Tensor]:
+def consolidate_zero(checkpoint_root: Path, tag: str) -> dict[str, torch.Tensor]:
     """fp32 weights from a DeepSpeed checkpoint: the optimizer's fp32 partitions
     for ZeRO 1–3 (and bf16), the module itself for ZeRO 0 in fp32."""
     tag_dir = Path(checkpoint_root) / tag
@@ -124,13 +124,13 @@ def load_pretrained(path: str | Path, map_location: str = "cpu") -> PretrainedEn
     from safetensors.torch import load_file
 
     path = Path(path)
-    meta, cfg, tok = read_export(path)
+    meta, cfg, tok = read_model_dir(path)
     model = PretrainedEncoder(cfg, tok, meta)
     model.load_state_dict(load_file(str(path / "model.safetensors"), device=map_location), strict=True)
     return model.eval()
 
 
-def read_export(path: Path) -> tuple[dict, EncoderConfig, object]:
+def read_model_dir(path: Path) -> tuple[dict, EncoderConfig, object]:
     """(config.json, the encoder's config, the SentencePiece tokenizer) of an exported ``model/``."""
     import sentencepiece as spm
 
@@ -141,6 +141,5 @@ def read_export(path: Path) -> tuple[dict, EncoderConfig, object]:
                                 f"folder (workspace/pretrain/<fingerprint>/model)") from None
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path}/config.json: format {meta.get('format')!r} is not {FORMAT!r}")
-    enc = meta["encoder"]
-    cfg = EncoderConfig(**{**enc, "specials": enc.get("specials") or meta["specials"]})  # older exports: top level
+    cfg = EncoderConfig.from_export(meta)
     return meta, cfg, spm.SentencePieceProcessor(model_file=str(path / meta["tokenizer"]))

@@ -1,5 +1,5 @@
 """train.json: everything one training run needs, written by the pretrain stage
-(:func:`tasks.pretrain.config.train_config`) and read by every rank (plain JSON,
+(:func:`tasks.pretrain.train_json.train_config`) and read by every rank (plain JSON,
 so a Slurm job can be launched from it).
 
 No field has a default here: the spec (``xylent.spec.PretrainConfig``) is the one

@@ -10,12 +10,20 @@ like models.encoder.Layer.  The cross-attention sublayers are a *plug-in*:
   from the stream and attending to sg(H^L), the plug-out pass's final states
   of the paired sentence.
 
-A TRTD row ``<s> x </s> y </s>`` is masked on the pair row (BERT 80/10/10 per
-side, the same noise planes as MaskedLMModel), then split into ``<s> x̂ </s>``
-and ``<s> ŷ </s>`` (models.pairs).  Loss = −log P(x|x̂) − log P(x|ŷ,x̂)
-− log P(y|ŷ) − log P(y|x̂,ŷ) through the one tied LM head, summed into the
-``g`` slot (each masked token counts once per term).  MRTD rows: plain MLM,
-plug-out.
+A TRTD row ``<s> x </s> y </s>`` is masked on the pair row at
+``pair_mask_prob`` (25 %, VECO Table 8; BERT 80/10/10 per side, the same noise
+planes as MaskedLMModel), then split into ``<s> x̂ </s>`` and ``<s> ŷ </s>``
+(models.pairs).  VECO §4: "the overall objective is the sum of TLM and the
+proposed CA-MLM objectives", so a pair trains five terms through the one tied
+LM head: TLM, −log P(x, y | x̂ ŷ) on the joined masked row (``tlm``), and
+CA-MLM's Eq. 1, −log P(x|x̂) − log P(x|ŷ,x̂) − log P(y|ŷ) − log P(y|x̂,ŷ).
+Every masked token counts once per term in the ``g`` slot (so the logged
+generator loss stays a per-token mean); ``combine: sum`` (the paper adds the
+terms) multiplies that mean by the terms per token (3, or 2 without TLM) in
+:meth:`VecoModel.loss`.
+MRTD rows: plain MLM at ``pretrain.mask_prob`` (15 %), plug-out.  The paper
+trains CA-MLM on two adjacent monolingual segments too; xylent's MRTD rows are
+packed sentences without segment ids, so they do not (docs/recipes.md).
 
 Choices where the paper is silent:
 
@@ -49,17 +57,20 @@ from torch import nn
 
 from models.config import EncoderConfig
 from models.electra import MaskedLMModel
-from models.init import init_weights
+from models.weight_init import init_weights
 from models.masking import bert_corrupt, choose_masked
 from models.pairs import split_pair
-from models.stats import Stats, all_ranks_sum, row_sums, zero
+from models.stats import Norms, Stats, all_ranks_sum, row_sums, zero
 
 CROSS = "cross."
 
 
 @dataclass(frozen=True)
-class VecoConfig:
+class VecoOptions:
     freeze_body_steps: int = 0  # first steps train the cross-attention only (init from an existing encoder)
+    pair_mask_prob: float = 0.25  # translation pairs' masking rate (VECO Table 8)
+    tlm: bool = True              # TLM on the joined row beside CA-MLM (VECO §4)
+    combine: str = "sum"          # sum: the terms' means added (the paper); mean: averaged
 
 
 class CrossAttention(nn.Module):
@@ -100,11 +111,12 @@ class VecoModel(MaskedLMModel):
 
     objective = "veco"
 
-    def __init__(self, cfg: EncoderConfig, mask_prob: float = 0.15, options: VecoConfig | None = None):
+    def __init__(self, cfg: EncoderConfig, mask_prob: float = 0.15, options: VecoOptions | None = None):
         super().__init__(cfg, mask_prob)
-        self.options = options or VecoConfig()
+        self.options = options or VecoOptions()
         self.cross = nn.ModuleList(CrossSublayer(cfg, cfg.dropout) for _ in range(cfg.layers))
         self.bos_id, self.pad_id = cfg.special("bos"), cfg.special("pad")
+        self._terms = 1  # loss terms per masked token in the last forward (loss() needs it)
         self.apply(init_weights)
 
     # -- parameters --------------------------------------------------------------------------
@@ -144,8 +156,9 @@ class VecoModel(MaskedLMModel):
         """The TRTD row's four terms, per masked token: (plug-out tok, plug-in tok, masked, logits,
         target).  Sides are stacked x̂ rows then ŷ rows, so ``masked`` is (2B, W) and each tok
         vector lists the x tokens then the y tokens, in ``masked``'s row-major order."""
-        masked = choose_masked(ids, segments, self.mask_prob, noise[0], self.special_ids)
+        masked = choose_masked(ids, segments, self.options.pair_mask_prob, noise[0], self.special_ids)
         corrupted = bert_corrupt(ids, masked, noise, self.cfg.vocab_size, self.mask_id, max(self.special_ids) + 1)
+        self._pair = (corrupted, masked)  # TLM reads the joined row with the same masks
         src = self._sides(corrupted, pad, segments, self.bos_id, self.pad_id)
         tgt = self._sides(ids, pad, segments, self.bos_id, self.pad_id)
         m = self._sides(masked.long(), pad, segments, 0, 0).bool()  # <s> of y and padding: not masked
@@ -168,12 +181,21 @@ class VecoModel(MaskedLMModel):
     def forward(self, ids: torch.Tensor, pad: torch.Tensor, segments: torch.Tensor | None,
                 noise: torch.Tensor, per_row: bool = False) -> Stats:
         if segments is None:
+            self._terms = 1
             return super().forward(ids, pad, segments, noise, per_row)  # MRTD: plain MLM, plug-out
         tok_out, tok_in, m, logits, target = self.pair_terms(ids, pad, segments, noise)
         loss = tok_out.sum() + tok_in.sum()
+        n = m.sum()  # the pair row's masked tokens, x's and y's
+        terms = 2  # per masked token: plug-out and plug-in
+        if self.options.tlm:
+            corrupted, masked = self._pair
+            h = self.encoder(self.embeddings(corrupted), pad)
+            tlm_logits = self.head(h[masked], self.embeddings.tokens.weight)
+            tlm = F.cross_entropy(tlm_logits.float(), ids[masked], reduction="none")
+            loss, terms = loss + tlm.sum(), 3
+        self._terms = terms
         with torch.no_grad():
             correct = (logits.argmax(-1) == target).sum()
-            n = m.sum()
             # rank 0's gauge of the global batch: does the translation help (plug-in below plug-out)?
             gauge = all_ranks_sum(torch.stack([tok_out.sum(), tok_in.sum(), n.float()]))
             rows = None
@@ -182,9 +204,20 @@ class VecoModel(MaskedLMModel):
                 def fold(t): return t[:b] + t[b:]  # a pair row's x and y sides
                 zeros = torch.zeros(b, device=ids.device)
                 g_row = fold(row_sums(tok_out.detach(), m) + row_sums(tok_in.detach(), m))
-                rows = torch.stack([g_row, 2 * fold(m.sum(1).float()), zeros, zeros, zeros])
+                if self.options.tlm:
+                    g_row = g_row + row_sums(tlm.detach(), masked)
+                rows = torch.stack([g_row, terms * fold(m.sum(1).float()), zeros, zeros, zeros])
         z = zero(ids)
-        st = Stats(loss, z, 2 * n, correct, z, z, z, z, z, (~pad).sum(), rows)
+        st = Stats(loss, z, terms * n, correct, z, z, z, z, z, (~pad).sum(), rows)  # each token once per term
         out_sum, in_sum, count = gauge.tolist()
         st.extra.update({"trtd/plug_out_loss": out_sum / max(count, 1), "trtd/plug_in_loss": in_sum / max(count, 1)})
         return st
+
+    def loss(self, st: Stats, norms: Norms) -> torch.Tensor:
+        """The mean over (masked token, term); with ``combine: sum`` times the terms per token,
+        i.e. Σ of every term / masked tokens, as the paper adds its log-likelihoods (fairseq's
+        per-token normalisation).  MRTD micro-batches have one term, MLM."""
+        mean = st.g_loss / norms.g
+        if self.options.combine == "sum" and self._terms > 1:
+            return mean * self._terms
+        return mean

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models.pretrained import mean_pool, read_export, tokenize
+from models.pretrained import mean_pool, read_model_dir, tokenize
 from models.veco import VecoModel
 from xylent.errors import XylentError
 
@@ -60,7 +60,7 @@ def load_plug_in(path: str | Path, map_location: str = "cpu") -> PlugInEncoder:
     from safetensors.torch import load_file
 
     path = Path(path)
-    meta, cfg, tok = read_export(path)
+    meta, cfg, tok = read_model_dir(path)
     if meta.get("objective") != "veco":
         raise XylentError(f"this model was pretrained with objective {meta.get('objective')!r}; only VECO's "
                           "(objective: veco) has cross-attention sublayers to plug in", where=str(path),
@@ -79,7 +79,7 @@ def random_plug_in(path: str | Path, seed: int) -> PlugInEncoder:
     """VECO's plug-in model with fresh weights, the tokenizer and config of the export
     at ``path``: the random-init peer of a plug-in task."""
     path = Path(path)
-    meta, cfg, tok = read_export(path)
+    meta, cfg, tok = read_model_dir(path)
     with torch.random.fork_rng(devices=[]):  # the caller's generator is left as it was
         torch.manual_seed(seed)
         return PlugInEncoder(VecoModel(cfg).eval(), tok, meta).eval()

@@ -34,7 +34,7 @@ SentencePiece's convention (:func:`from_wordpiece`: ``##ing`` -> ``ing``,
 ``play`` -> ``▁play``) before any rule, so "exact" means exact in that writing.
 
 :func:`transfer_report` counts the rules overall and per language (a piece is in
-every language whose text uses it; see ``tasks/pretrain/init.py``).
+every language whose text uses it; see ``tasks/pretrain/init_source.py``).
 """
 
 from __future__ import annotations

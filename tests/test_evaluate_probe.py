@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tasks.evaluate.data import package_pairs, read_probe, write_probe
-from tasks.evaluate.encoders import default_layer
+from tasks.evaluate.encoders import default_layer, family
 from tasks.evaluate.probe import MIN_TRAIN_PER_LABEL, evaluate_probe
 from tasks.prepare.holdout import drop_reserved, is_reserved, probe_split, reserved_keys
 from xylent.errors import XylentError
@@ -104,8 +104,27 @@ def test_probe_files_round_trip_and_bad_lines_name_file_and_line(tmp_path):
         read_probe(root, "it", "test")
 
 
-def test_default_layer_is_xtremes_middle_layer():
-    assert default_layer(12) == 7 and default_layer(24) == 13 and default_layer(2) == 2 and default_layer(4) == 3
+def xtreme_layer_states(hidden_states: tuple, num_layers: int, specific_layer: int):
+    """A transcription of XTREME's run_retrieval.py: it keeps ``all_layer_outputs[-num_layers:]`` and
+    indexes that list with ``--specific_layer`` (7 by default)."""
+    return hidden_states[-num_layers:][specific_layer]
+
+
+def test_default_layer_reads_the_state_xtremes_retrieval_reads():
+    import torch
+    from transformers import BertConfig, BertModel
+
+    model = BertModel(BertConfig(vocab_size=20, hidden_size=8, num_hidden_layers=12, num_attention_heads=2,
+                                 intermediate_size=16)).eval()
+    with torch.no_grad():
+        hidden = model(torch.tensor([[1, 5, 7, 2]]), output_hidden_states=True).hidden_states
+    assert len(hidden) == 13, "embeddings + 12 blocks"
+    # XLM-R in XTREME: layer 7; XLM-E §4: layer 9 for the ELECTRA-style encoder, in the same numbering
+    assert hidden[default_layer(12, "mlm")] is xtreme_layer_states(hidden, 12, 7)
+    assert hidden[default_layer(12, "electra")] is xtreme_layer_states(hidden, 12, 9)
+    assert (default_layer(12), default_layer(12, "electra")) == (8, 10)
+    assert default_layer(24) == 15 and default_layer(2) == 2 and default_layer(2, "electra") == 2
+    assert family("electra") == "electra" and {family(o) for o in ("mlm", "infoxlm", "veco", None)} == {"mlm"}
 
 
 def test_holdout_drops_texts_that_differ_only_by_format_characters_or_case():

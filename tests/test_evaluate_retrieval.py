@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tasks.evaluate.retrieval import (
-    bucc_f1,
+    f1_at_threshold,
     bucc_mine,
     choose_threshold,
     evaluate_bucc,
@@ -17,7 +17,7 @@ from tasks.evaluate.retrieval import (
     mine_pairs,
     tatoeba_accuracy,
 )
-from tasks.evaluate.retrieval_data import read_bucc, read_tatoeba
+from tasks.evaluate.retrieval_data import LASER_TATOEBA, read_bucc, read_tatoeba, tatoeba_code
 from xylent.errors import XylentError
 
 
@@ -165,7 +165,7 @@ def test_margin_mining_recovers_planted_pairs_and_rejects_distractors():
     assert len(planted_scores) == N_PAIRS
     assert min(planted_scores) > max(other_scores) + 0.15
     assert max(other_scores) < threshold < min(planted_scores)
-    assert bucc_f1(candidates, gold, threshold) == {"f1": 100.0, "precision": 100.0, "recall": 100.0}
+    assert f1_at_threshold(candidates, gold, threshold) == {"f1": 100.0, "precision": 100.0, "recall": 100.0}
     predicted = {(a, b) for s, a, b in candidates if s >= threshold}
     distractors = set(xx_ids[N_PAIRS:]) | set(en_ids[N_PAIRS:])
     assert not any(a in distractors or b in distractors for a, b in predicted)
@@ -212,7 +212,7 @@ def test_threshold_on_a_hand_computed_case():
     candidates = [(3.0, "s1", "t1"), (2.0, "s2", "t2"), (1.5, "s3", "t3"), (1.0, "s4", "t4")]
     # F1 after 1, 2, 3, 4 kept: 0.5, 0.4, 0.667, 0.571 -> keep 3, cut halfway to the 4th
     assert choose_threshold(candidates, gold) == 1.25
-    assert bucc_f1(candidates, gold, 1.25)["f1"] == pytest.approx(200 / 3)
+    assert f1_at_threshold(candidates, gold, 1.25)["f1"] == pytest.approx(200 / 3)
     assert choose_threshold([(2.0, "s2", "t2")], gold) == 0.0  # nothing right: the reference's 0
 
 
@@ -223,9 +223,9 @@ def test_threshold_maximises_f1_like_brute_force():
         scores = np.round(rng.uniform(0, 3, n), 1)  # one decimal: many ties
         candidates = [(float(s), f"s{i}", f"t{i}") for i, s in enumerate(scores)]
         gold = {(f"s{i}", f"t{i}") for i in range(n) if rng.random() < scores[i] / 3} | {("s-x", "t-x")}
-        best = max(bucc_f1(candidates, gold, t)["f1"] for t in set(scores.tolist()))
+        best = max(f1_at_threshold(candidates, gold, t)["f1"] for t in set(scores.tolist()))
         threshold = choose_threshold(candidates, gold)
-        assert bucc_f1(candidates, gold, threshold)["f1"] == pytest.approx(best)
+        assert f1_at_threshold(candidates, gold, threshold)["f1"] == pytest.approx(best)
 
 
 # -- readers -------------------------------------------------------------------
@@ -237,6 +237,30 @@ DE = ["Tom ist hier.", "Ich mag Tee.", "", "Wo ist es?", "Tee mag ich.", "Gute N
 def write(path, lines, end="\n"):
     path.write_text("".join(line + end for line in lines), encoding="utf-8")
     return path
+
+
+# XTREME's utils_preprocess.py `tatoeba_preprocess` (lang3_dict, snapshot 838c13b): its 36 languages and
+# the 5 XTREME-R added, 2-letter code -> LASER's file code
+XTREME_LANG3 = {
+    "af": "afr", "ar": "ara", "bg": "bul", "bn": "ben", "de": "deu", "el": "ell", "es": "spa", "et": "est",
+    "eu": "eus", "fa": "pes", "fi": "fin", "fr": "fra", "he": "heb", "hi": "hin", "hu": "hun", "id": "ind",
+    "it": "ita", "ja": "jpn", "jv": "jav", "ka": "kat", "kk": "kaz", "ko": "kor", "ml": "mal", "mr": "mar",
+    "nl": "nld", "pt": "por", "ru": "rus", "sw": "swh", "ta": "tam", "te": "tel", "th": "tha", "tl": "tgl",
+    "tr": "tur", "ur": "urd", "vi": "vie", "zh": "cmn", "az": "aze", "lt": "lit", "pl": "pol", "uk": "ukr",
+    "ro": "ron"}
+
+
+def test_every_laser_tatoeba_language_is_found_by_its_usual_code(tmp_path):
+    assert len(LASER_TATOEBA) == len(set(LASER_TATOEBA)) == 112
+    assert {k: tatoeba_code(k) for k in XTREME_LANG3} == XTREME_LANG3, "XTREME's own table, from the library"
+    assert all(tatoeba_code(c) == c for c in LASER_TATOEBA), "each LASER code reaches its own files"
+    assert (tatoeba_code("ca"), tatoeba_code("cat"), tatoeba_code("zho"), tatoeba_code("nb")) == ("cat", "cat", "cmn",
+                                                                                                  "nob")
+    assert (tatoeba_code("lv"), tatoeba_code("ms"), tatoeba_code("cy")) == ("lvs", "zsm", "cym")
+    assert tatoeba_code("qqq") == "qqq" and tatoeba_code("not a code") == "not a code", "unknown: used as is"
+    write(tmp_path / "tatoeba.cat-eng.cat", DE)
+    write(tmp_path / "tatoeba.cat-eng.eng", EN)
+    assert read_tatoeba(tmp_path, "ca") == (DE, EN), "Catalan, outside XTREME's 41, is no longer 'not found'"
 
 
 def test_both_tatoeba_layouts_read_the_same_pairs(tmp_path):

@@ -21,6 +21,7 @@ from tasks.evaluate.scoring import score_language
 from xylent.spec import load_spec
 
 from conftest import DEMO_SHORT  # the session demo's spec (tests/data/demo-short.yaml)
+from test_evaluate_probe import xtreme_layer_states  # the transcription of XTREME's layer slicing
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"
@@ -205,10 +206,11 @@ def test_a_local_hugging_face_encoder_is_evaluated_side_by_side(demo_run, run_cl
     assert got["stages"]["pretrain"]["cached"], "only evaluate ran again"
     scores = json.loads((Path(got["stages"]["evaluate"]["output_dir"]) / "scores.json").read_text())
     bert = scores["models"]["tiny-bert"]["allauth"]
-    assert bert["layer"] == 2 and set(bert["by_layer"]) == {"0", "1", "2", "3"}, "3 layers: middle index 2"
+    # XTREME's layer round(3 * 7 / 12) = 2 of the 3 blocks' outputs (the embeddings sliced off): index 3
+    assert bert["layer"] == 3 and set(bert["by_layer"]) == {"0", "1", "2", "3"}
     assert bert["languages"]["de"]["n"] == len(pairs["de"][0])
     assert 0 <= bert["languages"]["de"]["accuracy"] <= 100
-    # the same model through transformers directly: mean-pooled layer 2, cosine, xx -> en acc@1
+    # the same model through transformers directly, sliced as XTREME does: mean-pooled, cosine, xx -> en acc@1
     import torch
     from transformers import AutoModel, AutoTokenizer
 
@@ -217,7 +219,7 @@ def test_a_local_hugging_face_encoder_is_evaluated_side_by_side(demo_run, run_cl
     def embed(texts):
         enc = tok(texts, padding=True, truncation=True, max_length=128, return_tensors="pt")
         with torch.no_grad():
-            h = model(**enc, output_hidden_states=True).hidden_states[2]
+            h = xtreme_layer_states(model(**enc, output_hidden_states=True).hidden_states, 3, 2)
         m = enc["attention_mask"].unsqueeze(-1).float()
         v = ((h * m).sum(1) / m.sum(1)).numpy()
         return v / np.linalg.norm(v, axis=1, keepdims=True)
@@ -226,8 +228,8 @@ def test_a_local_hugging_face_encoder_is_evaluated_side_by_side(demo_run, run_cl
     # the stage's wrapper (length-sorted batches) gives the vectors of a plain forward pass
     from tasks.evaluate.encoders import HuggingFaceEncoder
 
-    ours = np.concatenate([b[2] for b in HuggingFaceEncoder("tiny-bert", hf).embed_batches(
-        xx, [2], batch_size=64, max_length=128)])
+    ours = np.concatenate([b[3] for b in HuggingFaceEncoder("tiny-bert", hf).embed_batches(
+        xx, [3], batch_size=64, max_length=128)])
     ours /= np.linalg.norm(ours, axis=1, keepdims=True)
     assert np.abs(ours - embed(xx)).max() < 1e-4
     # a random tiny BERT puts every sentence in a narrow cone (mean cosine ~0.96): rounding differences of

@@ -132,7 +132,7 @@ class _Payload:
 def test_a_tampered_checkpoint_cannot_run_code_when_loaded(tmp_path):
     import torch
 
-    from models.pretrained import consolidate
+    from models.pretrained import consolidate_zero
     from xylent.errors import XylentError
 
     marker = tmp_path / "pwned"
@@ -140,11 +140,11 @@ def test_a_tampered_checkpoint_cannot_run_code_when_loaded(tmp_path):
     tag.mkdir(parents=True)
     torch.save({"module": {"w": torch.zeros(2)}, "extra": _Payload(str(marker))}, tag / "mp_rank_00_model_states.pt")
     with pytest.raises(XylentError, match="refusing to unpickle"):
-        consolidate(tmp_path / "deepspeed", "step-00000010")
+        consolidate_zero(tmp_path / "deepspeed", "step-00000010")
     assert not marker.exists(), "loading the checkpoint ran code"
     # a plain one loads
     torch.save({"module": {"w": torch.ones(2)}, "ds_version": "0.x"}, tag / "mp_rank_00_model_states.pt")
-    assert consolidate(tmp_path / "deepspeed", "step-00000010")["w"].tolist() == [1.0, 1.0]
+    assert consolidate_zero(tmp_path / "deepspeed", "step-00000010")["w"].tolist() == [1.0, 1.0]
 
 
 def test_the_suite_ignores_the_callers_tracking_and_prefect_settings():

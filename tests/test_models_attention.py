@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from models.attention import GatedRelativeBias, RelativePositionTable, SelfAttention, relative_buckets
-from models.config import PRESETS, preset
-from models.init import init_weights
+from models.config import PRESETS, EncoderConfig, preset
+from models.weight_init import init_weights
 
 
 def t5_bucket(rel: int, num_buckets: int = 32, max_distance: int = 128) -> int:
@@ -34,26 +34,27 @@ def test_buckets_follow_the_t5_rule(buckets, distance):
     assert got.max() == buckets - 1 and got.min() == 0
 
 
-def test_gate_is_about_1_75_at_initialisation():
+@pytest.mark.parametrize("form", ["xlm-e", "wavlm"])
+def test_gate_is_about_1_75_at_initialisation(form):
     torch.manual_seed(0)
-    gate = GatedRelativeBias(num_heads=12, head_dim=64).apply(init_weights)  # as every model initialises it
-    x = torch.randn(4, 50, 12 * 64)
+    gate = GatedRelativeBias(num_heads=12, head_dim=64, form=form).apply(init_weights)  # as every model does
+    x, q = torch.randn(4, 50, 12 * 64), torch.randn(4, 12, 50, 64)
     d = torch.ones(12, 50, 50)
-    scale = gate(x, d)
+    scale = gate(x, q, d)
     assert scale.mean().item() == pytest.approx(1.75, abs=0.01)
     assert (scale - 1.75).abs().max().item() < 0.1
 
 
-def test_gated_bias_equals_the_formula_on_random_input():
+def test_wavlm_gate_reads_the_layer_input_with_a_w_per_head():
     torch.manual_seed(1)
     heads, dh, n = 3, 8, 6
-    gate = GatedRelativeBias(heads, dh)
+    gate = GatedRelativeBias(heads, dh, form="wavlm")
     with torch.no_grad():
         gate.uv.weight.normal_()
         gate.w.copy_(torch.tensor([0.5, 1.0, 2.0]))
     x = torch.randn(2, n, heads * dh)
     d = torch.randn(heads, n, n)
-    got = gate(x, d).detach().numpy()
+    got = gate(x, torch.randn(2, heads, n, dh), d).detach().numpy()  # the query is not read
     u, v = gate.uv.weight.detach().numpy()
     w = gate.w.detach().numpy()
     xs, ds = x.numpy(), d.numpy()
@@ -68,22 +69,56 @@ def test_gated_bias_equals_the_formula_on_random_input():
                     assert got[b, h, i, j] == pytest.approx(r, rel=1e-5, abs=1e-6)
 
 
-def test_attention_adds_the_bias_before_the_softmax_and_masks_padding():
+def test_attention_is_xlm_e_eqs_6_to_9_written_out():
+    """XLM-E §3.3, one element at a time: q, k, v = hW (6); g_u, g_r = σ(q_i·u), σ(q_i·v);
+    r~ = w·g_r·d; r = d + g_u·d + (1 − g_u)·r~ (9); a_ij ∝ exp(q_i·k_j/√d_k + r_ij) (7);
+    output = Σ_j a_ij v_j (8), then the output projection; padded keys get no weight."""
     torch.manual_seed(2)
-    att = SelfAttention(hidden=16, heads=2).eval()
-    table = RelativePositionTable(num_heads=2)
-    x = torch.randn(1, 5, 16)
+    heads, dh, n = 2, 8, 5
+    att = SelfAttention(hidden=heads * dh, heads=heads).eval()
+    assert att.gate.form == "xlm-e" and att.gate.w.numel() == 1, "the paper's form is the default: one scalar w"
+    with torch.no_grad():
+        att.gate.uv.weight.normal_()
+        att.gate.w.fill_(0.7)
+    table = RelativePositionTable(num_heads=heads)
+    x = torch.randn(1, n, heads * dh)
     pad = torch.tensor([[False, False, False, True, True]])
-    rel = table(5)
-    got = att(x, rel, pad)
-    q, k, v = att.qkv(x).view(1, 5, 3, 2, 8).permute(2, 0, 3, 1, 4)
-    scores = q @ k.transpose(-1, -2) / math.sqrt(8) + att.gate(x, rel)
-    scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
-    want = att.out((scores.softmax(-1) @ v).transpose(1, 2).reshape(1, 5, 16))
-    assert torch.allclose(got, want, atol=1e-5)
+    d = table(n).detach().numpy()
+    got = att(x, table(n), pad).detach().numpy()
+    W, bias = att.qkv.weight.detach().numpy(), att.qkv.bias.detach().numpy()
+    u, v = att.gate.uv.weight.detach().numpy()
+    w = float(att.gate.w)
+    sig = lambda z: 1 / (1 + math.exp(-z))  # noqa: E731
+    h_all = x[0].numpy()
+    heads_out = np.zeros((n, heads * dh))
+    for h in range(heads):
+        rows = lambda part: slice(part * heads * dh + h * dh, part * heads * dh + (h + 1) * dh)  # noqa: E731
+        q = h_all @ W[rows(0)].T + bias[rows(0)]
+        k = h_all @ W[rows(1)].T + bias[rows(1)]
+        val = h_all @ W[rows(2)].T + bias[rows(2)]
+        for i in range(n):
+            g_u, g_r = sig(q[i] @ u), sig(q[i] @ v)
+            logits = []
+            for j in range(n):
+                r = d[h, i, j] + g_u * d[h, i, j] + (1 - g_u) * (w * g_r * d[h, i, j])
+                logits.append(-np.inf if pad[0, j] else q[i] @ k[j] / math.sqrt(dh) + r)
+            a = np.exp(np.array(logits) - max(logits))
+            a /= a.sum()
+            heads_out[i, h * dh:(h + 1) * dh] = a @ val
+    want = heads_out @ att.out.weight.detach().numpy().T + att.out.bias.detach().numpy()
+    assert np.abs(got[0] - want).max() < 1e-5
     x2 = x.clone()
-    x2[0, 3:] = torch.randn(2, 16)  # padding content must not matter to real positions
-    assert torch.allclose(att(x2, rel, pad)[0, :3], got[0, :3], atol=1e-5)
+    x2[0, 3:] = torch.randn(2, heads * dh)  # padding content must not matter to real positions
+    assert torch.allclose(att(x2, table(n), pad)[0, :3], torch.from_numpy(got[0, :3]), atol=1e-5)
+
+
+def test_a_wavlm_export_loads_as_wavlm_and_the_form_is_checked():
+    old = {"encoder": {**preset("tiny").to_dict(), "specials": {}}, "specials": {"pad": 3}}
+    del old["encoder"]["gate"]  # written before the field existed
+    assert EncoderConfig.from_export(old).gate == "wavlm"
+    assert preset("tiny").gate == "xlm-e"
+    with pytest.raises(ValueError, match="gate 't5'"):
+        preset("tiny", gate="t5")
 
 
 def test_size_presets_follow_the_papers():

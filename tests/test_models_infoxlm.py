@@ -3,10 +3,11 @@ against a hand-kept EMA, the queue's order and its round trip through a checkpoi
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from models.config import preset
-from models.infoxlm import InfoXLMModel, XLCoConfig, default_layer, gather_rows, merge_groups
+from models.infoxlm import InfoXLMModel, XLCoConfig, xlco_default_layer, gather_rows, merge_groups
 from models.masking import row_noise
 from models.pairs import split_pair
 from models.stats import Norms
@@ -131,6 +132,37 @@ def test_with_an_empty_queue_nothing_is_contrasted_and_the_keys_start_the_queue(
     assert abs(st.extra["trtd/contrast_chance_loss"] - torch.log(torch.tensor(1.0 + len(ids))).item()) < 1e-6
 
 
+def test_xlco_is_weighted_as_infoxlms_code_weights_it_and_contrasts_the_masked_pair():
+    """unilm/infoxlm sums the MLM/TLM token losses and λ·XLCo's per-example losses and divides
+    by the summed sample sizes (masked tokens + examples); its XLCo inputs are masked."""
+    def warmed(**kw):  # step 0 fills the queue; step 1 is contrasted against it
+        m = _model(weight=2.0, **kw)
+        with torch.no_grad():
+            _step(m, 0)
+        return m
+
+    m = warmed()  # scale: shared, masked_inputs: true (the reference's form)
+    with torch.no_grad():
+        st, ids, seg = _step(m, 1)
+    g, c, n_g, n_c = float(st.g_loss), float(st.c_loss), float(st.g_count), float(st.c_count)
+    assert n_c == len(ids) and n_g > 0
+    assert float(m.loss(st, Norms(n_g, 1.0, n_c))) == pytest.approx((g + 2.0 * c) / (n_g + n_c), rel=1e-6)
+    sep = warmed(scale="separate")
+    with torch.no_grad():
+        st2, _, _ = _step(sep, 1)
+    assert float(sep.loss(st2, Norms(n_g, 1.0, n_c))) == pytest.approx(g / n_g + 2.0 * c / n_c, rel=1e-6)
+    # XLCo read the TLM-masked row: contrasting that row by hand gives the same loss, the clean row another
+    by_hand = warmed()
+    with torch.no_grad():
+        loss, _, _ = by_hand.contrast(m.corrupted, ids == PAD, seg)
+    assert float(loss) == pytest.approx(c, rel=1e-5)
+    clean = warmed(masked_inputs=False)
+    with torch.no_grad():
+        st3, _, _ = _step(clean, 1)
+    assert float(st3.g_loss) == pytest.approx(g, rel=1e-6), "TLM is the same"
+    assert abs(float(st3.c_loss) - c) > 1e-4
+
+
 def test_the_key_encoder_is_the_ema_of_the_query_encoder_after_n_steps():
     m = _model(momentum=0.9)
     opt = torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5)
@@ -186,7 +218,7 @@ def test_rows_are_gathered_in_global_order_outside_a_process_group():
 
 
 def test_the_contrasted_layer_defaults_to_infoxlms_choice():
-    assert default_layer(12) == 8 and default_layer(24) == 12 and default_layer(2) == 1 and default_layer(6) == 4
+    assert xlco_default_layer(12) == 8 and xlco_default_layer(24) == 12 and xlco_default_layer(2) == 1 and xlco_default_layer(6) == 4
 
 
 def test_xlco_learns_the_translation_of_pairs_it_never_saw():

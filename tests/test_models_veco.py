@@ -14,7 +14,7 @@ from models.electra import MaskedLMModel
 from models.masking import bert_corrupt, choose_masked, row_noise
 from models.pretrained import PretrainedEncoder
 from models.stats import Norms
-from models.veco import VecoConfig, VecoModel
+from models.veco import VecoOptions, VecoModel
 from tasks.vocab.specials import BOS, EOS, PAD, SPECIAL_PIECES
 from tests.test_hf_export import tokenizer_dir  # noqa: F401  (a fixture: a small SentencePiece model)
 from xylent.errors import XylentError
@@ -70,7 +70,7 @@ def test_no_gradient_reaches_the_paired_side_through_cross_attention():
 
     # the same gradients with H^L replaced by a constant: nothing flows back through the paired side
     model.zero_grad()
-    masked = choose_masked(ids, seg, model.mask_prob, noise[0], model.special_ids)
+    masked = choose_masked(ids, seg, model.options.pair_mask_prob, noise[0], model.special_ids)
     corrupted = bert_corrupt(ids, masked, noise, model.cfg.vocab_size, SPECIALS["mask"], 5)
     src, tgt = model._sides(corrupted, pad, seg, BOS, PAD), model._sides(ids, pad, seg, BOS, PAD)
     masked, side_pad = model._sides(masked.long(), pad, seg, 0, 0).bool(), tgt == PAD
@@ -135,8 +135,9 @@ def test_a_silent_cross_attention_leaves_the_plug_in_pass_equal_to_plug_out():
 
 
 def _by_hand(model, ids, pad, seg, noise):
-    """The four terms of each pair row, each side run alone (no stacking, no padding)."""
-    masked = choose_masked(ids, seg, model.mask_prob, noise[0], model.special_ids)
+    """VECO §4's TLM + CA-MLM of each pair row: TLM on the joined masked row, then CA-MLM's
+    four terms (Eq. 1), each side run alone (no stacking, no padding)."""
+    masked = choose_masked(ids, seg, model.options.pair_mask_prob, noise[0], model.special_ids)
     corrupted = bert_corrupt(ids, masked, noise, model.cfg.vocab_size, SPECIALS["mask"], 5)
     rows, count = [], 0
     for r in range(len(ids)):
@@ -148,7 +149,11 @@ def _by_hand(model, ids, pad, seg, noise):
             tgt = torch.tensor(lead + ids[r, pos].tolist())
             m = torch.tensor([False] * len(lead) + masked[r, pos].tolist())
             side[s] = (src, tgt, m, torch.zeros_like(src, dtype=torch.bool))
-        total = 0.0
+        real = ~pad[r]
+        h = model.plug_out(corrupted[r, real][None], torch.zeros(1, int(real.sum()), dtype=torch.bool))
+        tlm = model.head(h[0][masked[r, real]], model.embeddings.tokens.weight)
+        total = F.cross_entropy(tlm, ids[r, real][masked[r, real]], reduction="sum")
+        count += int(masked[r].sum())
         for s in (0, 1):
             src, tgt, m, p = side[s]
             o_src, _, _, o_p = side[1 - s]
@@ -160,8 +165,9 @@ def _by_hand(model, ids, pad, seg, noise):
     return torch.stack(rows), count
 
 
-def test_the_loss_is_the_sum_of_the_four_cross_entropies_and_per_row_adds_up():
+def test_the_loss_is_tlm_plus_the_four_cross_entropies_and_per_row_adds_up():
     model = _model()
+    assert (model.options.pair_mask_prob, model.mask_prob) == (0.25, 0.15), "VECO Table 8: bilingual 25 %, mono 15 %"
     ids, pad, seg, noise = _pairs()
     with torch.no_grad():
         st = model(ids, pad, seg, noise)
@@ -174,17 +180,24 @@ def test_the_loss_is_the_sum_of_the_four_cross_entropies_and_per_row_adds_up():
     torch.testing.assert_close(r[0], by_row, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(r[0].sum(), rows_st.g_loss, rtol=1e-5, atol=1e-4)
     assert int(r[1].sum()) == int(rows_st.g_count) == count and not r[2:].any()
-    torch.testing.assert_close(model.loss(st, Norms(g=4.0)), st.g_loss / 4.0)
+    # the paper adds the terms: Σ of all five / masked tokens = the per-(token, term) mean × 3
+    n = count // 3
+    torch.testing.assert_close(model.loss(st, Norms(g=float(count))), by_row.sum() / n, rtol=1e-5, atol=1e-5)
+    mean = _model(options=VecoOptions(combine="mean"))
+    with torch.no_grad():
+        torch.testing.assert_close(mean.loss(mean(ids, pad, seg, noise), Norms(g=float(count))), by_row.sum() / count,
+                                   rtol=1e-5, atol=1e-5)
 
     ids, pad, noise = _mrtd()  # MRTD rows: plain MLM, per_row as MaskedLMModel
     with torch.no_grad():
         st = model(ids, pad, None, noise, per_row=True)
     torch.testing.assert_close(st.rows[0].sum(), st.g_loss)
     assert int(st.rows[1].sum()) == int(st.g_count)
+    torch.testing.assert_close(model.loss(st, Norms(g=float(st.g_count))), st.g_loss / st.g_count)  # one term
 
 
 def test_the_freeze_schedule_names_the_body():
-    model = _model(options=VecoConfig(freeze_body_steps=3))
+    model = _model(options=VecoOptions(freeze_body_steps=3))
     assert model.body_frozen(0) and model.body_frozen(2) and not model.body_frozen(3)
     assert not _model().body_frozen(0)
     assert all(model.is_cross(k) for k in model.plug_in_state_dict()) and model.plug_in_state_dict()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from models.run_config import TrainConfig
-from tasks.pretrain.config import ZERO_CONFIGS, deepspeed_config
+from tasks.pretrain.train_json import ZERO_CONFIGS, deepspeed_config
 from xylent.errors import XylentError
 from xylent.spec import spec_from_dict
 
@@ -70,7 +70,7 @@ def test_train_json_has_no_defaults_of_its_own(tmp_path):
 
 
 def test_train_config_takes_every_knob_from_the_spec(demo_run, tmp_path):
-    from tasks.pretrain.config import train_config
+    from tasks.pretrain.train_json import train_config
 
     res, ws = demo_run
     stages = {k: Path(v["output_dir"]) for k, v in res["stages"].items()}

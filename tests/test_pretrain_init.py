@@ -338,7 +338,7 @@ def test_errors_say_what_and_what_to_do(tmp_path, vocabs, mlm_export):
 
 def test_spec_field_fingerprint_and_registry(tmp_path, mlm_export):
     from flows.registry import STAGES
-    from tasks.pretrain.init import resolve_source
+    from tasks.pretrain.init_source import resolve_source
     from xylent.spec import load_spec
     from xylent.stage import section_identity, stage_fingerprints
     from xylent.workspace import Workspace

@@ -119,11 +119,11 @@ def test_vecos_two_phase_schedule_holds_the_body_still_then_trains_it():
     from models.masking import row_noise
     from models.optim import lr_lambdas, make_optimizer, warmup_linear_decay
     from models.stats import Norms
-    from models.veco import VecoConfig, VecoModel
+    from models.veco import VecoOptions, VecoModel
     from tests.test_models_electra import SPECIALS, _batch
 
     torch.manual_seed(0)
-    model = VecoModel(preset("tiny", vocab_size=500, specials=SPECIALS), options=VecoConfig(freeze_body_steps=3))
+    model = VecoModel(preset("tiny", vocab_size=500, specials=SPECIALS), options=VecoOptions(freeze_body_steps=3))
     opt = make_optimizer(model, 1e-3, weight_decay=0.01)
     assert sorted(g["body"] for g in opt.param_groups) == [False, False, True, True]
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambdas(model, opt.param_groups, warmup_linear_decay(0, 10)))
@@ -157,7 +157,8 @@ def test_an_objectives_knobs_reach_train_json_and_only_its_own_enter_the_fingerp
     assert section_identity(electra.pretrain) == section_identity(plain.pretrain), \
         "knobs of objectives the run does not train change nothing it computes"
     veco = load_spec(DEMO, ["pretrain.objective=veco", "pretrain.veco.freeze_body_steps=7"])
-    assert veco.pretrain.objective_options() == {"freeze_body_steps": 7}
-    assert section_identity(veco.pretrain)["veco"] == {"freeze_body_steps": 7}
+    assert veco.pretrain.objective_options() == {"freeze_body_steps": 7, "pair_mask_prob": 0.25, "tlm": True,
+                                                 "combine": "sum"}
+    assert section_identity(veco.pretrain)["veco"] == {"freeze_body_steps": 7}, "knobs added later, at their default"
     info = load_spec(DEMO, ["pretrain.objective=infoxlm", "pretrain.infoxlm.temperature=0.5"])
     assert info.pretrain.objective_options()["temperature"] == 0.5 and "veco" not in section_identity(info.pretrain)

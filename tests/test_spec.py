@@ -37,6 +37,7 @@ def test_shipped_specs_validate():
     assert len(set(fps.values())) == 9 and all(len(f) == 16 and int(f, 16) >= 0 for f in fps.values())
     base = load_spec(ROOT / "data_specs" / "xy-lent-base.yaml")
     assert base.model.size == "base" and {s.kind for s in base.sources} == {"cc100", "opus"}
+    assert base.pretrain.task_schedule == "mix", "a batch of each task every step (XY-LENT Table 9)"
     assert len(base.languages) >= 100
 
 

@@ -18,7 +18,7 @@ import sentencepiece as spm
 
 from conftest import write_spec
 from tasks.vocab import allocate_vocabulary, average_log_probability, concave_curve
-from tasks.vocab.merge import build_model
+from tasks.vocab.merge import merge_vocab_model
 from tasks.vocab.train import model_pieces, train_model
 from xylent.spec import VocabConfig
 
@@ -329,7 +329,7 @@ def test_vocap_finds_the_last_fitting_threshold_when_pieces_are_not_nested():
 
 def test_merged_model_loads_and_round_trips_multilingual_text(tiny_models, tmp_path):
     q = {lang: 1 / len(TEXTS) for lang in TEXTS}
-    out = build_model(tiny_models["en"], {lang: model_pieces(m) for lang, m in tiny_models.items()}, q, True,
+    out = merge_vocab_model(tiny_models["en"], {lang: model_pieces(m) for lang, m in tiny_models.items()}, q, True,
                       tmp_path / "spm.model")
     sp = spm.SentencePieceProcessor(model_file=str(out))
     assert [sp.id_to_piece(i) for i in range(5)] == ["<unk>", "<s>", "</s>", "<pad>", "<mask>"]

@@ -62,7 +62,7 @@ def checkpoint_dir(ctx: StageContext) -> Path:
 
 def run_training(ctx: StageContext, cfg: TrainConfig, ckdir: Path):
     """Write train.json, launch the ranks (pretrain.ranks / hostfile) and wait for them."""
-    from tasks.pretrain.config import check_resumable
+    from tasks.pretrain.train_json import check_resumable
     from xylent.launch import deepspeed_command, world_size
 
     p = ctx.spec.pretrain

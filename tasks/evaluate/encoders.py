@@ -23,10 +23,24 @@ from xylent.errors import XylentError
 CHUNK_BATCHES = 16  # texts sorted by length within 16 batches: little padding, bounded memory
 
 
-def default_layer(n_layers: int) -> int:
-    """XTREME's retrieval convention, a middle layer: 7 of 12 for base models
-    (hidden-state index, embeddings = 0), 13 of 24 for large ones."""
-    return min(n_layers, n_layers // 2 + 1)
+# XTREME's run_retrieval.py indexes ``hidden_states[-n_layers:]``, the embedding output dropped, so
+# its default "layer 7" of a 12-layer XLM-R is hidden-state index 8; XLM-E §4 reads "layer-7 for
+# XLM-R and layer-9 for XLM-E" in that same numbering.
+XTREME_LAYER_OF_12 = {"mlm": 7, "electra": 9}
+
+
+def family(objective: str | None) -> str:
+    """Which paper's retrieval layer an objective follows: ELECTRA-style (XLM-E, XY-LENT) or
+    MLM-style (XLM-R, InfoXLM, VECO)."""
+    return "electra" if objective == "electra" else "mlm"
+
+
+def default_layer(n_layers: int, kind: str = "mlm") -> int:
+    """The hidden-state index (embeddings = 0) retrieval reads by default: XTREME's layer 7 of 12
+    for MLM encoders, XLM-E's layer 9 of 12 for ELECTRA ones (index 8 and 10), scaled to
+    other depths, never past the last layer."""
+    xtreme = round(n_layers * XTREME_LAYER_OF_12[kind] / 12)
+    return max(1, min(n_layers, xtreme + 1))
 
 
 class SentenceEncoder(ABC):
@@ -35,16 +49,17 @@ class SentenceEncoder(ABC):
     name: str
     kind: str
     n_layers: int
+    family: str = "mlm"  # which default layer (default_layer)
 
     def layer_index(self, layer: int | None) -> int:
-        """The non-negative hidden-state index of ``layer`` (None: the default middle layer)."""
+        """The non-negative hidden-state index of ``layer`` (None: XTREME's default for this family)."""
         if layer is None:
-            return default_layer(self.n_layers)
+            return default_layer(self.n_layers, self.family)
         idx = layer + self.n_layers + 1 if layer < 0 else layer
         if not 0 <= idx <= self.n_layers:
             raise XylentError(f"layer {layer} does not exist in model {self.name!r}: it has hidden states "
                               f"0..{self.n_layers} (0 = embeddings)", where="spec field evaluate.tasks[].layer",
-                              fix=f"pick a layer in 0..{self.n_layers}, or leave it out for the middle layer")
+                              fix=f"pick a layer in 0..{self.n_layers}, or leave it out for XTREME's default")
         return idx
 
     def plug_in(self):
@@ -92,6 +107,7 @@ class XylentEncoder(SentenceEncoder):
     def __init__(self, name: str, model, source: Path | None = None, seed: int | None = None):
         self.name, self.model = name, model.float().to(device()).eval()
         self.n_layers = model.config.layers
+        self.family = family(model.meta.get("objective"))
         self.source, self.seed = source, seed  # the export dir (and random-init's seed): plug-in mode rebuilds
 
     def plug_in(self):
@@ -131,6 +147,7 @@ class HuggingFaceEncoder(SentenceEncoder):
                               fix="point evaluate.models[].path at a local dir with config.json, the weights and "
                               "the tokenizer files (save_pretrained of both); the hub is never contacted") from None
         self.n_layers = int(self.model.config.num_hidden_layers)
+        self.family = "electra" if self.model.config.model_type == "electra" else "mlm"
 
     def _hidden(self, texts, max_length):
         # XLM-R declares 514 positions of which 512 are usable; the tokenizer knows the real limit
@@ -199,12 +216,11 @@ def random_init(name: str, like: Path, seed: int) -> XylentEncoder:
     from models.pretrained import PretrainedEncoder
 
     meta = json.loads((Path(like) / "config.json").read_text())
-    enc = meta["encoder"]
-    cfg = EncoderConfig(**{**enc, "specials": enc.get("specials") or meta["specials"]})
+    cfg = EncoderConfig.from_export(meta)
     tok = spm.SentencePieceProcessor(model_file=str(Path(like) / meta["tokenizer"]))
     with torch.random.fork_rng(devices=[]):  # the caller's CPU generator is left as it was
         torch.manual_seed(seed)
-        model = PretrainedEncoder(cfg, tok, {"random_init_seed": seed})
+        model = PretrainedEncoder(cfg, tok, {"random_init_seed": seed, "objective": meta.get("objective")})
     return XylentEncoder(name, model, source=Path(like), seed=seed)
 
 

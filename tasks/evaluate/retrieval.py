@@ -253,7 +253,7 @@ def bucc_mine(embed: EmbedFn, src_ids: Sequence[str], src_texts: Sequence[str], 
             if src_owner[s] is not None and tgt_owner[t] is not None]
 
 
-def bucc_f1(candidates: Sequence[tuple[float, str, str]], gold: set[tuple[str, str]], threshold: float) -> dict:
+def f1_at_threshold(candidates: Sequence[tuple[float, str, str]], gold: set[tuple[str, str]], threshold: float) -> dict:
     """F1, precision, recall (×100) of the candidates scoring >= ``threshold``,
     with XTREME's BUCC scorer."""
     mined = [f"{s}\t{t}" for score, s, t in candidates if score >= threshold]
@@ -310,9 +310,9 @@ def evaluate_bucc(embed: EmbedFn, data_dir: Path, lang: str, k: int = 4, *, batc
     tune_candidates = bucc_mine(embed, tune.src_ids, tune.src_texts, tune.tgt_ids, tune.tgt_texts, k, batch=batch)
     threshold = choose_threshold(tune_candidates, tune.gold)
     test_candidates = bucc_mine(embed, test.src_ids, test.src_texts, test.tgt_ids, test.tgt_texts, k, batch=batch)
-    result = {"threshold": threshold, "tune_split": tune.split, "tune": bucc_f1(tune_candidates, tune.gold, threshold),
+    result = {"threshold": threshold, "tune_split": tune.split, "tune": f1_at_threshold(tune_candidates, tune.gold, threshold),
               "test_split": test.split,
-              "test": None if test.gold is None else bucc_f1(test_candidates, test.gold, threshold),
+              "test": None if test.gold is None else f1_at_threshold(test_candidates, test.gold, threshold),
               "predictions": [(s, t) for score, s, t in test_candidates if score >= threshold]}
     if test.gold is None:
         result["note"] = (f"no {lang}-en.{test.split}.gold: test F1 cannot be computed here; write the predictions "
@@ -320,6 +320,6 @@ def evaluate_bucc(embed: EmbedFn, data_dir: Path, lang: str, k: int = 4, *, batc
     return result
 
 
-__all__ = ["EmbedFn", "bucc_f1", "bucc_mine", "choose_threshold", "embed_index", "evaluate_bucc",
+__all__ = ["EmbedFn", "f1_at_threshold", "bucc_mine", "choose_threshold", "embed_index", "evaluate_bucc",
            "evaluate_tatoeba", "knn", "margin_knn", "mine_pairs", "new_index", "tatoeba_accuracy"]
 

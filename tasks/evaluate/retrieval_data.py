@@ -10,23 +10,49 @@ so dropping one would shift every later pair.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from xylent.errors import XylentError
 
-# XTREME's Tatoeba languages, its 2-letter code -> the ISO 639-3 code of LASER's
-# files (tatoeba.<iso3>-eng.<iso3>).  Facts from google-research/xtreme
-# utils_preprocess.py `tatoeba_preprocess` (lang3_dict, snapshot 838c13b): the 36
-# XTREME languages, then the 5 that XTREME-R added (az lt pl uk ro).
-TATOEBA_ISO3 = {
-    "af": "afr", "ar": "ara", "bg": "bul", "bn": "ben", "de": "deu", "el": "ell",
-    "es": "spa", "et": "est", "eu": "eus", "fa": "pes", "fi": "fin", "fr": "fra",
-    "he": "heb", "hi": "hin", "hu": "hun", "id": "ind", "it": "ita", "ja": "jpn",
-    "jv": "jav", "ka": "kat", "kk": "kaz", "ko": "kor", "ml": "mal", "mr": "mar",
-    "nl": "nld", "pt": "por", "ru": "rus", "sw": "swh", "ta": "tam", "te": "tel",
-    "th": "tha", "tl": "tgl", "tr": "tur", "ur": "urd", "vi": "vie", "zh": "cmn",
-    "az": "aze", "lt": "lit", "pl": "pol", "uk": "ukr", "ro": "ron",
-}
+# LASER's Tatoeba test set (facebookresearch/LASER data/tatoeba/v1): the ISO 639-3 code of
+# each of its 112 languages, as its files name them (tatoeba.<code>-eng.<code>).
+LASER_TATOEBA = tuple("""
+afr amh ang ara arq arz ast awa aze bel ben ber bos bre bul cat cbk ceb ces cha cmn cor csb
+cym dan deu dsb dtp ell epo est eus fao fin fra fry gla gle glg gsw heb hin hrv hsb hun hye
+ido ile ina ind isl ita jav jpn kab kat kaz khm kor kur kzj lat lfn lit lvs mal mar max mhr
+mkd mon nds nld nno nob nov oci orv pam pes pms pol por ron rus slk slv spa sqi srp swe swg
+swh tam tat tel tgl tha tuk tur tzl uig ukr urd uzb vie war wuu xho yid yue zsm""".split())
+
+
+def _tag(code: str) -> str | None:
+    """The shortest standard tag of a language code (BCP 47 via langcodes, which
+    ships CLDR's tables): "cat" and "ca" -> "ca"; an individual language CLDR
+    treats as its macrolanguage's default -> the macrolanguage ("cmn" -> "zh",
+    "pes" -> "fa", "swh" -> "sw").  None: not a language code."""
+    import langcodes
+
+    try:
+        return langcodes.Language.get(code).prefer_macrolanguage().to_tag()
+    except ValueError:  # langcodes' LanguageTagError
+        return None
+
+
+@lru_cache(maxsize=1)
+def _laser_by_tag() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for code in LASER_TATOEBA:  # kzj is a deprecated spelling of dtp: both files exist, dtp's wins the tag
+        out.setdefault(_tag(code), code)
+    return out
+
+
+def tatoeba_code(lang: str) -> str:
+    """LASER's file code of ``lang`` (any ISO 639-1/-3 or BCP 47 spelling: "ca", "cat",
+    "zh", "cmn"), or ``lang`` itself when LASER has no such language."""
+    if lang in LASER_TATOEBA:
+        return lang
+    return _laser_by_tag().get(_tag(lang) or "", lang)
+
 
 BUCC_LANGS = ("de", "fr", "ru", "zh")
 # XTREME renames the shared task's `sample` split to `dev` and `training` to
@@ -55,7 +81,7 @@ def read_lines(path: Path, strip: bool = True) -> list[str]:
 
 def tatoeba_files(data_dir: Path, lang: str) -> list[tuple[Path, Path]]:
     """The (xx, en) file pairs ``read_tatoeba`` looks for, raw layout first."""
-    iso3 = TATOEBA_ISO3.get(lang, lang)
+    iso3 = tatoeba_code(lang)
     return [(data_dir / f"tatoeba.{iso3}-eng.{iso3}", data_dir / f"tatoeba.{iso3}-eng.eng"),
             (data_dir / f"{lang}-en.{lang}", data_dir / f"{lang}-en.en")]
 
@@ -66,8 +92,8 @@ def read_tatoeba(data_dir: Path, lang: str, labels: Path | None = None) -> tuple
     Two layouts are recognised in ``data_dir``:
 
     - LASER's raw files, ``tatoeba.<iso3>-eng.<iso3>`` and ``tatoeba.<iso3>-eng.eng``
-      (``lang`` is XTREME's 2-letter code, mapped by ``TATOEBA_ISO3``; a code
-      outside it is used as is): line i of each file is a pair.
+      (``lang`` mapped by :func:`tatoeba_code`, which knows all 112 of LASER's
+      languages; a code outside them is used as is): line i of each file is a pair.
     - XTREME's preprocessed files, ``<xx>-en.<xx>`` and ``<xx>-en.en``.  XTREME's
       preprocessing sorts the English side to hide the answers, so these are
       only usable with ``labels``: XTREME's gold file, one line per xx sentence
@@ -101,7 +127,7 @@ def read_tatoeba(data_dir: Path, lang: str, labels: Path | None = None) -> tuple
         raise XylentError(f"{en_path.name} is in XTREME's preprocessed layout, whose English side is sorted "
                           f"and no longer aligned with {xx_path.name}", where=str(en_path),
                           fix=f"pass XTREME's gold labels for {lang} (test-{lang}.tsv), or use LASER's raw files "
-                              f"tatoeba.{TATOEBA_ISO3.get(lang, lang)}-eng.*")
+                              f"tatoeba.{tatoeba_code(lang)}-eng.*")
     return xx, _align(en, read_lines(labels), labels)
 
 

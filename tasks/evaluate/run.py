@@ -19,7 +19,7 @@ from tasks.evaluate.data import read_probe
 from tasks.evaluate.encoders import SentenceEncoder
 from tasks.evaluate.probe import evaluate_probe
 from tasks.evaluate.retrieval import evaluate_bucc, tatoeba_accuracy
-from tasks.evaluate.retrieval_data import TATOEBA_ISO3, read_tatoeba
+from tasks.evaluate.retrieval_data import read_tatoeba, tatoeba_code
 from tasks.evaluate.submission import write_predictions
 
 # where a kind's predictions go in the submission layout (XTREME's task folder names)
@@ -75,7 +75,7 @@ def _file_order(data: Path, lang: str, gold_file: Path | None, tgt: list[str]) -
     XTREME's gold indexes: the file itself in the preprocessed layout (the gold
     says where), the stable text sort of LASER's raw file otherwise (XTREME's
     preprocessing sorts it)."""
-    if gold_file is not None and not (data / f"tatoeba.{TATOEBA_ISO3.get(lang, lang)}-eng.eng").is_file():
+    if gold_file is not None and not (data / f"tatoeba.{tatoeba_code(lang)}-eng.eng").is_file():
         return [int(x) for x in gold_file.read_text().split()]
     rank = {i: r for r, i in enumerate(sorted(range(len(tgt)), key=lambda i: tgt[i]))}
     return [rank[i] for i in range(len(tgt))]

@@ -137,7 +137,10 @@ def render(scores: dict) -> str:
                 layer_rows.append({"model": m, "layer used": r.get("layer"),
                                    **{f"layer {k}": _fmt(v) for k, v in sorted(r["by_layer"].items(), key=lambda x:
                                                                                  int(x[0]))}})
-            lines += ["Average over languages by hidden-state index (0 = embeddings):", "",
+            lines += ["Average over languages by hidden-state index (0 = embeddings). Unless a task names its "
+                      "layer, the layer used is XTREME's: its layer 7 of 12 for MLM encoders and XLM-E's layer 9 "
+                      "for ELECTRA ones, counted after the embeddings, so hidden-state index 8 and 10 (scaled to "
+                      "other depths):", "",
                       markdown_table(layer_rows), ""]
         if any("diagnostics" in scores["models"][m][name] for m in models):
             diag = [{"model": m, "mean cosine (anisotropy)": f"{d['mean_cosine']:.3f}",

@@ -57,11 +57,11 @@ def backfill(client, run_id: str, rows: list[dict], until_step: int) -> None:
         client.log_batch(run_id, metrics=earlier[i: i + 1000])
 
 
-def consolidate(cfg: TrainConfig):
+def consolidated_model(cfg: TrainConfig):
     """(every fp32 weight, the encoder's weights, its config, parameter count) of the last checkpoint."""
     from models.config import EncoderConfig
     from models.objectives import build_model
-    from models.pretrained import consolidate as fp32_weights
+    from models.pretrained import consolidate_zero as fp32_weights
     from models.trainer import complete_checkpoints
 
     last = complete_checkpoints(Path(cfg.checkpoint_dir))[-1]
@@ -76,7 +76,7 @@ def export_run(cfg: TrainConfig, ckdir: Path, upstream: dict[str, Path], out: Pa
     """Export ``model/`` and copy the run's files; returns (metrics rows, encoder state, config, parameters)."""
     from models.pretrained import export
 
-    full, enc_state, enc_cfg, n_params = consolidate(cfg)
+    full, enc_state, enc_cfg, n_params = consolidated_model(cfg)
     export(out / MODEL_DIR, full, enc_state, enc_cfg, upstream["vocab"],
            {**meta, "seq_len": read_index(upstream["shards"])["seq_len"]})
     for f in RUN_FILES:

@@ -17,7 +17,7 @@ from xylent.spec import VocabConfig
 from xylent.stage import StageOutcome
 
 from tasks.vocab import allocate_vocabulary, evaluate_tokenizer
-from tasks.vocab.merge import build_model
+from tasks.vocab.merge import merge_vocab_model
 from tasks.vocab.output import ALLOCATION_FILE, COMPARISON_FILE, JOINT_MODEL_FILE, MODEL_FILE, VOCAB_FILE
 from tasks.vocab.plots import allocation_bars, alp_curves, tokens_per_sentence
 from tasks.vocab.train import model_pieces, train_joint
@@ -50,7 +50,7 @@ def compose(results: dict[str, dict], examples: dict[str, int], grid_dir: Path, 
     report: dict = {}
     chosen = allocate_vocabulary({lang: results[lang]["points"] for lang in usable}, q, cfg.budget, pieces,
                                  beta=cfg.beta, report=report)
-    final = build_model(grid_dir / f"{usable[0]}.{chosen[usable[0]]}.model",
+    final = merge_vocab_model(grid_dir / f"{usable[0]}.{chosen[usable[0]]}.model",
                         {lang: model_pieces(grid_dir / f"{lang}.{chosen[lang]}.model") for lang in usable},
                         q, cfg.byte_fallback, out / MODEL_FILE)
     vocab_size = sum(1 for _ in open(out / VOCAB_FILE, encoding="utf-8"))

@@ -23,7 +23,7 @@ from tasks.vocab.specials import BOS, CONTROL_SYMBOLS, EOS, PAD, SPECIAL_PIECES,
 SP = model_pb2.ModelProto.SentencePiece
 
 
-def build_model(template: Path, chosen: dict[str, dict[str, float]], q: dict[str, float],
+def merge_vocab_model(template: Path, chosen: dict[str, dict[str, float]], q: dict[str, float],
                 byte_fallback: bool, out: Path) -> Path:
     """chosen: language -> {piece: log p} of its chosen model; q: language -> weight."""
     proto = model_pb2.ModelProto()

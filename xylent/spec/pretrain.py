@@ -25,6 +25,7 @@ class ModelConfig(Strict):
     rel_max_distance: int | None = Field(default=None, gt=1)
     dropout: float | None = Field(default=None, ge=0, lt=1)
     relative_bias: bool | None = None
+    gate: Literal["xlm-e", "wavlm"] | None = None  # the bias gate: XLM-E §3.3 (default) or WavLM's code
 
     def overrides(self) -> dict:
         return {k: v for k, v in self.model_dump().items() if k != "size" and v is not None}
@@ -54,8 +55,14 @@ class InfoXLMConfig(Strict):
     mixup: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False,
                          description="mixup contrast: the share of rows that are merged with another row of the "
                          "global batch into one pair (x_i x_j against y_i y_j, each side in random order); 0: off")
+    scale: Literal["shared", "separate"] = Field(
+        default="shared", description="shared (InfoXLM's code): (Σ masked-token CE + weight·Σ example InfoNCE) / "
+        "(masked tokens + examples), so one example counts like one masked token; separate: each loss its own "
+        "mean, XLCo's times weight")
+    masked_inputs: bool = Field(default=True, description="contrast the masked pair the TLM term reads (InfoXLM's "
+                                "code masks XLCo's inputs at the MLM rate); false: the uncorrupted pair")
 
-    ADDED_LATER: ClassVar[tuple[str, ...]] = ("mixup",)
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("mixup", "scale", "masked_inputs")
 
 
 REGISTRY_URI = re.compile(r"^models:/(?P<name>[^/@']+)(?:/(?P<version>latest|[0-9]+)|@(?P<alias>[A-Za-z0-9_-]+))$")
@@ -99,6 +106,14 @@ class VecoConfig(Strict):
 
     freeze_body_steps: int = Field(default=0, ge=0, description="the two-phase schedule for a model started from an "
                                    "encoder (pretrain.init): steps during which only the cross-attention trains")
+    pair_mask_prob: float = Field(default=0.25, gt=0, lt=1, description="the masking rate of translation pairs "
+                                  "(VECO Table 8: 25 % bilingual, 15 % monolingual = pretrain.mask_prob)")
+    tlm: bool = Field(default=True, description="add TLM on the joined pair row to CA-MLM's four terms (VECO §4: "
+                      "the overall objective is TLM + CA-MLM); false: CA-MLM alone")
+    combine: Literal["sum", "mean"] = Field(default="sum", description="sum: the terms' per-token means added, as "
+                                            "the paper adds its log-likelihoods; mean: their average")
+
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("pair_mask_prob", "tlm", "combine")
 
 
 class PretrainConfig(Strict):
