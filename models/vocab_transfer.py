@@ -1,7 +1,11 @@
 """Vocabulary transfer (MetaXLM): which piece of an old vocabulary each piece of a
 new one takes its embedding from.  Pure Python + NumPy: no torch.
 
-Each new piece is matched by the first rule that applies:
+Each new piece is matched by the first rule that applies.  With a dictionary,
+MetaXLM's order (§3.2: "first searching the word translation in the
+dictionaries, and then applying the mapping strategy") puts ``dictionary``
+right after ``special`` (``dictionary_first``, the default); the order below is
+``dictionary_first=False``:
 
 ``special``
     ``<unk> <s> </s> <pad> <mask>`` take the old model's special of the same role
@@ -29,9 +33,11 @@ Each new piece is matched by the first rule that applies:
     nothing matched: the row keeps the new model's random initialisation.
 
 Specials and byte pieces of the old vocabulary are never the target of
-``normalised`` or ``dictionary``.  A WordPiece vocabulary (BERT) is read in
+``normalised`` or ``dictionary``.  A WordPiece vocabulary (BERT) and a
+byte-level BPE one (RoBERTa, the English model MetaXLM starts from) are read in
 SentencePiece's convention (:func:`from_wordpiece`: ``##ing`` -> ``ing``,
-``play`` -> ``▁play``) before any rule, so "exact" means exact in that writing.
+``play`` -> ``▁play``; :func:`from_byte_level`: ``ĠHello`` -> ``▁Hello``) before
+any rule, so "exact" means exact in that writing.
 
 :func:`transfer_report` counts the rules overall and per language (a piece is in
 every language whose text uses it; see ``tasks/pretrain/init_source.py``).
@@ -116,8 +122,8 @@ def _preference(new_piece: str, scores: list[float] | None):
     return key
 
 
-def match_vocabularies(new: Vocabulary, old: Vocabulary,
-                       dictionary: list[tuple[str, str]] | None = None) -> Match:
+def match_vocabularies(new: Vocabulary, old: Vocabulary, dictionary: list[tuple[str, str]] | None = None,
+                       dictionary_first: bool = True) -> Match:
     """Match every piece of ``new`` to one of ``old`` (or none); see the module docstring."""
     n = len(new)
     old_ids = np.full(n, -1, dtype=np.int64)
@@ -142,30 +148,33 @@ def match_vocabularies(new: Vocabulary, old: Vocabulary,
         if ks and kt:
             translations.setdefault(ks, []).append(kt)
 
+    def translated(i: int, p: str, k: str) -> bool:
+        for t in translations.get(k, ()):
+            if t in by_key:
+                old_ids[i], rules[i] = min(by_key[t], key=_preference(p, old.scores))[0], RULES.index("dictionary")
+                via[i] = (k, t)
+                return True
+        return False
+
     new_special = {i: role for role, i in new.specials.items()}
     for i, p in enumerate(new.pieces):
         if i in new_special:
             if new_special[i] in old.specials:
                 old_ids[i], rules[i] = old.specials[new_special[i]], RULES.index("special")
             continue
+        k = "" if is_byte(p) else normalise(p)
+        if dictionary_first and k and translated(i, p, k):
+            continue
         if p in exact:
             old_ids[i], rules[i] = exact[p], RULES.index("exact")
             continue
-        if is_byte(p):
-            continue
-        k = normalise(p)
         if not k:
             continue
-        pick = _preference(p, old.scores)
         if k in by_key:
-            old_ids[i], rules[i] = min(by_key[k], key=pick)[0], RULES.index("normalised")
+            old_ids[i], rules[i] = min(by_key[k], key=_preference(p, old.scores))[0], RULES.index("normalised")
             continue
-        for t in translations.get(k, ()):
-            if t in by_key:
-                best = min(by_key[t], key=pick)
-                old_ids[i], rules[i] = best[0], RULES.index("dictionary")
-                via[i] = (k, t)
-                break
+        if not dictionary_first:
+            translated(i, p, k)
     return Match(old_ids, rules, via)
 
 
@@ -209,6 +218,24 @@ _HF_ROLES = {"unk": ("unk_token",), "bos": ("bos_token", "cls_token"), "eos": ("
              "pad": ("pad_token",), "mask": ("mask_token",)}
 
 
+def from_byte_level(pieces: list[str]) -> list[str]:
+    """GPT-2/RoBERTa byte-level BPE pieces in SentencePiece's writing.  Each character of
+    such a piece stands for one byte (``Ġ`` for a space); the tokenizers library's
+    ByteLevel decoder turns the bytes back into text, and a leading space becomes ``▁``:
+    ``ĠHello`` -> ``▁Hello``, ``Ã©`` -> ``é``.  A piece that ends inside a multi-byte
+    character decodes to U+FFFD and becomes ``""``, which no rule matches."""
+    from tokenizers import decoders
+
+    decoder = decoders.ByteLevel()
+    out = []
+    for p in pieces:
+        text = decoder.decode([p]) if p else ""
+        if "\ufffd" in text and "\ufffd" not in p:
+            text = ""  # half a character: not text
+        out.append(WORD_START + text[1:] if text.startswith(" ") else text)
+    return out
+
+
 def from_hf_tokenizer(path: Path, config: dict | None = None) -> Vocabulary:
     """The vocabulary of a Hugging Face model dir: ``tokenizer.json`` (Unigram, BPE or
     WordPiece) or a BERT ``vocab.txt``; special roles from the model's config.json
@@ -227,12 +254,6 @@ def from_hf_tokenizer(path: Path, config: dict | None = None) -> Vocabulary:
         if kind == "Unigram":
             pieces, scores = [p for p, _ in model["vocab"]], [float(s) for _, s in model["vocab"]]
         elif kind in ("BPE", "WordPiece"):
-            if "ByteLevel" in json.dumps(data.get("pre_tokenizer")):
-                # GPT-2/RoBERTa pieces are byte-mapped characters with Ġ for a word start: matched as they are
-                # they would miss nearly every piece while the report looked like a poor vocabulary overlap
-                raise XylentError("tokenizer.json is a byte-level BPE (GPT-2/RoBERTa style), whose pieces cannot be "
-                                  "matched to SentencePiece pieces by text", where=str(tj),
-                                  fix="start from a SentencePiece (XLM-R, xylent) or WordPiece (BERT) model")
             vocab = model["vocab"]
             size = max(vocab.values()) + 1 if vocab else 0
             pieces = [""] * size
@@ -240,6 +261,8 @@ def from_hf_tokenizer(path: Path, config: dict | None = None) -> Vocabulary:
                 pieces[i] = p
             if kind == "WordPiece":
                 pieces = from_wordpiece(pieces, model.get("continuing_subword_prefix") or "##")
+            elif "ByteLevel" in json.dumps(data.get("pre_tokenizer")):
+                pieces = from_byte_level(pieces)  # RoBERTa, MetaXLM's own phase-1 model
         else:
             raise XylentError(f"tokenizer.json has a {kind!r} model; Unigram, BPE and WordPiece are supported",
                               where=str(tj), fix="start from a SentencePiece/BPE/WordPiece model")

@@ -131,6 +131,39 @@ def test_wordpiece_and_hf_tokenizer_vocabularies(tmp_path):
     assert m.old_ids.tolist() == [1, 2, 3, 0, 4, 5, 6] and m.rule(5) == "normalised" and m.rule(6) == "exact"
 
 
+def test_the_dictionary_comes_first_as_metaxlm_orders_it(tmp_path):
+    """MetaXLM §3.2: "first searching the word translation in the dictionaries, and then applying the
+    mapping strategy": German "Gift" (poison) takes English "poison", not the English "gift"."""
+    old = Vocabulary(["<unk>", "<s>", "</s>", "<pad>", "<mask>", "▁gift", "▁poison", "▁rat"],
+                     {"unk": 0, "bos": 1, "eos": 2, "pad": 3, "mask": 4})
+    new = Vocabulary(["<unk>", "<s>", "</s>", "<pad>", "<mask>", "▁gift", "▁Gift", "▁Rat", "<0x41>"],
+                     {"unk": 0, "bos": 1, "eos": 2, "pad": 3, "mask": 4})
+    words = [("Gift", "poison"), ("Rat", "council")]  # "council" has no piece: the text rules still apply
+    first = match_vocabularies(new, old, words)
+    assert [(int(first.old_ids[i]), first.rule(i)) for i in (5, 6, 7)] == [(6, "dictionary"), (6, "dictionary"),
+                                                                            (7, "normalised")]
+    assert first.via == {5: ("gift", "poison"), 6: ("gift", "poison")} and first.rule(8) == "random"
+    last = match_vocabularies(new, old, words, dictionary_first=False)
+    assert [(int(last.old_ids[i]), last.rule(i)) for i in (5, 6, 7)] == [(5, "exact"), (5, "normalised"),
+                                                                         (7, "normalised")]
+
+
+def test_a_roberta_byte_level_vocabulary_is_read_as_text(tmp_path):
+    """MetaXLM's own first phase is English RoBERTa: its byte-level pieces decode to text."""
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "ĠHello": 4, "Ã©": 5, "Ã": 6, "world": 7, "<mask>": 8}
+    (tmp_path / "tokenizer.json").write_text(json.dumps({
+        "model": {"type": "BPE", "vocab": vocab, "merges": []},
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "added_tokens": [{"id": 8, "content": "<mask>"}]}), encoding="utf-8")
+    v = from_hf_tokenizer(tmp_path, {"bos_token_id": 0, "pad_token_id": 1, "eos_token_id": 2, "unk_token_id": 3,
+                                     "mask_token_id": 8})
+    assert v.pieces == ["<s>", "<pad>", "</s>", "<unk>", "▁Hello", "é", "", "world", "<mask>"]
+    new = Vocabulary(["<unk>", "<s>", "</s>", "<pad>", "<mask>", "▁hello", "é", "▁world"],
+                     {"unk": 0, "bos": 1, "eos": 2, "pad": 3, "mask": 4})
+    m = match_vocabularies(new, v)
+    assert [(int(m.old_ids[i]), m.rule(i)) for i in (5, 6, 7)] == [(4, "normalised"), (5, "exact"), (7, "normalised")]
+
+
 # -- weights from real tiny exports ------------------------------------------------------------------
 
 WORDS = {"en": "the house of the cat is where the dog sleeps and the children are playing outside".split(),

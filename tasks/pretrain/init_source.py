@@ -201,7 +201,7 @@ def prepare_init(spec: Spec, ws: Workspace, cfg: TrainConfig, upstream: dict[str
     new_vocab = from_sentencepiece(tokenizer_path(upstream["vocab"]), enc.specials)
     dict_path = _dictionary(spec)
     dictionary = read_dictionary(dict_path) if dict_path else None
-    match = match_vocabularies(new_vocab, source.vocab, dictionary)
+    match = match_vocabularies(new_vocab, source.vocab, dictionary, init.dictionary_first)
     report = transfer_report(match, new_vocab, source.vocab, language_usage(upstream["shards"], len(new_vocab)))
 
     torch.manual_seed(cfg.seed)  # as the trainer does: what is not copied is the run's own random init

@@ -70,7 +70,7 @@ REGISTRY_URI = re.compile(r"^models:/(?P<name>[^/@']+)(?:/(?P<version>latest|[0-
 
 class InitConfig(Strict):
     """``pretrain.init``: start from an existing encoder (MetaXLM) -- the body copied, the
-    new vocabulary's embeddings matched piece by piece (exact, normalised, dictionary),
+    new vocabulary's embeddings matched piece by piece (dictionary, exact, normalised),
     the rest random (docs/stages/pretrain.md)."""
 
     model_config = ConfigDict(validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
@@ -80,12 +80,16 @@ class InitConfig(Strict):
                        "export-hf` dir, a Hugging Face BERT/RoBERTa/XLM-R dir; relative to the spec file -- or a "
                        "registered model models:/<name>/<version|latest> (or @<alias>) in the workspace's MLflow store")
     dictionary: str | None = Field(default=None, description="bilingual dictionary, one 'new-word<TAB>old-word' "
-                                   "(or MUSE's 'new old') per line: unmatched pieces matched through translations")
+                                   "(or MUSE's 'new old') per line: pieces matched through translations")
+    dictionary_first: bool = Field(default=True, description="look a piece up in the dictionary before matching it "
+                                   "by text (MetaXLM §3.2's order); false: only pieces no text rule matched")
     generator: Literal["random", "body", "source"] = Field(
         default="random", description="ELECTRA's generator: random; body: the first generator_layers layers of the "
         "source body; source: the source's own generator (an xylent ELECTRA export)")
     heads: bool = Field(default=True, description="copy the source's pretraining heads that the new model has under "
                         "the same name and shape (vocabulary-sized biases remapped)")
+
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("dictionary_first",)
 
     @field_validator("from_")
     @classmethod
