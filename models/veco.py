@@ -57,10 +57,10 @@ from torch import nn
 
 from models.config import EncoderConfig
 from models.electra import MaskedLMModel
-from models.weight_init import init_weights
 from models.masking import bert_corrupt, choose_masked
 from models.pairs import split_pair
 from models.stats import Norms, Stats, all_ranks_sum, row_sums, zero
+from models.weight_init import init_weights
 
 CROSS = "cross."
 

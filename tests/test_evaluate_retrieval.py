@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from tasks.evaluate.retrieval import (
-    f1_at_threshold,
     bucc_mine,
     choose_threshold,
     evaluate_bucc,
     evaluate_tatoeba,
+    f1_at_threshold,
     knn,
     margin_knn,
     mine_pairs,

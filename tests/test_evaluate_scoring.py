@@ -460,3 +460,37 @@ def test_malformed_jsonl_names_line(tmp_path):
     from tasks.evaluate.scoring import score_language
     with pytest.raises(XylentError, match=re.escape(f"{bad}: malformed JSON on line 2")):
         score_language(bad, gold / "xcopa" / "test-et.jsonl", "xcopa", "et")
+
+
+def test_the_scorecards_paper_rows_are_the_shared_transcription():
+    """xylent_paper.tsv is shared/data/xylent_paper/tables.tsv with a source on every row, and the
+    scorecard shows Table 1's and Table 4's rows and, beside a run's XNLI, Table 11's languages."""
+    import csv
+
+    from tasks.evaluate import paper_refs
+    from tasks.evaluate.scorecard import render
+
+    shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "xylent_paper"
+    with open(shared / "tables.tsv", newline="", encoding="utf-8") as f:
+        want = list(csv.DictReader(f, delimiter="\t"))
+    with open(paper_refs.PAPER_FILE, newline="", encoding="utf-8") as f:
+        got = list(csv.DictReader(f, delimiter="\t"))
+    assert [{k: r[k] for k in want[0]} for r in got] == want, "regenerate: python -m tasks.evaluate.paper_refs"
+    assert all(r["source"].endswith(f"Table {r['table'].removeprefix('table')}") for r in got)
+
+    langs = {"en": {"accuracy": 80.0}, "de": {"accuracy": 70.0}, "sw": {"accuracy": 50.0}}
+    run = {"languages": langs, "avg": 66.7, "transfer_gap": 20.0,
+           "per_seed": {"0": {"avg": 66.7, "selected_epoch": 1, "dev": 70.0}}}
+    scores = {"models": {"pipeline": {"xnli": run}},
+              "tasks": {"xnli": {"kind": "classification", "xtreme_task": "xnli", "finetune": None}}}
+    card = render(scores)
+    for r in paper_refs.table1():
+        row = f"| {r['setting']} | {r['band']} | {r['model']} |"
+        assert row in card and f" {r['value']:.1f} |" in card.split(row, 1)[1].split("\n", 1)[0], row
+    for r in paper_refs.load():
+        if r["table"] == "table4":
+            assert f"| {r['model']} |" in card
+    table11 = [r for r in got if r["table"] == "table11" and r["setting"] == "zero-shot" and r["lang"] == "sw"
+               and r["metric"] == "acc"]
+    assert table11 and "| sw | 50.0 |" in card and f"{table11[0]['model']} {table11[0]['band']} (paper)" in card
+    assert "Transfer gap: this run pipeline 20.0; the paper's Table 4 (Base)" in card

@@ -22,7 +22,6 @@ from xylent.spec import load_spec
 
 from conftest import DEMO_SHORT  # the session demo's spec (tests/data/demo-short.yaml)
 from test_evaluate_probe import xtreme_layer_states  # the transcription of XTREME's layer slicing
-
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"
 TASKS = {"django-topics": "probe", "django-topics-ft": "classification", "django-holdout": "tatoeba",
@@ -83,7 +82,7 @@ def test_demo_scorecard_contract(demo_run):
     card = (out / "scorecard.md").read_text()
     for needle in ("## allauth (tatoeba, accuracy)", "| random-init |", "majority class", "Transfer gap",
                    "## django-topics-ft (classification, accuracy)", "mean ± sd over seeds", "not applicable",
-                   "Published reference scores", "XY-LENT Base"):
+                   "Published reference scores", "XLM-E Base (Tatoeba-36)", "The XY-LENT paper's numbers"):
         assert needle in card, needle
     for png in ("allauth_languages.png", "allauth_layers.png", "django-topics_languages.png", "transfer_gap.png"):
         img = plt_read(out / png)

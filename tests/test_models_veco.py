@@ -14,7 +14,7 @@ from models.electra import MaskedLMModel
 from models.masking import bert_corrupt, choose_masked, row_noise
 from models.pretrained import PretrainedEncoder
 from models.stats import Norms
-from models.veco import VecoOptions, VecoModel
+from models.veco import VecoModel, VecoOptions
 from tasks.vocab.specials import BOS, EOS, PAD, SPECIAL_PIECES
 from tests.test_hf_export import tokenizer_dir  # noqa: F401  (a fixture: a small SentencePiece model)
 from xylent.errors import XylentError

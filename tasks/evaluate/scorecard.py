@@ -15,6 +15,7 @@ import matplotlib
 import numpy as np
 import yaml
 
+from tasks.evaluate import paper_refs
 from xylent.atomic import write_json_atomic
 from xylent.markdown import markdown_table
 
@@ -152,6 +153,8 @@ def render(scores: dict) -> str:
         if any(v is not None for v in gaps.values()):
             lines += ["Transfer gap (train language − mean of the others): " +
                       ", ".join(f"{m} {_fmt(v)}" for m, v in gaps.items()) + ".", ""]
+        protocol = (t.get("finetune") or {}).get("protocol") or "zero-shot"
+        lines += paper_refs.task_section(name, t.get("xtreme_task"), metric, protocol, scores)
     refs = scores.get("references") or []
     if refs:
         cols = sorted({f"{task} {metric}" for r in refs for task, ms in r["scores"].items() for metric in ms})
@@ -161,6 +164,7 @@ def render(scores: dict) -> str:
                   "What full-scale models reach on the XTREME tasks (fine-tuned where the task needs it; sources in "
                   "`tasks/evaluate/references.yaml`). The demo's tiny model and data are not comparable to these.", "",
                   markdown_table(rows), ""]
+    lines += paper_refs.table1_section()
     return "\n".join(lines)
 
 
