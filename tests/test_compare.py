@@ -44,6 +44,17 @@ def test_an_extends_cycle_or_a_missing_base_is_a_clear_error(tmp_path):
         load_spec(tmp_path / "d.yaml")
 
 
+def test_compare_marks_a_tie_at_the_precision_it_shows():
+    from tasks.evaluate.compare import table
+
+    def run(ours, base):
+        return {"label": "r", "objective": "electra", "pretrain": {},
+                "scores": {"pipeline": {"t": {"avg": ours}}, "random-init": {"t": {"avg": base}}}}
+
+    rows = table([run(12.44, 12.36), run(12.46, 12.36), run(12.30, 12.36)]).splitlines()[2:5]
+    assert ["12.4 = (12.4)" in rows[0], "12.5 ▲ (12.4)" in rows[1], "12.3 ▼ (12.4)" in rows[2]] == [True] * 3
+
+
 def test_every_recipe_loads_and_changes_only_what_it_names():
     demo = load_spec(DEMO)
     expected = {"electra": ("electra", ["mrtd", "trtd"], None), "mlm": ("mlm", ["mrtd", "trtd"], None),

@@ -75,13 +75,14 @@ def table(runs: list[dict]) -> str:
             if ours is None:  # e.g. a task with no test split, or "not applicable"
                 cells.append("–")
                 continue
-            mark = "" if base is None else " ▲" if ours > base else " ▼" if ours < base else " ="
+            shown = (round(ours, 1), None if base is None else round(base, 1))  # what the reader compares
+            mark = "" if base is None else " ▲" if shown[0] > shown[1] else " ▼" if shown[0] < shown[1] else " ="
             cells.append(f"{ours:.1f}{mark} ({base:.1f})" if base is not None else f"{ours:.1f}")
         for metric, peer in PRETRAIN_PAIRS:
             v, p = r["pretrain"].get(metric), r["pretrain"].get(peer) if peer else None
             cells.append("–" if v is None else f"{v:.3g} ({p:.3g})" if p is not None else f"{v:.3g}")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Scores are averages over languages (0–100); ▲/▼: above/below the same architecture with "
-              "untrained weights (= a tie).  Pretraining columns: the mean of the last 50 logged steps, with its trivial "
+              "untrained weights (= a tie at the precision shown).  Pretraining columns: the mean of the last 50 logged steps, with its trivial "
               "peer in brackets (chance contrast, unigram generator, base-rate discriminator)."]
     return "\n".join(lines) + "\n"
