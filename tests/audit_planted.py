@@ -3,10 +3,13 @@
 Every pair is English ⇄ xx from the catalogs (about 1 000 real translations each); three
 are spoiled on purpose:
 
-- ``noisy``: the xx side is shuffled, so no row is a translation of its English;
-- ``copy``: the xx side is the English sentence itself (TRTD becomes trivial);
+- ``noisy``: the xx side is shuffled, so no row is a translation of its English
+  (XY-LENT §6.6: noisy pairs are pushed up);
+- ``copy``: the xx side is the English sentence itself (TRTD becomes trivial: §6.6's
+  near duplicates, ca-es and cs-sk, are pushed down);
 - ``hub``: every block of ``HUB_SOURCES`` English sentences is aligned to the
-  translation of the first one (many sources to a few targets).
+  translation of the first one (many sources to a few targets: §6.6's en-xh, pushed
+  down as trivial).
 
     python -m tests.audit_planted OUT_DIR      # writes the tsv files and OUT_DIR/spec.yaml
 """

@@ -16,7 +16,7 @@ from xylent.stage import section_identity
 from xylent.workspace import Workspace
 
 from tasks.audit import plots
-from tasks.audit.evidence import pair_evidence, sample_pairs, verdict
+from tasks.audit.evidence import pair_evidence, reading, sample_pairs, verdict
 from tasks.dedup import phases
 from tasks.dedup.report import assemble
 from tasks.prepare import layout
@@ -134,6 +134,15 @@ def test_verdicts_name_the_defect(evidence):
                                           '(e.g. "Error desconocido."); dedup removed 33 % of the pair for hubs')
     assert verdict(evidence["en-it"]) == "length mismatch: 25 % of pairs differ in length by more than 3×"
     assert verdict(evidence["de-fr"]) == "duplicates: 25 % of pairs repeat an earlier pair exactly"
+
+
+def test_the_reading_follows_section_6_6s_directions(evidence):
+    """Down-weighted hubs and copies are trivial (§6.6: en-xh, ca-es); up-weighted pairs possibly noisy."""
+    assert reading(evidence["en-es"], "down").startswith("trivial: hub-aligned")
+    assert reading(evidence["en-fr"], "down").startswith("trivial: near copy")
+    assert reading(evidence["de-en"], "down").startswith("easy: no copy or hub")
+    assert reading(evidence["de-en"], "up").startswith("possibly noisy")
+    assert reading(evidence["en-es"], "up").startswith("possibly noisy"), "the direction decides, not the evidence"
 
 
 def test_several_findings_most_severe_first():

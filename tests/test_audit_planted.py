@@ -34,4 +34,4 @@ def test_planted_defects_are_named_by_the_evidence(run_cli, tmp_path):
     assert table.filter(pl.col("pair") == HUB)["hub_max_sources"].item() >= 5
     assert "dedup removed" in verdicts[NOISY] and "length ratio" in verdicts[NOISY], verdicts[NOISY]
     report = (audit_dir / "report.md").read_text()
-    assert "Ranking stability" in report
+    assert "Ranking stability" in report and "- reading: " in report and "§6.6" in report

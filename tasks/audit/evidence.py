@@ -9,6 +9,7 @@ compared after dedup's own normalisation (lowercase, whitespace collapsed), so a
     pair_evidence(dedup_dir)   one row per pair (columns: EVIDENCE_SCHEMA)
     sample_pairs(dedup_dir, p) sentence pairs to spot-check
     verdict(row)               the evidence in words
+    reading(row, side)         what §6.6 makes of a flagged pair given its direction and evidence
 """
 
 from __future__ import annotations
@@ -214,3 +215,20 @@ def verdict(row: dict) -> str:
     if not findings:
         return "no defect in the evidence"
     return "; ".join(text for _, text in sorted(findings, key=lambda f: -f[0]))
+
+
+def reading(row: dict, side: str) -> str:
+    """XY-LENT §6.6's reading of a flagged pair.  The adversary down-weights what makes TRTD
+    trivial -- hub-aligned bitext (en-xh: many English sentences on one Xhosa one) and near
+    copies (ca-es, cs-sk) -- and up-weights noisy translations (es-ta, tr-ur, si-tr).  A
+    pushed-up pair is only *possibly* noisy: a clean pair of a hard language rises too."""
+    if side == "up":
+        return "possibly noisy: the model keeps failing on it (or its language is hard); read the samples"
+    hub, copy = row.get("hub_rate"), row.get("copy_rate")
+    hub = None if hub is None or np.isnan(hub) else hub
+    copy = None if copy is None or np.isnan(copy) else copy
+    trivial = [what for what, rate, limit in (("hub-aligned", hub, HUB_RATE_MAX), ("near copy", copy, COPY_RATE_MAX))
+               if rate is not None and rate > limit]
+    if trivial:
+        return "trivial: " + " and ".join(trivial) + " (TRTD is easy on it, as §6.6 explains its down-sampling)"
+    return "easy: no copy or hub in the evidence (a close language pair, or short, regular text)"

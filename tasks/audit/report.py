@@ -10,7 +10,7 @@ import polars as pl
 from xylent.markdown import markdown_table
 from xylent.stage import StageOutcome
 
-from tasks.audit.evidence import sample_pairs, verdict
+from tasks.audit.evidence import reading, sample_pairs, verdict
 from tasks.audit.output import (AUDIT_TABLE, LEFT_BASE_RATE, SAMPLES_TABLE, TRAJECTORY_TABLE, audit_table,
                                 trajectory_table)
 
@@ -112,7 +112,8 @@ def write_output(state: dict, evidence: pl.DataFrame, dedup_dir: Path, spec, tra
 
 def _pair_section(row: dict, side: str, samples: list[dict], traj_w: list[float]) -> list[str]:
     lines = [f"#### {row['pair']} — w = {row['w_final']:.2f} (mean over re-samplings {row['w_mean']:.2f}), {side}",
-             f"- verdict: {row['verdict']}",
+             f"- reading: {reading(row, 'up' if side.startswith('up') else 'down')}",
+             f"- evidence: {row['verdict']}",
              f"- size: {row.get('rows', row['rows_trained'])} sentence pairs; prior Q = {row['prior']:.4f}; "
              f"loss EMA {row['loss_ema']:.3f} (discriminator {row['d_loss_ema']:.3f} vs base rate "
              f"{row['d_base_loss_ema']:.3f})",
@@ -129,10 +130,17 @@ def report(state: dict, table: pl.DataFrame, samples: list[dict], up: list[str],
     steps = [t["step"] for t in state["trajectory"]]
     lines = [f"**DRO audit** of {len(table)} language pairs: χ² ball ρ = {a.rho}, floor q/Q ≥ {a.min_ratio}, "
              f"loss EMA α = {a.ema}, {len(steps)} re-samplings (at steps {', '.join(map(str, steps)) or 'none'}).",
-             "Pairs pushed **up** (w > 1) are the ones the model finds hardest: on real data, noisy or "
-             "misaligned pairs; pushed **down**: the easiest, e.g. near copies.", "", *[f"- {c}" for c in check], ""]
-    cols = ["pair", "w_final", "w_mean", "prior", "loss_ema", "verdict"]
-    show = table.select(cols).with_columns(pl.col(pl.Float64).round(4))
+             "As XY-LENT §6.6 reads the weights: pairs pushed **down** (w < 1) are the ones that make TRTD "
+             "trivial — hub-aligned bitext (many sentences aligned to one, as en–xh) and near copies (ca–es, "
+             "cs–sk); pairs pushed **up** are the ones the model keeps failing on — possibly noisy translations "
+             "(es–ta, tr–ur, si–tr), or a clean pair of a harder language: the evidence and samples tell which.",
+             "", *[f"- {c}" for c in check], ""]
+    cols = ["pair", "w_final", "w_mean", "prior", "loss_ema", "reading", "verdict"]
+    sides = {**{p: "up" for p in up}, **{p: "down" for p in down}}
+    show = (table.filter(pl.col("pair").is_in(up + down))
+            .with_columns(pl.Series("reading", [reading(r, sides[r["pair"]]) for r in table.filter(
+                pl.col("pair").is_in(up + down)).iter_rows(named=True)], dtype=pl.String))
+            .select(cols).with_columns(pl.col(pl.Float64).round(4)))
     lines += ["### Most up-weighted", "", markdown_table(show.filter(pl.col("pair").is_in(up)).to_dicts()), "",
               "### Most down-weighted", "",
               markdown_table(show.filter(pl.col("pair").is_in(down)).sort("w_final").to_dicts()), "",

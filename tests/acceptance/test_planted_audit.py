@@ -37,6 +37,9 @@ def test_the_copied_pair_ranks_last_on_two_seeds(run_cli, tmp_path):
         msg = table.select("pair", "w_final", "w_mean", "loss_ema").to_dicts()
         assert rank[COPY] == n and table["pair"][-1] == COPY, msg
         assert w[COPY] < W_COPY and table.filter(pl.col("pair") == COPY)["w_final"].item() < W_COPY, msg
-        assert "below it: the model learned" in (audit_dir / "report.md").read_text()
+        report = (audit_dir / "report.md").read_text()
+        assert "below it: the model learned" in report
+        copy_section = report.split(f"#### {COPY} ", 1)[1].split("####", 1)[0]
+        assert "reading: trivial: near copy" in copy_section, "§6.6's reading of a pushed-down copy"
     record("planted-audit", figures, {"copy": f"ranked last, w_mean and w_final < {W_COPY}, seeds {list(SEEDS)}",
                                       "noisy, hub": "recorded, not held"}, seconds=time.monotonic() - start)
