@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from pathlib import Path
 import subprocess
 import sys
 
@@ -88,3 +89,35 @@ def test_an_unsupported_object_store_is_refused_clearly():
     with pytest.raises(XylentError, match="ftp:// is not supported") as err:
         Workspace("ftp://host/ws")  # s3://, gs://, az:// work: tests/test_object_store.py
     assert "s3://, gs:// or az://bucket/prefix" in err.value.fix
+
+
+def test_two_writers_of_one_file_never_share_a_temporary(tmp_path):
+    """xylent.atomic: each writer has its own temporary, so both renames succeed and the file is
+    one writer's whole text (with one shared name, the second writer truncated the first's and
+    one rename found nothing)."""
+    import threading
+
+    from xylent.atomic import write_atomic
+
+    target, both_open = tmp_path / "result.json", threading.Barrier(2)
+    errors = []
+
+    def writer(text: str):
+        def write(tmp: Path):
+            with open(tmp, "w") as f:
+                f.write(text[:5])
+                f.flush()
+                both_open.wait(timeout=10)  # both temporaries exist before either is finished
+                f.write(text[5:])
+        try:
+            write_atomic(target, write)
+        except Exception as exc:  # collected: an assertion in a thread would be lost
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(t * 100,)) for t in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and target.read_text() in ("a" * 100, "b" * 100)
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"], "no temporary left behind"

@@ -13,9 +13,11 @@ from typing import Any, Callable
 
 def write_atomic(path: Path, write: Callable[[Path], Any]) -> Path:
     """``write(tmp)`` writes the file under a temporary name beside ``path``, which then
-    replaces ``path`` in one rename; a failed write leaves ``path`` as it was."""
+    replaces ``path`` in one rename; a failed write leaves ``path`` as it was.  The name is
+    the writer's own (pid + random), so two processes writing one file never write into
+    each other's temporary: the last rename wins, whole."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
         write(tmp)
         os.replace(tmp, path)
