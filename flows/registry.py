@@ -46,12 +46,22 @@ def _download_slice(spec: Spec) -> dict:
     return spec_slice(spec)
 
 
-def _init_identity(spec: Spec, ws: Workspace) -> dict:
+def _pretrain_identity(spec: Spec, ws: Workspace) -> dict:
+    from tasks.pretrain.train_json import check_model
+
+    check_model(spec)  # a run with an impossible model shape stops here, before the data stages
     if spec.pretrain.init is None:
         return {}  # the source model's identity only with pretrain.init (and torch only then)
     from tasks.pretrain.init_source import source_identity
 
     return source_identity(spec, ws)
+
+
+def _audit_identity(spec: Spec, ws: Workspace) -> dict:
+    from tasks.pretrain.train_json import check_model
+
+    check_model(spec)
+    return {}  # nothing beyond the spec: the fingerprint is the spec's alone
 
 
 def _declare(name: str, **fields) -> StageDef:
@@ -73,12 +83,12 @@ STAGES = order_stages([
              version="1", reads=("shards",), upstream=("dedup", "vocab")),
     _declare("pretrain", description="ELECTRA (MRTD + TRTD) pretraining under DeepSpeed ZeRO; exports and registers "
              "the encoder", version="3", reads=("model", "pretrain", "seed"), upstream=("vocab", "sampling", "shards"),
-             identity=_init_identity),
+             identity=_pretrain_identity),
     _declare("audit", description="DRO bitext audit (XY-LENT §6.6): train under a χ² adversary over language pairs, "
              "rank pairs by w = q/Q, evidence for the flagged ones", version="1",
              reads=("model", "pretrain", "audit", "seed", "dedup"),
              upstream=("dedup", "vocab", "sampling", "shards", "pretrain"),
-             conditions=(("pretrain", lambda spec: spec.audit.init == "pretrain"),)),
+             conditions=(("pretrain", lambda spec: spec.audit.init == "pretrain"),), identity=_audit_identity),
     _declare("evaluate", description="scorecard: Tatoeba/BUCC retrieval and zero-shot probes for each encoder "
              "side by side (XTREME conventions), with a random-init baseline", version="1",
              reads=("evaluate", "sources"), upstream=("download", "dedup", "pretrain")),

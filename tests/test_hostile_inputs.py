@@ -13,6 +13,7 @@ import pytest
 
 from conftest import write_spec
 
+DEMO = Path(__file__).resolve().parents[1] / "data_specs" / "demo.yaml"
 ENTRIES = [{"msgid": "Hello", "msgstr": "Hallo"}, {"msgid": "World", "msgstr": "Welt"}]
 
 
@@ -620,3 +621,9 @@ def test_a_zip_member_expanding_past_the_cap_is_refused_before_it_is_read(tmp_pa
     rc, _, err = run_cli("run", "prepare", "--spec", spec)
     assert rc == 2 and "Bomb.de-en.de expands to 5,005,000 bytes" in err and "max_member_bytes" in err, err
     assert "Traceback" not in err and not list((tmp_path / "ws").glob("prepare/*/_manifest.json"))
+
+
+def test_a_model_shape_no_encoder_can_have_stops_the_run_before_any_stage(tmp_path, run_cli):
+    rc, _, err = run_cli("run", "pipeline", "--spec", DEMO, "--workspace", tmp_path / "ws", "--set", "model.heads=3")
+    assert rc == 2 and "hidden (64) must be a multiple of heads (3)" in err and "model.heads" in err, err
+    assert "Traceback" not in err and not (tmp_path / "ws" / "download").exists(), "no stage ran"
