@@ -8,17 +8,23 @@ AZURITE_VERSION ?= 3.37.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast acceptance install clean-demo bench benchmarks recipes
+.PHONY: demo test test-fast acceptance install lock clean-demo bench benchmarks recipes
 
 # torch by pip (a local file on the CI machines; TORCH_SPEC for GPUs), the rest by uv: seconds instead of
 # minutes, and the torch installed first satisfies every requirement on it.  Bytecode compiled at install, as
 # pip does: with PYTHONDONTWRITEBYTECODE set, every process would otherwise recompile what it imports.
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip uv
 	$(BIN)/python -m pip install -q $(TORCH_SPEC)
-	$(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode -e '.[demo,dev]'
+	$(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode -c constraints.txt -e '.[demo,dev]'
 	touch $(STAMP)
+
+# constraints.txt: the exact versions of everything but torch, from an installed, tested .venv
+lock: $(STAMP)
+	{ sed -n '1,/^# Regenerate/p' constraints.txt; \
+	  $(BIN)/uv pip freeze --python $(BIN)/python | grep -v '^-e \|^torch=='; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 # the tests' Azure Blob server (az:// workspaces); the demo does not need Node.js
 AZURITE := $(VENV)/azurite/node_modules/.bin/azurite-blob
