@@ -88,6 +88,19 @@ def _client(uri):
     return MlflowClient(uri)
 
 
+def test_the_server_answers_the_compose_name_and_refuses_other_hosts(mlflow_server):
+    """MLflow ≥ 3.x answers 403 to a Host header outside --allowed-hosts (its default is localhost and
+    private IPs), so without the entrypoint's list every container's http://mlflow:5000 call failed."""
+    import requests
+
+    uri, _ = mlflow_server
+    port = uri.rsplit(":", 1)[1]
+    search = f"{uri}/api/2.0/mlflow/experiments/search?max_results=1"
+    for host in (f"mlflow:{port}", f"localhost:{port}", f"127.0.0.1:{port}"):
+        assert requests.get(search, headers={"Host": host}, timeout=10).status_code == 200, host
+    assert requests.get(search, headers={"Host": f"rebind.example:{port}"}, timeout=10).status_code == 403
+
+
 def test_artifacts_and_the_registered_model_live_on_the_server(mlflow_server, two_runs, tmp_path):
     import mlflow.pyfunc
 

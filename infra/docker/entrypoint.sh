@@ -5,7 +5,9 @@
 #
 #   prefect-server            Prefect API + UI on :4200 (PREFECT_API_DATABASE_CONNECTION_URL)
 #   mlflow-server             MLflow tracking server on :5000 proxying artifacts
-#                             (MLFLOW_BACKEND_STORE_URI, MLFLOW_ARTIFACTS_DESTINATION)
+#                             (MLFLOW_BACKEND_STORE_URI, MLFLOW_ARTIFACTS_DESTINATION);
+#                             MLFLOW_ALLOWED_HOSTS: the Host headers it answers (MLflow
+#                             refuses any other with 403, against DNS rebinding)
 #   deploy                    register prefect.yaml's deployments (and the work pool), then exit
 #   worker [ARGS]             a process worker on pool $XYLENT_POOL (default xylent)
 #   xylent ARGS | ANY COMMAND run it as given (e.g. `xylent run pipeline --spec ...`)
@@ -54,7 +56,11 @@ case "$service" in
     mlflow-server)
         need MLFLOW_BACKEND_STORE_URI mlflow-server
         need MLFLOW_ARTIFACTS_DESTINATION mlflow-server
+        # the compose service name and loopback by default: MLflow's own default (localhost and private
+        # IPs) refuses http://mlflow:5000, the name every other container uses; add the names a team
+        # opens the UI by (MLFLOW_ALLOWED_HOSTS=mlflow.example.com,...), each name:* for any port
         exec mlflow server --host "${MLFLOW_HOST:-0.0.0.0}" --port "${MLFLOW_PORT:-5000}" --workers 1 \
+            --allowed-hosts "${MLFLOW_ALLOWED_HOSTS:-mlflow,mlflow:*,localhost,localhost:*,127.0.0.1,127.0.0.1:*}" \
             --backend-store-uri "$MLFLOW_BACKEND_STORE_URI" \
             --artifacts-destination "$MLFLOW_ARTIFACTS_DESTINATION" --serve-artifacts "$@"
         ;;
