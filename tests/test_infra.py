@@ -115,6 +115,12 @@ def test_compose_runs_every_xylent_service_from_the_project_image_with_nothing_i
     home = worker["environment"]["XYLENT_HOME"]
     assert f"workspace:{home}/workspace" in worker["volumes"], "deployments' ./workspace is the shared volume"
     assert worker["depends_on"]["deploy"] == {"condition": "service_completed_successfully"}
+    for name in ("postgres", "minio", "prefect", "mlflow", "worker"):
+        assert services[name].get("restart") == "unless-stopped", f"{name} does not come back after a crash or reboot"
+    assert "--allowed-hosts" in (DOCKER / "entrypoint.sh").read_text() and "MLFLOW_ALLOWED_HOSTS" in mlflow_env
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    assert dockerfile.index("COPY pyproject.toml constraints.txt") < dockerfile.index("COPY . /opt/xylent"), \
+        "the dependency layer is built before the source is copied: a source edit does not reinstall them"
     init = (DOCKER / "postgres-init.sql").read_text()
     assert "CREATE DATABASE mlflow" in init and mlflow_env["MLFLOW_BACKEND_STORE_URI"].endswith("/mlflow")
 
