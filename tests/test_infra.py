@@ -115,6 +115,13 @@ def test_compose_runs_every_xylent_service_from_the_project_image_with_nothing_i
     home = worker["environment"]["XYLENT_HOME"]
     assert f"workspace:{home}/workspace" in worker["volumes"], "deployments' ./workspace is the shared volume"
     assert worker["depends_on"]["deploy"] == {"condition": "service_completed_successfully"}
+    import re as _re
+
+    text, example = (DOCKER / "docker-compose.yml").read_text(), (DOCKER / ".env.example").read_text()
+    assert "xylent-secret" not in text and "POSTGRES_PASSWORD: xylent" not in text, "no credential in the file"
+    wanted = set(_re.findall(r"\$\{(\w+)", text))
+    assert wanted and wanted <= set(_re.findall(r"^#? ?(\w+)=", example, _re.M)), ".env.example names every variable"
+    assert "infra/docker/.env" in (ROOT / ".gitignore").read_text() + (ROOT / ".dockerignore").read_text()
     for name in ("postgres", "minio", "prefect", "mlflow", "worker"):
         assert services[name].get("restart") == "unless-stopped", f"{name} does not come back after a crash or reboot"
     assert "--allowed-hosts" in (DOCKER / "entrypoint.sh").read_text() and "MLFLOW_ALLOWED_HOSTS" in mlflow_env
