@@ -101,3 +101,16 @@ def test_a_workspace_path_with_url_characters_is_refused_before_anything_runs(tm
     from xylent.tracking import tracking_uri_for
 
     assert tracking_uri_for(tmp_path / "a?b", "sqlite:////elsewhere/mlflow.db") == "sqlite:////elsewhere/mlflow.db"
+
+
+def test_links_use_the_public_ui_address_when_one_is_set(monkeypatch):
+    """In compose every container reaches MLflow as http://mlflow:5000, a name no browser resolves:
+    the links in Prefect's artifacts and the CLI use XYLENT_MLFLOW_UI_URL when it is set."""
+    from xylent.tracking import how_to_view, ui_base
+
+    monkeypatch.delenv("XYLENT_MLFLOW_UI_URL", raising=False)
+    assert ui_base("http://mlflow:5000/") == "http://mlflow:5000"
+    assert ui_base("sqlite:////ws/mlflow.db") == "http://127.0.0.1:5000"
+    monkeypatch.setenv("XYLENT_MLFLOW_UI_URL", "https://mlflow.team.example/")
+    assert ui_base("http://mlflow:5000") == ui_base("sqlite:////ws/mlflow.db") == "https://mlflow.team.example"
+    assert how_to_view("http://mlflow:5000") == "open https://mlflow.team.example"

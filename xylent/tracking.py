@@ -54,10 +54,23 @@ def artifact_root_for(workspace_root: Path, uri: str) -> Path | None:
     return None if is_server(uri) else workspace_root / "mlartifacts"
 
 
+UI_URL_ENV = "XYLENT_MLFLOW_UI_URL"  # the MLflow UI's address as people open it
+
+
+def ui_base(uri: str) -> str:
+    """Where a person opens the runs of ``uri``: ``$XYLENT_MLFLOW_UI_URL`` when set (a server
+    that containers reach by a name, http://mlflow:5000, no browser resolves; or ``mlflow ui``
+    on another port), else the tracking server itself, else ``mlflow ui``'s default address."""
+    public = os.environ.get(UI_URL_ENV, "").strip()
+    if public:
+        return public.rstrip("/")
+    return uri.rstrip("/") if is_server(uri) else "http://127.0.0.1:5000"
+
+
 def how_to_view(uri: str) -> str:
     """The command or address that shows a store's runs."""
     if is_server(uri):
-        return f"open {uri}"
+        return f"open {ui_base(uri)}"
     return f"run `mlflow ui --backend-store-uri {uri}` first"
 
 
@@ -345,10 +358,8 @@ class Tracker:
         return ended
 
     def run_url(self, run_id: str) -> str:
-        """The run's page: on the tracking server, or where ``mlflow ui`` serves a
-        local store by default."""
-        base = self.uri.rstrip("/") if is_server(self.uri) else "http://127.0.0.1:5000"
-        return f"{base}/#/experiments/{self.experiment_id}/runs/{run_id}"
+        """The run's page, at :func:`ui_base`."""
+        return f"{ui_base(self.uri)}/#/experiments/{self.experiment_id}/runs/{run_id}"
 
     def how_to_view(self) -> str:
         return how_to_view(self.uri)
