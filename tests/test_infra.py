@@ -132,6 +132,14 @@ def test_compose_runs_every_xylent_service_from_the_project_image_with_nothing_i
     assert "CREATE DATABASE mlflow" in init and mlflow_env["MLFLOW_BACKEND_STORE_URI"].endswith("/mlflow")
 
 
+def test_the_gpu_override_reserves_the_hosts_gpus_for_the_worker():
+    gpu = yaml.safe_load((DOCKER / "docker-compose.gpu.yml").read_text())
+    devices = gpu["services"]["worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": "${XYLENT_GPUS:-all}", "capabilities": ["gpu"]}]
+    assert "cu" in gpu["services"]["worker"]["build"]["args"]["TORCH_INDEX"], "a CUDA build of torch"
+    assert "ARG TORCH_INDEX=" in (DOCKER / "Dockerfile").read_text(), "the build argument the override sets"
+
+
 def _dockerfile_extras() -> set[str]:
     line = next(ln for ln in (DOCKER / "Dockerfile").read_text().splitlines() if ln.startswith("ARG EXTRAS="))
     return set(line.split("=", 1)[1].split(","))
