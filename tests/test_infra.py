@@ -95,7 +95,8 @@ def test_compose_runs_every_xylent_service_from_the_project_image_with_nothing_i
     assert {"prefect", "mlflow", "worker", "deploy", "cli"} <= set(ours), \
         "Prefect and MLflow servers run the client's own versions: the project image"
     for name, s in ours.items():
-        assert s["build"] == {"context": "../..", "dockerfile": "infra/docker/Dockerfile"}, name
+        assert s["build"] == {"context": "../..", "dockerfile": "infra/docker/Dockerfile",
+                              "args": {"XYLENT_GIT_COMMIT": "${XYLENT_GIT_COMMIT:-unknown}"}}, name
     import re
 
     roles = set(re.findall(r"^    ([\w|-]+)\)$", (DOCKER / "entrypoint.sh").read_text(), re.M))
@@ -187,3 +188,18 @@ def test_image_builds_where_a_docker_daemon_runs():
     version = subprocess.run(["docker", "run", "--rm", "xylent:test", "xylent", "--help"], capture_output=True,
                              text=True, timeout=300)
     assert version.returncode == 0 and "run" in version.stdout, version.stderr
+
+
+def test_a_run_without_a_checkout_records_the_commit_the_image_was_built_from(tmp_path, monkeypatch):
+    """.git stays out of the image; the commit comes in as a build argument (XYLENT_GIT_COMMIT)."""
+    from flows.kit.run_record import source_tags
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: x\n")
+    here = source_tags(str(spec))
+    assert len(here["mlflow.source.git.commit"]) == 40, "in a checkout: git's own answer"
+    monkeypatch.setenv("XYLENT_GIT_COMMIT", "0123abcd" * 5)
+    away = source_tags(str(spec), repo=tmp_path)  # no .git there
+    assert away["mlflow.source.git.commit"] == "0123abcd" * 5 and away["xylent.git_dirty"] == "unknown"
+    monkeypatch.setenv("XYLENT_GIT_COMMIT", "unknown")
+    assert "mlflow.source.git.commit" not in source_tags(str(spec), repo=tmp_path)

@@ -6,6 +6,7 @@ dataset inputs, and headline numbers for the parent run."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -77,20 +78,26 @@ def effective_params(spec: Spec, fingerprint: str, upstream: dict[str, str]) -> 
     return {**params, "fingerprint": fingerprint, "upstream": dict(sorted(upstream.items()))}
 
 
-def source_tags(spec_file: str) -> dict[str, str]:
-    """MLflow's own source tags (shown in its UI): the spec file and the code's git commit."""
-    repo = Path(__file__).resolve().parents[1]
+def source_tags(spec_file: str, repo: Path | None = None) -> dict[str, str]:
+    """MLflow's own source tags (shown in its UI): the spec file and the code's git commit --
+    from the checkout, or, where there is none (the image: .git stays out of it), from
+    ``$XYLENT_GIT_COMMIT``, which the image is built with."""
+    repo = repo or Path(__file__).resolve().parents[2]
     tags = {"mlflow.source.name": str(Path(spec_file).resolve()), "mlflow.source.type": "LOCAL"}
+    commit = dirty = ""
     try:
         commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return tags  # not a git checkout (an installed package): the xylent version is in the manifests
+        pass  # no git here
     if commit:
         tags["mlflow.source.git.commit"] = commit
         tags["xylent.git_dirty"] = str(bool(dirty)).lower()
+    elif os.environ.get("XYLENT_GIT_COMMIT", "").strip() not in ("", "unknown"):
+        tags["mlflow.source.git.commit"] = os.environ["XYLENT_GIT_COMMIT"].strip()
+        tags["xylent.git_dirty"] = "unknown"  # built from a tree git did not describe to us
     return tags
 
 
