@@ -627,3 +627,15 @@ def test_a_model_shape_no_encoder_can_have_stops_the_run_before_any_stage(tmp_pa
     rc, _, err = run_cli("run", "pipeline", "--spec", DEMO, "--workspace", tmp_path / "ws", "--set", "model.heads=3")
     assert rc == 2 and "hidden (64) must be a multiple of heads (3)" in err and "model.heads" in err, err
     assert "Traceback" not in err and not (tmp_path / "ws" / "download").exists(), "no stage ran"
+
+
+def test_an_error_reads_as_lines_where_prefect_logs_it_and_survives_pickling():
+    import pickle
+
+    from xylent.errors import XylentError
+
+    err = XylentError("the spec is wrong", where="spec.yaml:3", fix="fix line 3")
+    assert repr(err) == "XylentError: the spec is wrong\n  where: spec.yaml:3\n  what to do: fix line 3"
+    assert "\\n" not in f"{err!r}", "real line breaks, not an escaped string"
+    back = pickle.loads(pickle.dumps(err))
+    assert (back.what, back.where, back.fix) == (err.what, err.where, err.fix)

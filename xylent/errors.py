@@ -33,6 +33,11 @@ class XylentError(Exception):
             parts.append(f"  what to do: {self.fix}")
         return "\n".join(parts)
 
+    def __repr__(self) -> str:
+        # Prefect logs a failed flow as "Encountered exception during execution: {exc!r}": the
+        # message as people read it, lines and all, not a Python string with literal \n in it
+        return f"XylentError: {self.render()}"
+
     def __reduce__(self):  # survive pickling across process/Ray task runners
         return (_rebuild, (self.what, self.where, self.fix))
 
