@@ -494,3 +494,26 @@ def test_the_scorecards_paper_rows_are_the_shared_transcription():
                and r["metric"] == "acc"]
     assert table11 and "| sw | 50.0 |" in card and f"{table11[0]['model']} {table11[0]['band']} (paper)" in card
     assert "Transfer gap: this run pipeline 20.0; the paper's Table 4 (Base)" in card
+
+
+def test_the_scorecard_opens_with_a_verdict_against_the_trivial_peers():
+    from tasks.evaluate.scorecard import render
+
+    def task(avg, **kw):
+        return {"languages": {"de": {"accuracy": avg}}, "avg": avg, **kw}
+
+    scores = {"tasks": {"ret": {"kind": "tatoeba"}, "probe": {"kind": "probe"}, "ft": {"kind": "probe"}},
+              "models": {
+                  "pipeline": {"ret": task(9.94), "probe": task(50.0, majority_baseline=42.6),
+                               "ft": task(45.0, majority_baseline=42.6,
+                                          per_seed={"1": {"avg": 42.8}, "2": {"avg": 47.2}})},
+                  "random-init": {"ret": task(20.4), "probe": task(44.0), "ft": task(40.0)},
+                  "bag-of-subwords": {"ret": task(9.9), "probe": task(30.0), "ft": task(30.0)}}}
+    card = render(scores)
+    head = card.split("## Verdict", 1)[1].split("\n## ", 1)[0]
+    assert "**pipeline**: at or below a trivial peer on 1 of 3 tasks: ret 9.9 (≤ random-init 20.4, " \
+           "bag-of-subwords 9.9)." in head, head
+    assert "pipeline / ft, seed 1: 42.8, the majority class 42.6" in head and "seed 2" not in head
+    assert "random-init**" not in head, "the peers get no verdict of their own"
+    scores["models"]["pipeline"]["ret"] = task(25.0)
+    assert "**pipeline**: above every trivial peer on all 3 tasks." in render(scores)

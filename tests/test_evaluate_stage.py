@@ -82,7 +82,8 @@ def test_demo_scorecard_contract(demo_run):
     card = (out / "scorecard.md").read_text()
     for needle in ("## allauth (tatoeba, accuracy)", "| random-init |", "majority class", "Transfer gap",
                    "## django-topics-ft (classification, accuracy)", "mean ± sd over seeds", "not applicable",
-                   "Published reference scores", "XLM-E Base (Tatoeba-36)", "The XY-LENT paper's numbers"):
+                   "Published reference scores", "XLM-E Base (Tatoeba-36)", "The XY-LENT paper's numbers",
+                   "## Verdict", "**pipeline**: at or below a trivial peer on"):
         assert needle in card, needle
     for png in ("allauth_languages.png", "allauth_layers.png", "django-topics_languages.png", "transfer_gap.png"):
         img = plt_read(out / png)

@@ -91,12 +91,49 @@ def _finetune_notes(scores: dict, name: str, models: list[str]) -> list[str]:
     return ["Fine-tuning (mean ± sd over seeds; selected on the train language's dev set only):", "", *lines, ""]
 
 
+PEERS = ("random-init", "bag-of-subwords")  # the trivial models every encoder is read against
+COLLAPSE_MARGIN = 0.5  # a fine-tuning seed within this many points of the majority class learned nothing
+
+
+def verdict(scores: dict) -> list[str]:
+    """One line per evaluated encoder: on which tasks it does not beat a trivial peer
+    (random-init, bag-of-subwords, the majority class), at the precision shown; then every
+    fine-tuning seed that collapsed to the majority class."""
+    lines, collapsed = [], []
+    for m, results in scores["models"].items():
+        if m in PEERS:
+            continue
+        short, n = [], 0
+        for task, r in results.items():
+            if r.get("avg") is None:
+                continue
+            n += 1
+            peers = {p: scores["models"][p].get(task, {}).get("avg") for p in PEERS if p in scores["models"]}
+            peers["majority class"] = r.get("majority_baseline")
+            lost = [f"{p} {v:.1f}" for p, v in peers.items() if v is not None and round(r["avg"], 1) <= round(v, 1)]
+            if lost:
+                short.append(f"{task} {r['avg']:.1f} (≤ {', '.join(lost)})")
+            for seed, v in (r.get("per_seed") or {}).items():
+                if r.get("majority_baseline") is not None and v.get("avg") is not None \
+                        and v["avg"] <= r["majority_baseline"] + COLLAPSE_MARGIN:
+                    collapsed.append(f"- {m} / {task}, seed {seed}: {v['avg']:.1f}, the majority class "
+                                     f"{r['majority_baseline']:.1f}: this seed collapsed to one label")
+        if n:
+            lines.append(f"- **{m}**: " + (f"above every trivial peer on all {n} tasks." if not short else
+                                            f"at or below a trivial peer on {len(short)} of {n} tasks: "
+                                            + "; ".join(short) + "."))
+    if not lines:
+        return []
+    return ["## Verdict", "", *lines, *(["", "Fine-tuning seeds that learned nothing:", "", *collapsed]
+                                       if collapsed else []), ""]
+
+
 def render(scores: dict) -> str:
     models, tasks = list(scores["models"]), scores["tasks"]
     lines = ["# Scorecard", "",
              "Scores are 0–100. `random-init` is the pipeline's architecture and tokenizer with untrained weights "
              "and `bag-of-subwords` the tokenizer's piece counts with no model at all: a pretrained encoder that "
-             "does not beat them has not learned what the task measures.", ""]
+             "does not beat them has not learned what the task measures.", "", *verdict(scores)]
     for name, t in tasks.items():
         metric = PRIMARY[t["kind"]]
         lines += [f"## {name} ({t['kind']}, {metric})", ""]
