@@ -21,6 +21,7 @@ from xylent.markdown import markdown_table
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 REFERENCES_FILE = Path(__file__).with_name("references.yaml")
 PRIMARY = {"tatoeba": "accuracy", "bucc": "f1", "probe": "accuracy", "classification": "accuracy", "qa": "f1",
@@ -211,18 +212,20 @@ def _mean(vals: list) -> float | None:
 
 
 def plot_languages(scores: dict, task: str, path: Path) -> None:
-    """Per-language bars, one colour per model."""
+    """Per-language bars, one colour per model; languages down the page, so twenty of them
+    make a readable figure rather than a 3000-pixel strip."""
     models = list(scores["models"])
     metric = PRIMARY[scores["tasks"][task]["kind"]]
     langs = sorted({lang for m in models for lang in scores["models"][m][task]["languages"]})
-    fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(langs) * len(models)), 3.6))
-    width = 0.8 / len(models)
-    x = np.arange(len(langs))
+    fig, ax = plt.subplots(figsize=(7, max(3.0, 0.18 * len(langs) * len(models) + 1.2)))
+    height = 0.8 / len(models)
+    y = np.arange(len(langs))
     for i, m in enumerate(models):
         vals = [scores["models"][m][task]["languages"].get(lang, {}).get(metric, np.nan) for lang in langs]
-        ax.bar(x + i * width, vals, width, label=m)
-    ax.set_xticks(x + width * (len(models) - 1) / 2, langs)
-    ax.set_ylabel(metric)
+        ax.barh(y + i * height, vals, height, label=m)
+    ax.set_yticks(y + height * (len(models) - 1) / 2, langs)
+    ax.invert_yaxis()  # the first language at the top
+    ax.set_xlabel(metric)
     ax.set_title(f"{task}: {metric} per language")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -237,6 +240,7 @@ def plot_layers(scores: dict, task: str, path: Path) -> None:
         if by:
             ax.plot(*zip(*by), marker="o", label=m)
     ax.set_xlabel("hidden-state index (0 = embeddings)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole numbers
     ax.set_ylabel("average acc@1")
     ax.set_title(f"{task}: retrieval by layer")
     ax.legend(fontsize=8)
