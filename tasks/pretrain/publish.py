@@ -117,8 +117,32 @@ def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Pa
         if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
             raise
     # the logged model's own location: a models:/<id> source would be looked up in the process-global store
-    version = client.create_model_version(name, logged.artifact_location, run_id=run_id, model_id=logged.model_id)
+    version = client.create_model_version(name, logged.artifact_location, run_id=run_id, model_id=logged.model_id,
+                                          description=version_description(model_dir),
+                                          tags=version_tags(model_dir))
     return f"models:/{name}/{version.version}", int(version.version)
+
+
+def _export_meta(model_dir: Path) -> dict:
+    return json.loads((Path(model_dir) / "config.json").read_text())
+
+
+def version_description(model_dir: Path) -> str:
+    """What a registered version is, as the registry's page shows it."""
+    meta = _export_meta(model_dir)
+    enc = meta["encoder"]
+    return (f"{meta.get('objective', '?')} encoder, {enc['layers']} layers x {enc['hidden']} wide, vocabulary "
+            f"{enc['vocab_size']}, {meta.get('steps', '?')} steps; pretrain output {meta.get('fingerprint', '?')}. "
+            "Load with models.load_pretrained(<model dir>) or mlflow.pyfunc.load_model(<this version>).")
+
+
+def version_tags(model_dir: Path) -> dict[str, str]:
+    """The version's searchable facts (tags.objective = 'veco', ...)."""
+    meta = _export_meta(model_dir)
+    enc = meta["encoder"]
+    return {"objective": str(meta.get("objective")), "steps": str(meta.get("steps")),
+            "fingerprint": str(meta.get("fingerprint")), "layers": str(enc["layers"]), "hidden": str(enc["hidden"]),
+            "vocab_size": str(enc["vocab_size"]), "gate": str(enc.get("gate", "wavlm"))}
 
 
 def summary(m: dict, p, cfg: TrainConfig, enc, name: str, uri: str, resumed: int) -> str:
