@@ -162,3 +162,16 @@ def test_an_objectives_knobs_reach_train_json_and_only_its_own_enter_the_fingerp
     assert section_identity(veco.pretrain)["veco"] == {"freeze_body_steps": 7}, "knobs added later, at their default"
     info = load_spec(DEMO, ["pretrain.objective=infoxlm", "pretrain.infoxlm.temperature=0.5"])
     assert info.pretrain.objective_options()["temperature"] == 0.5 and "veco" not in section_identity(info.pretrain)
+
+
+def test_the_model_side_options_default_to_the_specs_values():
+    """models/ keeps dataclasses of an objective's options (the ranks read train.json, not the spec);
+    their defaults must be the spec's, field for field, or a model built without the spec drifts."""
+    from dataclasses import asdict
+
+    from models.infoxlm import XLCoConfig
+    from models.veco import VecoOptions
+    from xylent.spec import InfoXLMConfig, VecoConfig
+
+    assert asdict(XLCoConfig()) == InfoXLMConfig().model_dump()
+    assert asdict(VecoOptions()) == VecoConfig().model_dump()
