@@ -36,8 +36,11 @@ def binary_entropy(p: np.ndarray) -> np.ndarray:
 
 class PairAdversary:
     def __init__(self, pairs: list[str], prior: np.ndarray, *, rho: float, min_ratio: float, ema: float,
-                 weights: tuple[float, float], steps: int, resamples: int):
-        """``weights``: (w_G, w_D), each pair's loss is w_G·L_G + w_D·L_D."""
+                 weights: tuple[float, float], steps: int, resamples: int, excess: bool = False):
+        """``weights``: (w_G, w_D), each pair's loss is w_G·L_G + w_D·L_D.  ``excess``: the adversary
+        reads each pair's loss minus its baseline (the same loss of the pair's two sides run
+        alone, :meth:`observe`'s ``base``): what the translation does not explain."""
+        self.excess = bool(excess)
         self.pairs = list(pairs)
         self.index = {p: i for i, p in enumerate(self.pairs)}
         self.prior = np.asarray(prior, dtype=np.float64) / np.sum(prior)
@@ -46,18 +49,16 @@ class PairAdversary:
         self.schedule = resample_steps(steps, resamples)
         n = len(self.pairs)
         # EMAs stay NaN until a pair is first seen: an unseen pair has no loss, not a made-up one
-        self.ema = {k: np.full(n, np.nan) for k in ("loss", "g", "d", "d_base")}
+        self.ema = {k: np.full(n, np.nan) for k in ("loss", "g", "d", "d_base", "base")}
         self.rows = np.zeros(n, dtype=np.int64)
         self.last_step = np.full(n, -1, dtype=np.int64)
         self.q = self.prior.copy()
         self.trajectory: list[dict] = []
 
     # -- training-time updates ------------------------------------------------
-    def observe(self, step: int, sums: np.ndarray) -> None:
-        """Fold one optimizer step's per-pair sums (n_pairs × SUM_FIELDS, all ranks) into the EMAs."""
-        s = np.asarray(sums, dtype=np.float64)
-        g_loss, g_count, d_loss, d_count, d_pos, rows = s.T
-        seen = rows > 0
+    def _weighted(self, sums: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(w_G·L_G + w_D·L_D, L_G, L_D, the discriminator's base-rate loss, seen) per pair."""
+        g_loss, g_count, d_loss, d_count, d_pos, rows = np.asarray(sums, dtype=np.float64).T
         with np.errstate(invalid="ignore", divide="ignore"):
             g = np.where(g_count > 0, g_loss / g_count, np.nan)
             d = np.where(d_count > 0, d_loss / d_count, np.nan)
@@ -65,15 +66,32 @@ class PairAdversary:
         # a component with weight whose count is 0 makes the step's loss unknown, not smaller
         loss = np.where((self.weights[0] > 0) & np.isnan(g) | (self.weights[1] > 0) & np.isnan(d), np.nan,
                         self.weights[0] * np.nan_to_num(g) + self.weights[1] * np.nan_to_num(d))
+        return loss, g, d, d_base, rows > 0
+
+    def _fold(self, key: str, x: np.ndarray, seen: np.ndarray) -> None:
+        old = self.ema[key]
+        upd = seen & np.isfinite(x)
+        first = upd & np.isnan(old)
+        old[first] = x[first]
+        later = upd & ~first
+        old[later] = (1 - self.ema_rate) * old[later] + self.ema_rate * x[later]
+
+    def observe(self, step: int, sums: np.ndarray, base: np.ndarray | None = None) -> None:
+        """Fold one optimizer step's per-pair sums (n_pairs × SUM_FIELDS, all ranks) into the EMAs;
+        ``base``: the same sums of the pairs' sides run alone, on the steps that computed them."""
+        loss, g, d, d_base, seen = self._weighted(sums)
         for key, x in (("loss", loss), ("g", g), ("d", d), ("d_base", d_base)):
-            old = self.ema[key]
-            upd = seen & np.isfinite(x)
-            first = upd & np.isnan(old)
-            old[first] = x[first]
-            later = upd & ~first
-            old[later] = (1 - self.ema_rate) * old[later] + self.ema_rate * x[later]
-        self.rows += rows.astype(np.int64)
+            self._fold(key, x, seen)
+        if base is not None:
+            alone, *_, base_seen = self._weighted(base)
+            self._fold("base", alone, base_seen)
+        self.rows += np.asarray(sums, dtype=np.float64)[:, -1].astype(np.int64)
         self.last_step[seen] = step
+
+    def pair_losses(self) -> np.ndarray:
+        """What the adversary ranks: each pair's loss EMA, or with ``excess`` its excess over the
+        baseline (NaN until both were seen)."""
+        return self.ema["loss"] - self.ema["base"] if self.excess else self.ema["loss"]
 
     def due(self, step: int) -> bool:
         """Whether q is re-solved before optimizer step ``step`` (0-based) runs."""
@@ -82,16 +100,17 @@ class PairAdversary:
     def resample(self, step: int) -> np.ndarray:
         """Solve the χ² best response on the pairs seen so far (unseen ones keep q = Q:
         the adversary knows nothing of them) and record it; returns the new q."""
-        seen = np.isfinite(self.ema["loss"])
+        losses = self.pair_losses()
+        seen = np.isfinite(losses)
         q, q_free = self.prior.copy(), self.prior.copy()
         if seen.sum() >= 2:
             mass = self.prior[seen].sum()
             sub = self.prior[seen] / mass
-            q[seen] = chi2_best_response(self.ema["loss"][seen], sub, self.rho, min_ratio=self.min_ratio) * mass
-            q_free[seen] = chi2_best_response(self.ema["loss"][seen], sub, self.rho, min_ratio=0.0) * mass
+            q[seen] = chi2_best_response(losses[seen], sub, self.rho, min_ratio=self.min_ratio) * mass
+            q_free[seen] = chi2_best_response(losses[seen], sub, self.rho, min_ratio=0.0) * mass
         self.q = q
         self.trajectory.append({"resample": len(self.trajectory) + 1, "step": int(step), "q": q.tolist(),
-                                "q_unfloored": q_free.tolist(), "loss": _list(self.ema["loss"]),
+                                "q_unfloored": q_free.tolist(), "loss": _list(losses),
                                 "pairs_seen": int(seen.sum())})
         return q
 
@@ -101,21 +120,24 @@ class PairAdversary:
         return {"audit/resample": float(len(self.trajectory)), "audit/w_max": float(w.max()),
                 "audit/w_min": float(w.min()), "audit/divergence": chi2_divergence(self.q, self.prior),
                 "audit/floored_pairs": float(np.sum(w <= self.min_ratio + 1e-9)),
-                "audit/pairs_seen": float(np.isfinite(self.ema["loss"]).sum())}
+                "audit/pairs_seen": float(np.isfinite(self.pair_losses()).sum())}
 
     # -- state ---------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"pairs": self.pairs, "prior": self.prior.tolist(), "schedule": self.schedule,
                 "ema": {k: _list(v) for k, v in self.ema.items()}, "rows": self.rows.tolist(),
                 "last_step": self.last_step.tolist(), "q": self.q.tolist(), "trajectory": self.trajectory,
-                "rho": self.rho, "min_ratio": self.min_ratio, "ema_rate": self.ema_rate, "weights": list(self.weights)}
+                "rho": self.rho, "min_ratio": self.min_ratio, "ema_rate": self.ema_rate, "weights": list(self.weights),
+                "excess": self.excess}
 
     def load_state_dict(self, state: dict) -> None:
-        if state["pairs"] != self.pairs or list(state["weights"]) != list(self.weights):
-            raise ValueError("the checkpoint's audit state is for other language pairs or loss weights; train again "
-                             "with --force")
-        self.ema = {k: np.array([np.nan if v is None else v for v in vals], dtype=np.float64)
-                    for k, vals in state["ema"].items()}
+        if state["pairs"] != self.pairs or list(state["weights"]) != list(self.weights) \
+                or bool(state.get("excess", False)) != self.excess:
+            raise ValueError("the checkpoint's audit state is for other language pairs or another pair loss; train "
+                             "again with --force")
+        self.ema = {k: np.full(len(self.pairs), np.nan) for k in self.ema}  # a state from before "base": all NaN
+        self.ema.update({k: np.array([np.nan if v is None else v for v in vals], dtype=np.float64)
+                         for k, vals in state["ema"].items()})
         self.rows = np.array(state["rows"], dtype=np.int64)
         self.last_step = np.array(state["last_step"], dtype=np.int64)
         self.q = np.array(state["q"], dtype=np.float64)

@@ -59,6 +59,7 @@ phase("torch_imported")
 from models.config import EncoderConfig  # noqa: E402
 from models.masking import row_noise  # noqa: E402
 from models.objectives import build_model  # noqa: E402
+from models.pairs import split_pair  # noqa: E402
 from models.optim import flops_per_token, lr_lambdas, make_optimizer, peak_tflops, warmup_linear_decay  # noqa: E402
 from models.rank import restore_rng, save_rng, watch_parent  # noqa: E402
 from models.run_config import TrainConfig  # noqa: E402
@@ -333,6 +334,8 @@ def train(cfg: TrainConfig) -> None:
         if iters is None or step in schedule:
             iters = segment(step)
         pair_sums = torch.zeros(len(adversary.pairs), 6, dtype=torch.float64, device=device) if adversary else None
+        base_sums = (torch.zeros_like(pair_sums) if adversary is not None and adversary.excess
+                     and step % cfg.dro["baseline_every"] == 0 else None)
         plan, unclipped_norm = task_plan(cfg, step), None
         for micro, task in enumerate(plan):
             batch = next(iters[task])
@@ -345,6 +348,9 @@ def train(cfg: TrainConfig) -> None:
             noise = row_noise(cfg.seed, step, micro, rows, (~pad).sum(1).tolist(), ids.shape[1]).to(device)
             unigram_sums[task] = unigram_sums.get(task, 0) + unigram(ids, pad, world).cpu()
             per_row = pair_sums is not None and task == "trtd"
+            if per_row and base_sums is not None:  # before the pair's own pass: a model may keep state from it
+                base_sums += pair_totals(sides_alone(engine, ids, pad, seg, cfg.seed, step, micro, rows),
+                                         batch["pairs"], adversary.index, world)
             st = engine(ids, pad, seg, noise, per_row=per_row)
             if per_row:
                 pair_sums += pair_totals(st.rows, batch["pairs"], adversary.index, world)
@@ -362,7 +368,7 @@ def train(cfg: TrainConfig) -> None:
         if cuda:
             torch.cuda.synchronize()
         if adversary is not None:
-            adversary.observe(step, pair_sums.cpu().numpy())
+            adversary.observe(step, pair_sums.cpu().numpy(), None if base_sums is None else base_sums.cpu().numpy())
         seconds = time.perf_counter() - t0
         done_step = step + 1
         if rank == 0:
@@ -413,7 +419,33 @@ def make_adversary(cfg: TrainConfig, loaders: dict):
     trtd = loaders["trtd"]
     return PairAdversary(trtd.names, trtd.prior, rho=cfg.dro["rho"], min_ratio=cfg.dro["min_ratio"],
                          ema=cfg.dro["ema"], weights=tuple(cfg.dro["weights"]), steps=cfg.steps,
-                         resamples=cfg.dro["resamples"])
+                         resamples=cfg.dro["resamples"], excess=bool(cfg.dro.get("excess")))
+
+
+@torch.no_grad()
+def sides_alone(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Tensor, seed: int, step: int, micro: int,
+                rows: list[int]) -> torch.Tensor:
+    """The audit's excess baseline: each TRTD row's two sentences run alone, as monolingual rows
+    (``<s> x </s>``, ``<s> y </s>``; a forward pass, no backward), their per-row losses and
+    counts added back into one column per pair row: the same loss without the translation's
+    help.  Its own noise stream (micro-batch index + BASELINE_NOISE), so the training pass's
+    masks do not move."""
+    module = engine.module
+    pad_id, bos = module.cfg.special("pad"), module.cfg.special("bos")
+    x, _, y, _ = split_pair(ids, pad, seg, bos, pad_id)
+    width = max(x.shape[1], y.shape[1])
+    alone = torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1]), value=pad_id),
+                       torch.nn.functional.pad(y, (0, width - y.shape[1]), value=pad_id)])
+    alone_pad = alone == pad_id
+    both = [*rows, *(r + BASELINE_ROWS for r in rows)]  # y's rows: noise of their own
+    noise = row_noise(seed, step, micro + BASELINE_NOISE, both, (~alone_pad).sum(1).tolist(), width).to(ids.device)
+    st = engine(alone, alone_pad, None, noise, per_row=True)
+    b = ids.shape[0]
+    return st.rows[:, :b] + st.rows[:, b:]
+
+
+BASELINE_NOISE = 1 << 20  # far above any micro-batch index: the baseline's noise never repeats a training pass's
+BASELINE_ROWS = 1 << 30   # far above any global row index
 
 
 def pair_totals(rows: torch.Tensor, pairs: list[str], index: dict[str, int], world: int) -> torch.Tensor:

@@ -133,3 +133,62 @@ def test_a_step_without_a_weighted_component_gives_no_loss_not_a_smaller_one():
     assert np.isnan(adv.ema["loss"][0]) and adv.ema["d"][0] == pytest.approx(0.2), "no masked token: L_G unknown"
     assert adv.ema["loss"][1] == pytest.approx(50 * 3.0 + 0.1)
     assert adv.rows[0] == 1, "the rows still count as trained"
+
+
+def test_the_excess_pair_loss_ranks_what_the_translation_leaves_unexplained():
+    """pair_loss: excess.  A hard clean pair (high loss, its sides alone higher still) ranks below
+    a noisy pair of an easy language (its translation explains nothing: loss = alone)."""
+    adv = _adversary(excess=True, weights=(1.0, 1.0))
+    #            g_loss, g_count, d_loss, d_count, d_pos, rows
+    pair = _sums({0: (60.0, 10, 2.0, 20, 5, 1),    # hard, clean: 6.0 + 0.1
+                  1: (30.0, 10, 2.0, 20, 5, 1),    # easy, noisy: 3.0 + 0.1
+                  2: (10.0, 10, 1.0, 20, 5, 1),    # a copy: 1.0 + 0.05
+                  3: (40.0, 10, 2.0, 20, 5, 1)})
+    alone = _sums({0: (80.0, 10, 2.0, 20, 5, 1),   # alone 8.1: the translation helps by 2.0
+                   1: (30.0, 10, 2.0, 20, 5, 1),   # alone 3.1: it does not help
+                   2: (50.0, 10, 2.0, 20, 5, 1),   # alone 5.1: the copy is given away
+                   3: (40.0, 10, 2.0, 20, 5, 1)})
+    adv.observe(0, pair, alone)
+    assert adv.pair_losses() == pytest.approx([-2.0, 0.0, -4.05, 0.0])
+    adv.observe(1, pair)  # a step without the baseline: its EMA is left as it was
+    assert adv.ema["base"] == pytest.approx([8.1, 3.1, 5.1, 4.1])
+    q = adv.resample(2)
+    w = q / adv.prior
+    assert w[1] > 1 > w[0] > w[2], "the noisy easy pair up, the hard clean pair down, the copy lowest"
+    plain = _adversary(weights=(1.0, 1.0))
+    plain.observe(0, pair)
+    assert np.argmax(plain.resample(2) / plain.prior) == 0, "the paper's loss puts the hard clean pair on top"
+    state = json.loads(json.dumps(adv.state_dict()))
+    back = _adversary(excess=True, weights=(1.0, 1.0))
+    back.load_state_dict(state)
+    assert back.state_dict() == state
+    table = audit_table(state)
+    row = table.filter(table["pair"] == "a-c").to_dicts()[0]
+    assert (row["alone_loss_ema"], row["excess_loss_ema"]) == pytest.approx((3.1, 0.0))
+    with pytest.raises(ValueError, match="another pair loss"):
+        _adversary(weights=(1.0, 1.0)).load_state_dict(state)
+
+
+def test_the_baseline_is_each_sentence_run_alone():
+    """models.trainer.sides_alone against each side's rows run by hand, one row at a time."""
+    from models.pairs import split_pair
+    from models.trainer import BASELINE_NOISE, BASELINE_ROWS, sides_alone
+
+    cfg = preset("tiny", vocab_size=300, specials=SPECIALS, dropout=0.0)
+    torch.manual_seed(0)
+    model = ElectraModel(cfg).eval()
+    ids, pad, seg, _ = _pair_batch()
+    rows = [0, 2, 4, 6, 8, 10]  # rank 0 of 2
+    engine = type("Engine", (), {"module": model, "__call__": lambda self, *a, **k: model(*a, **k)})()
+    got = sides_alone(engine, ids, pad, seg, 7, 3, 1, rows)
+    x, _, y, _ = split_pair(ids, pad, seg, SPECIALS["bos"], SPECIALS["pad"])
+    want = torch.zeros_like(got)
+    with torch.no_grad():
+        for side, offset in ((x, 0), (y, BASELINE_ROWS)):
+            for k in range(len(rows)):
+                one = side[k: k + 1]
+                one = one[:, : int((one != SPECIALS["pad"]).sum())]
+                noise = row_noise(7, 3, 1 + BASELINE_NOISE, [rows[k] + offset], [one.shape[1]], one.shape[1])
+                want[:, k] += model(one, one == SPECIALS["pad"], None, noise, per_row=True).rows[:, 0]
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert set(ROW_FIELDS) == {"g_loss", "g_count", "d_loss", "d_count", "d_pos"} and got[1].sum() > 0

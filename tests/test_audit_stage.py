@@ -168,20 +168,23 @@ def _state(out: str) -> dict:
 @pytest.mark.costs(deepspeed=3)  # an uninterrupted run, its resume from step 20, 2 ranks
 def test_the_q_trajectory_is_exact_after_a_resume_and_the_same_on_two_ranks(demo_run, run_cli, tmp_path):
     """A run stopped after its checkpoint at step 20 (a re-sampling step) and rerun: the same q
-    trajectory as an uninterrupted run, bit for bit; 2 ranks: the same up to float noise. (The
-    audit trains through pretrain's trainer and checkpoints: what a kill -9 leaves behind is
-    tests/test_pretrain.py's.)"""
+    trajectory as an uninterrupted run, bit for bit; 2 ranks: the same up to float noise. With
+    pair_loss excess, whose baseline passes (every 5 steps) add their own noise stream and EMA:
+    the paper's form is the same run without them. (The audit trains through pretrain's trainer
+    and checkpoints: what a kill -9 leaves behind is tests/test_pretrain.py's.)"""
     _, demo_ws = demo_run
 
     def linked(name: str) -> Path:
         return linked_data(demo_ws, tmp_path / name)
 
     whole_ws = linked("whole")
-    args = ["run", "audit", "--spec", str(DEMO), "--json", *SHORT, "--set", "pretrain.keep_checkpoints=4"]
+    args = ["run", "audit", "--spec", str(DEMO), "--json", *SHORT, "--set", "pretrain.keep_checkpoints=4",
+            "--set", "audit.pair_loss=excess", "--set", "audit.baseline_every=5"]
     rc, out, err = run_cli(*args, "--workspace", whole_ws)
     assert rc == 0, err[-3000:]
     whole = _state(out)
-    assert [t["step"] for t in whole["trajectory"]] == [10, 20, 30]
+    assert [t["step"] for t in whole["trajectory"]] == [10, 20, 30] and whole["excess"]
+    assert any(v is not None for v in whole["ema"]["base"]), "the sides-alone baseline was computed"
 
     stopped_ws = stopped_after(whole_ws, linked("stopped"), "audit", 20)
     rc, out, err = run_cli(*args, "--workspace", stopped_ws)

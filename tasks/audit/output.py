@@ -3,7 +3,9 @@
     audit.parquet        one row per TRTD language pair: pair (``a-b``, a < b, as the shards name
                          it), prior (Q), q_final, w_final (= q_final / Q), w_mean (w averaged over
                          the K re-samplings), q_unfloored, w_unfloored (the best response without the
-                         floor), loss_ema (L_G + λ·L_D), g_loss_ema, d_loss_ema, d_base_loss_ema,
+                         floor), loss_ema (the pair loss audit.pair_loss names), g_loss_ema,
+                         d_loss_ema, d_base_loss_ema, alone_loss_ema and excess_loss_ema (pair_loss
+                         excess: the loss of the pair's sides run alone, and loss_ema minus it),
                          left_base_rate, rows_trained, rank_up (1 = most up-weighted by w_final),
                          rank_up_mean (by w_mean), verdict, and the evidence columns
                          (tasks.audit.evidence)
@@ -55,7 +57,8 @@ def audit_table(state: dict, evidence: pl.DataFrame | None = None) -> pl.DataFra
     pairs, prior = state["pairs"], np.asarray(state["prior"])
 
     def ema(key: str) -> np.ndarray:
-        return np.array([np.nan if x is None else x for x in state["ema"][key]], dtype=np.float64)
+        values = state["ema"].get(key) or [None] * len(pairs)  # "base": states written before it existed
+        return np.array([np.nan if x is None else x for x in values], dtype=np.float64)
 
     traj = state["trajectory"]
     q = np.asarray(traj[-1]["q"]) if traj else prior
@@ -66,6 +69,8 @@ def audit_table(state: dict, evidence: pl.DataFrame | None = None) -> pl.DataFra
         "pair": pairs, "prior": prior, "q_final": q, "w_final": q / prior, "w_mean": w_mean,
         "q_unfloored": q_free, "w_unfloored": q_free / prior, "loss_ema": ema("loss"), "g_loss_ema": ema("g"),
         "d_loss_ema": d, "d_base_loss_ema": base,
+        # pair_loss excess: the pair's sides run alone, and what is left of the loss beyond them
+        "alone_loss_ema": ema("base"), "excess_loss_ema": ema("loss") - ema("base"),
         "left_base_rate": pl.Series([bool(x < LEFT_BASE_RATE * b) if np.isfinite(x) and np.isfinite(b) else None
                                      for x, b in zip(d, base)], dtype=pl.Boolean),
         "rows_trained": np.asarray(state["rows"], dtype=np.int64),

@@ -135,7 +135,8 @@ def report(state: dict, table: pl.DataFrame, samples: list[dict], up: list[str],
              "cs–sk); pairs pushed **up** are the ones the model keeps failing on — possibly noisy translations "
              "(es–ta, tr–ur, si–tr), or a clean pair of a harder language: the evidence and samples tell which.",
              "", *[f"- {c}" for c in check], ""]
-    cols = ["pair", "w_final", "w_mean", "prior", "loss_ema", "reading", "verdict"]
+    cols = ["pair", "w_final", "w_mean", "prior", "loss_ema",
+            *(["alone_loss_ema", "excess_loss_ema"] if a.pair_loss == "excess" else []), "reading", "verdict"]
     sides = {**{p: "up" for p in up}, **{p: "down" for p in down}}
     show = (table.filter(pl.col("pair").is_in(up + down))
             .with_columns(pl.Series("reading", [reading(r, sides[r["pair"]]) for r in table.filter(

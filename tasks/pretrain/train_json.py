@@ -128,7 +128,7 @@ def pair_loss_weights(pair_loss: str, objective: str, disc_weight: float) -> lis
     """(w_G, w_D) of each pair's loss; the MLM ablation has no discriminator: its MLM loss alone."""
     if objective != "electra":
         return [1.0, 0.0]
-    return [disc_weight, 1.0] if pair_loss == "d_plus_lambda_g" else [1.0, disc_weight]
+    return [disc_weight, 1.0] if pair_loss == "d_plus_lambda_g" else [1.0, disc_weight]  # excess: the trained one
 
 
 def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str | None,
@@ -149,6 +149,7 @@ def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_i
         cfg.objective_options = {**cfg.objective_options, "freeze_body_steps": 0}
     cfg.dro = {"rho": a.rho, "min_ratio": a.min_ratio, "ema": a.ema, "resamples": a.resamples,
                "weights": pair_loss_weights(a.pair_loss, p.objective, p.disc_weight),
+               "excess": a.pair_loss == "excess", "baseline_every": a.baseline_every,
                "state_file": str(ckdir / STATE_FILE)}
     if a.init == "pretrain":
         weights = Path(upstream["pretrain"]) / FULL_WEIGHTS

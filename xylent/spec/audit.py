@@ -19,6 +19,7 @@ class AuditConfig(Strict):
     pairs by how much it up-weights them (w = q/Q)."""
 
     OPERATIONAL: ClassVar[tuple[str, ...]] = ("top_n", "exclude_top_up")
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("baseline_every",)
 
     init: Literal["scratch", "pretrain"] = Field(
         default="scratch", description="scratch: train a fresh model with the pretrain settings; pretrain: start "
@@ -31,10 +32,14 @@ class AuditConfig(Strict):
                              description="floor on q/Q: no pair is sampled less than this share of its prior")
     ema: float = Field(default=0.1, gt=0, le=1, allow_inf_nan=False,
                        description="weight of the newest step in each pair's loss EMA")
-    pair_loss: Literal["d_plus_lambda_g", "g_plus_lambda_d"] = Field(
+    pair_loss: Literal["d_plus_lambda_g", "g_plus_lambda_d", "excess"] = Field(
         default="d_plus_lambda_g", description="each pair's loss for the adversary, λ = pretrain.disc_weight: "
         "d_plus_lambda_g is XY-LENT's Eq. 3 as this project reads it (L_D + λ·L_G); g_plus_lambda_d is the "
-        "objective the model trains (L_G + λ·L_D)")
+        "objective the model trains (L_G + λ·L_D); excess is that loss minus the same model's loss on each "
+        "side alone (what the translation does not explain: language difficulty cancels)")
+    baseline_every: int = Field(default=10, ge=1, description="pair_loss excess: every N steps, each TRTD "
+                                "micro-batch's two sides are also run alone (a forward pass, no backward) "
+                                "for the per-pair baseline")
     top_n: int = Field(default=10, ge=1, description="pairs shown in the report at each end of the ranking")
     exclude_top_up: int = Field(default=0, ge=0, description="list the N most up-weighted pairs as a ready-to-run "
                                 "sampling.exclude_pairs override in the report (the audit never edits your spec)")
