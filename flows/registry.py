@@ -47,7 +47,7 @@ def _download_slice(spec: Spec) -> dict:
 
 
 def _pretrain_identity(spec: Spec, ws: Workspace) -> dict:
-    from tasks.pretrain.train_json import check_model
+    from tasks.pretrain.model_shape import check_model
 
     check_model(spec)  # a run with an impossible model shape stops here, before the data stages
     if spec.pretrain.init is None:
@@ -58,7 +58,7 @@ def _pretrain_identity(spec: Spec, ws: Workspace) -> dict:
 
 
 def _audit_identity(spec: Spec, ws: Workspace) -> dict:
-    from tasks.pretrain.train_json import check_model
+    from tasks.pretrain.model_shape import check_model
 
     check_model(spec)
     return {}  # nothing beyond the spec: the fingerprint is the spec's alone

@@ -87,7 +87,7 @@ def test_attention_is_xlm_e_eqs_6_to_9_written_out():
     got = att(x, table(n), pad).detach().numpy()
     W, bias = att.qkv.weight.detach().numpy(), att.qkv.bias.detach().numpy()
     u, v = att.gate.uv.weight.detach().numpy()
-    w = float(att.gate.w)
+    w = float(att.gate.w.detach())
     sig = lambda z: 1 / (1 + math.exp(-z))  # noqa: E731
     h_all = x[0].numpy()
     heads_out = np.zeros((n, heads * dh))

@@ -25,18 +25,6 @@ _AS_IS = ("objective", "tasks", "task_schedule", "trtd_ratio", "steps", "batch_s
           "peak_tflops")
 
 
-def check_model(spec: Spec) -> None:
-    """The model section's shape, checked when a run starts, before any stage: a shape the
-    encoder cannot have (hidden not a multiple of heads) would otherwise stop the run after
-    the data stages, inside the training ranks."""
-    try:
-        preset(spec.model.size, **spec.model.overrides())
-    except ValueError as exc:
-        raise XylentError(f"the model section describes no encoder: {exc}", where="spec fields model.hidden and "
-                          "model.heads", fix=f"pick heads that divide hidden (model.size {spec.model.size!r} has "
-                          f"hidden {preset(spec.model.size).hidden}, heads {preset(spec.model.size).heads})") from None
-
-
 def encoder_config(spec: Spec, vocab_size: int, seq_len: int, specials: dict[str, int]) -> EncoderConfig:
     base = preset(spec.model.size)
     over = spec.model.overrides()
