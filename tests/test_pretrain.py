@@ -407,6 +407,40 @@ def test_ranks_that_print_nothing_do_not_outlive_a_killed_launcher(silent_launch
     assert record["after"]["steps"] <= record["at_kill"]["steps"] + 5, "the ranks stopped with the launcher"
 
 
+@pytest.mark.costs(cli=1)
+def test_sigterm_ends_a_training_run_within_seconds_and_publishes_nothing(demo_run, prefect_server, tmp_path):
+    """A Slurm or CI cancel sends SIGTERM.  Prefect turns it into an exception in the main thread, but
+    the launch's output is read in a task thread the flow then waits for: before xylent.interrupt the
+    ranks trained on to the last step.  Now the thread stops the ranks; the checkpoint stays, for a resume."""
+    _, demo_ws = demo_run
+    ws = linked_data(demo_ws, tmp_path / "ws")
+    args = ["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), *SMALL, "--set", "pretrain.steps=400",
+            "--set", "pretrain.ranks=1", "--set", "pretrain.zero_stage=0", "--set", "pretrain.log_every=1"]
+    with open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "flows.kit.cli", *args], stdout=subprocess.DEVNULL,
+                                stderr=err, env=os.environ.copy())
+    deadline = time.time() + 240
+    while not list(ws.glob("pretrain/_checkpoints/*/deepspeed/step-00000010/COMPLETE")):
+        assert proc.poll() is None and time.time() < deadline, (tmp_path / "stderr").read_text()[-3000:]
+        time.sleep(0.05)
+    at_signal = _steps_written(ws)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=60)
+    finally:
+        for p in _left_running(ws):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        if proc.poll() is None:
+            proc.kill()
+    assert rc in (-signal.SIGTERM, 128 + signal.SIGTERM, 130), (tmp_path / "stderr").read_text()[-2000:]
+    assert _steps_written(ws) < at_signal + 100 < 400, "the ranks stopped with the run, not at its last step"
+    assert not _left_running(ws), "no rank outlives the run"
+    assert [p.name for p in (ws / "pretrain").iterdir()] == ["_checkpoints"], "nothing published"
+    assert "step-00000010" in " ".join(str(p) for p in ws.glob("pretrain/_checkpoints/*/deepspeed/*")), \
+        "the checkpoint stays: the same command resumes from it"
+
+
 @pytest.mark.costs(deepspeed=1)
 def test_a_run_killed_on_two_ranks_resumes_on_one_with_zero0(run_cli, zero0_two_ranks, silent_launcher_killed):
     """The documented resume on another world size, where DeepSpeed allows it (ZeRO-0: the optimizer state

@@ -29,6 +29,7 @@ from flows.kit.deployment_steps import workspace_slot
 from flows.registry import STAGE_BY_NAME, stage_flow_of
 from flows.kit.run_record import effective_params, headline, log_spec_file, log_stage_inputs, run_name, source_tags
 from flows.kit.runners import cluster_tags, shared_cluster
+from xylent import interrupt
 from xylent.errors import XylentError, environment_error
 from xylent.spec import Spec, load_spec
 from xylent.stage import StageContext, StageDef, StageOutcome, stage_fingerprints, workspace_for
@@ -264,6 +265,8 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
                     **({"warnings": outcome.warnings} if outcome.warnings else {}),
                 }, known_files=outcome.known_files)
         except BaseException as exc:
+            if not isinstance(exc, Exception):  # Ctrl-C, SIGTERM (Prefect's TerminationSignal): stop the task
+                interrupt.request()             # threads too, or the flow waits for their whole run
             inv.tracker.end_failed_run(run_id)
             if isinstance(exc, Exception) and not isinstance(exc, XylentError):
                 env = environment_error(exc, str(inv.ws.root))

@@ -16,6 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.kit.stage import StageContext
 from flows.kit.progress import Progress
 from models.run_config import TrainConfig
+from xylent import interrupt
 
 _STEP = re.compile(r"xylent: step (\d+)/(\d+)")
 
@@ -33,6 +34,7 @@ def train_ranks(cmd: list[str], log_file: str, steps: int, checkpoints: str, loc
     seen = [0]
 
     def on_line(line: str) -> None:
+        interrupt.check()  # the run was interrupted: raising here makes launch() stop the ranks
         if m := _STEP.search(line):
             n = int(m.group(1))
             progress.advance(n - seen[0])

@@ -16,6 +16,7 @@ from typing import Callable
 import requests
 import urllib3
 
+from xylent import interrupt
 from xylent.errors import XylentError, environment_error
 
 _PERMANENT = {400, 401, 403, 404, 405, 410, 451}
@@ -168,6 +169,7 @@ def _stream_http(
                     if max_bytes is not None and have + got >= max_bytes:
                         break
                     deadline.check(have + got, total)
+                    interrupt.check()  # Ctrl-C / SIGTERM: the .part stays for a resume, nothing is published
         except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, requests.Timeout,
                 urllib3.exceptions.HTTPError) as exc:
             raise _Retry(f"connection dropped after {have + got} bytes: {exc}") from None
@@ -214,6 +216,7 @@ def _stream_fsspec(url: str, part: Path, *, max_bytes: int | None, chunk: int, o
                 if not block:
                     break
                 dst.write(block)
+                interrupt.check()
                 have += len(block)
                 on_bytes(len(block))
                 deadline.check(have)
