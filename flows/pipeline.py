@@ -7,12 +7,12 @@ import contextlib
 from prefect import flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-from flows.kit.stage import Invocation
+from flows.kit.stage import Invocation, flow_run_namer
 from flows.registry import STAGE_NAMES, STAGES, stage_flow_of
 from xylent.stage import find_stage
 
 
-@flow(name="pipeline", log_prints=True)
+@flow(name="pipeline", log_prints=True, flow_run_name=flow_run_namer("pipeline"))
 def pipeline(spec_file: str, workspace: str | None = None, overrides: list[str] | None = None,
              force: bool = False, until: str | None = None):
     """Run every stage in pipeline order (or every stage up to and including ``until``); cached

@@ -169,6 +169,9 @@ def test_prefect_artifacts_link_the_mlflow_run(run_cli, loopback):
     assert set(by_stage) == {"download", "prepare", "dedup", "vocab", "sampling", "shards"}, \
         "every stage ran as a subflow of this pipeline run"
     assert all(len(runs) == 1 for runs in by_stage.values())
+    spec_name = Path(spec).stem
+    assert by_stage["prepare"][0].name == f"prepare · {spec_name}", "a run's name says what ran on what"
+    assert {"xylent", "cli"} <= set(by_stage["prepare"][0].tags), "a CLI run is found by its tags"
     prepare_run = by_stage["prepare"][0].id
     manifest = json.loads((Path(prep["output_dir"]) / "_manifest.json").read_text())
     assert manifest["prefect_flow_run_id"] == str(prepare_run), "the output records the flow run that made it"

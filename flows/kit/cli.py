@@ -160,7 +160,9 @@ def _run(args) -> dict:
     import_store(store)
     server_ready()
     kwargs = {"spec_file": args.spec, "workspace": args.workspace, "overrides": args.overrides, "force": args.force}
-    with run_log(root, target) as log:
+    from prefect import tags
+
+    with run_log(root, target) as log, tags("xylent", "cli"):  # a CLI run is found by tag beside scheduled ones
         try:
             result = run(**kwargs, **({"until": args.until} if target == "pipeline" else {}))
         except BaseException as exc:  # a failed run is when its task lines are wanted: main() names the file

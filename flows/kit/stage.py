@@ -305,6 +305,15 @@ def _prefect_artifacts(inv: Invocation, stage: str, fp: str, out: Path, run_id: 
                          description=f"{stage}: MLflow run ({view})")
 
 
+def flow_run_namer(flow_name: str) -> Callable[[], str]:
+    """Prefect's name for a run: the flow and the spec it ran (``prepare · demo``), not two random
+    words, so a run list reads at a glance."""
+    def name() -> str:
+        spec = Path(str(flow_run.parameters.get("spec_file") or "")).stem or "spec"
+        return f"{flow_name} · {spec}"
+    return name
+
+
 def stage_flow(stage: StageDef):
     """Make the Prefect flow of a declared stage (``flows/registry.py``); decorate the stage's body:
 
@@ -333,7 +342,7 @@ def stage_flow(stage: StageDef):
 
         run.__doc__ = f"{stage.description[:1].upper()}{stage.description[1:]}."
         run.__name__ = run.__qualname__ = stage.name
-        stage_run = flow(name=stage.name, log_prints=True)(run)
+        stage_run = flow(name=stage.name, log_prints=True, flow_run_name=flow_run_namer(stage.name))(run)
         stage_run.stage = stage
         stage_run.body = body
         return stage_run
