@@ -204,6 +204,17 @@ def test_prefect_artifacts_link_the_mlflow_run(run_cli, loopback):
         "every stage's artifacts hang on that stage's own flow run"
     assert {stage_of[a.flow_run_id] for a in arts if a.key.endswith("-mlflow")} == set(by_stage)
 
+    # the same run again, every stage cached: each cached flow run still says where its output is and
+    # links the MLflow run that built it
+    again = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws, "--until", "shards")
+    pipeline_run = UUID(again["prefect_flow_run_id"])
+    by_stage, arts = asyncio.run(read())
+    cached = {a.key: a for a in arts if a.flow_run_id == by_stage["prepare"][0].id}
+    assert sorted(cached) == ["prepare-mlflow", "prepare-summary"], sorted(cached)
+    text = str(cached["prepare-summary"].data)
+    assert "(cached)" in text and prep["output_dir"] in text
+    assert cached["prepare-mlflow"].data.endswith(f"/runs/{run_id})"), "the link goes to the run that built it"
+
 
 def test_mlflow_tracking_uri_from_the_environment(run_cli, loopback, tmp_path, monkeypatch):
     spec, ws, _ = loopback

@@ -245,6 +245,7 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
                 tags={**tags, "xylent.cached": "true", "xylent.output_run_id": manifest.get("mlflow_run_id") or ""},
             )
             inv.tracker.end_run(run_id)
+            _cached_artifacts(inv, stage.name, fp, out, manifest.get("mlflow_run_id") or run_id)
             result = _result(out, manifest, cached=True)
             inv.results[stage.name] = result
             return Completed(name="Cached", message=f"{stage.name} output {fp} is up to date", data=result)
@@ -303,6 +304,18 @@ def _prefect_artifacts(inv: Invocation, stage: str, fp: str, out: Path, run_id: 
         create_table_artifact(key=f"{stage}-stats", table=outcome.table, description=f"{stage}: statistics")
     create_link_artifact(key=f"{stage}-mlflow", link=link, link_text=f"MLflow run {run_id}",
                          description=f"{stage}: MLflow run ({view})")
+
+
+def _cached_artifacts(inv: Invocation, stage: str, fp: str, out: Path, built_by: str) -> None:
+    """A cached stage's flow run says where its output is and links the run that built it."""
+    if flow_run.id is None:
+        return
+    link = inv.tracker.run_url(built_by)
+    create_markdown_artifact(key=f"{stage}-summary", description=f"{stage}: cached",
+                             markdown=f"# {stage} `{fp}` (cached)\n\nOutput: `{out}`, up to date: nothing ran.\n\n"
+                             f"Built by MLflow run [{built_by}]({link}) ({inv.tracker.how_to_view()})\n")
+    create_link_artifact(key=f"{stage}-mlflow", link=link, link_text=f"MLflow run {built_by} (built the output)",
+                         description=f"{stage}: the MLflow run that built the cached output")
 
 
 def flow_run_namer(flow_name: str) -> Callable[[], str]:
