@@ -107,8 +107,10 @@ def evaluate(ctx: StageContext) -> StageOutcome:
     write_scorecard(ctx.out, scores)
     metrics, table = {}, []
     for name, result in scores["models"].items():
-        for m, v in mlflow_metrics(result).items():  # the stage run too: pipeline's under eval/, others prefixed
-            metrics[m if name == "pipeline" else f"{name}/{m}"] = v
+        # the stage run too: the pipeline's under eval/, the others under vs/<model>/, which MLflow's UI lists
+        # after eval/ (a model name sorts anywhere: "bag-of-subwords/" came before the encoder's own sections)
+        for m, v in mlflow_metrics(result).items():
+            metrics[m if name == "pipeline" else f"vs/{name}/{m}"] = v
         for tname, r in result.items():
             metric = PRIMARY[r["kind"]]
             for lang, vals in r["languages"].items():

@@ -115,6 +115,8 @@ def test_demo_evaluate_in_mlflow_one_nested_run_per_model(demo_run):
         assert "eval/django-topics/transfer_gap" in m and "eval/allauth/layer_0/avg" in m
         assert run.info.status == "FINISHED" and run.data.params["model"] == model
     assert stage_run.data.metrics["eval/allauth/avg"] == pytest.approx(scores["models"]["pipeline"]["allauth"]["avg"])
+    assert stage_run.data.metrics["vs/random-init/eval/allauth/avg"] == pytest.approx(
+        scores["models"]["random-init"]["allauth"]["avg"]), "the peers after the encoder's own sections"
 
 
 def _arrow_rows(path: Path, column: str) -> list[list[int]]:
