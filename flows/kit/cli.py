@@ -131,9 +131,6 @@ def _verify(args) -> dict:
 
 
 def _run(args) -> dict:
-    from xylent import interrupt
-
-    interrupt.clear()  # main() may be called again in one process (tests): a new run starts unrequested
     target = args.target
     if target != "pipeline":
         find_stage(STAGES, target)

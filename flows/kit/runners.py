@@ -191,10 +191,17 @@ def run_tasks(task, calls: list[dict], *, runner, title: str = "", unit: str = "
 
 
 def _results(runner, task, calls, progress):
-    for fut in _submit_all(runner, task, calls):
-        yield fut.result()
-        if progress is not None:
-            progress.advance(1)
+    from xylent import interrupt
+
+    try:
+        for fut in _submit_all(runner, task, calls):
+            yield fut.result()
+            if progress is not None:
+                progress.advance(1)
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # Ctrl-C / SIGTERM while waiting: the task runner's exit waits
+            interrupt.request()             # for its running tasks, so they must hear it now, not after
+        raise
 
 
 def batches(items: list, n: int) -> list[list]:

@@ -91,6 +91,8 @@ class Invocation:
         ws = workspace_for(spec, workspace)
         ws.ensure_writable()
         parent_run_id, tracker = _PARENT_RUN.get() or (None, None)
+        if parent_run_id is None:  # a run started anew (CLI, deployment, notebook, worker): unrequested
+            interrupt.clear()
         slot = contextlib.ExitStack()
         if parent_run_id is None:
             slot.enter_context(workspace_slot(ws.location))

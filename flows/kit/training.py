@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import threading
 from pathlib import Path
 
 from prefect import task
@@ -47,10 +48,37 @@ def train_ranks(cmd: list[str], log_file: str, steps: int, checkpoints: str, loc
         at = f"from its checkpoint at step {int(done[-1].name.split('-')[1])}" if done else "from the start"
         return f"see the rank's traceback in the log; run the same command again to resume {at}"
 
+    done = threading.Event()
+    watcher = threading.Thread(target=_stop_ranks_when_asked, args=(done,), daemon=True)
+    watcher.start()
     try:
         return launch(cmd, Path(log_file), on_line, hint, ranks=local_ranks)
     finally:
+        done.set()
         progress.close()
+
+
+def _stop_ranks_when_asked(done: threading.Event) -> None:
+    """Between two output lines (a checkpoint save, a slow first batch) the thread reading a
+    launch blocks; this one notices an interrupt within a second and stops the process groups
+    xylent.launch started from this process (their environment's XYLENT_PARENT names it)."""
+    import os
+    import signal
+
+    import psutil
+
+    while not done.wait(1.0):
+        if not interrupt.requested():
+            continue
+        me = psutil.Process()
+        mark = f"{me.pid}:{me.create_time()}"
+        for child in me.children():
+            try:
+                if child.environ().get("XYLENT_PARENT") == mark:
+                    os.killpg(child.pid, signal.SIGTERM)
+            except (psutil.Error, OSError):
+                continue  # gone already, or not ours to signal
+        return
 
 
 def checkpoint_dir(ctx: StageContext) -> Path:
