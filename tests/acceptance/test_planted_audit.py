@@ -1,7 +1,9 @@
 """Planted defects at full size (tests/audit_planted.py: 1500 pretraining and 1500 audit steps),
-on two seeds: the copied pair, whose loss collapses, is the most down-weighted and sits below
-w = 0.6; an audit of a model that learned says so.  The shuffled and the hub-aligned pair are
-not held to a rank (docs/stages/audit.md, "Planted defects"): their ranks are recorded."""
+on two seeds: the copied pair, whose loss collapses, is the most down-weighted by w averaged over
+the re-samplings, in the bottom 2 at the final re-sampling (issue 34's bar; with the paper's gate,
+seed 1 put it 8th of 9 there, w 0.54 against 0.52), and below w = 0.6; an audit of a model that
+learned says so.  The shuffled and the hub-aligned pair are not held to a rank (docs/stages/audit.md,
+"Planted defects"): their ranks are recorded."""
 
 from __future__ import annotations
 
@@ -33,9 +35,11 @@ def test_the_copied_pair_ranks_last_on_two_seeds(run_cli, tmp_path):
         n, rank = table.height, dict(zip(table["pair"], table["rank_up_mean"]))
         w = dict(zip(table["pair"], table["w_mean"]))
         figures[f"seed {seed}: rank of copy / noisy / hub (of {n})"] = f"{rank[COPY]} / {rank[NOISY]} / {rank[HUB]}"
-        figures[f"seed {seed}: w of copy"] = round(w[COPY], 3)
+        figures[f"seed {seed}: w of copy (mean / final)"] = \
+            f"{w[COPY]:.3f} / {table.filter(pl.col('pair') == COPY)['w_final'].item():.3f}"
+        figures[f"seed {seed}: rank of copy at the final re-sampling"] = table["pair"].to_list().index(COPY) + 1
         msg = table.select("pair", "w_final", "w_mean", "loss_ema").to_dicts()
-        assert rank[COPY] == n and table["pair"][-1] == COPY, msg
+        assert rank[COPY] == n and COPY in table["pair"].to_list()[-2:], msg
         assert w[COPY] < W_COPY and table.filter(pl.col("pair") == COPY)["w_final"].item() < W_COPY, msg
         report = (audit_dir / "report.md").read_text()
         assert "below it: the model learned" in report
@@ -51,7 +55,8 @@ def test_the_copied_pair_ranks_last_on_two_seeds(run_cli, tmp_path):
         figures[f"seed {seed}, excess: rank of copy / noisy / hub (of {n})"] = \
             f"{rank[COPY]} / {rank[NOISY]} / {rank[HUB]}"
         figures[f"seed {seed}, excess: noisy above every clean pair"] = all(rank[NOISY] < rank[p] for p in clean)
-    record("planted-audit", figures, {"copy": f"ranked last, w_mean and w_final < {W_COPY}, seeds {list(SEEDS)}",
+    record("planted-audit", figures, {"copy": f"last by w_mean, bottom 2 by w_final, both < {W_COPY}, seeds "
+                                              f"{list(SEEDS)}",
                                       "noisy, hub": "recorded, not held",
                                       "pair_loss excess": "recorded beside, not held"},
            seconds=time.monotonic() - start)
