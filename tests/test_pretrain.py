@@ -439,6 +439,14 @@ def test_sigterm_ends_a_training_run_within_seconds_and_publishes_nothing(demo_r
     assert [p.name for p in (ws / "pretrain").iterdir()] == ["_checkpoints"], "nothing published"
     assert "step-00000010" in " ".join(str(p) for p in ws.glob("pretrain/_checkpoints/*/deepspeed/*")), \
         "the checkpoint stays: the same command resumes from it"
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{ws}/mlflow.db")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              "tags.`xylent.stage` = 'pretrain' and tags.`xylent.cached` = 'false'")
+    assert [r.info.status for r in runs] == ["KILLED"], "a stopped run reads KILLED in MLflow, not FAILED"
+    parent = client.get_run(runs[0].data.tags["mlflow.parentRunId"])
+    assert parent.info.status == "KILLED", "and so does the invocation's parent run"
 
 
 @pytest.mark.costs(deepspeed=1)

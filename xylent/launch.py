@@ -163,13 +163,34 @@ def sweep_stale_shm_buffers(shm_dir: Path = SHM_DIR, min_age_s: float = SHM_MIN_
     return stale
 
 
+def _parent_mark(proc: psutil.Process | None = None) -> str:
+    """What a launched rank's XYLENT_PARENT holds: the pid and start time of the process that
+    launched it (a pid alone could be reused)."""
+    proc = proc or psutil.Process()
+    return f"{proc.pid}:{proc.create_time()}"
+
+
+def stop_launched() -> int:
+    """SIGTERM the process group of every launch this process started (the direct children whose
+    XYLENT_PARENT names it); returns how many.  A rerun resumes from their last checkpoint."""
+    me = psutil.Process()
+    mark, stopped = _parent_mark(me), 0
+    for child in me.children():
+        try:
+            if child.environ().get("XYLENT_PARENT") == mark:
+                os.killpg(child.pid, signal.SIGTERM)
+                stopped += 1
+        except (psutil.Error, OSError):
+            continue  # gone already, or not ours to signal
+    return stopped
+
+
 def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None = None,
            resume_hint: Callable[[], str] | None = None, ranks: int | None = None) -> LaunchResult:
     env = os.environ.copy()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    me = psutil.Process()
-    env["XYLENT_PARENT"] = f"{me.pid}:{me.create_time()}"  # local ranks die with us, even after a kill -9
+    env["XYLENT_PARENT"] = _parent_mark()  # local ranks die with us, even after a kill -9
     if not gpu_available():
         env["DS_ACCELERATOR"] = "cpu"  # CPU ranks talk over gloo
         env.setdefault("CUDA_VISIBLE_DEVICES", "")

@@ -324,18 +324,18 @@ class Tracker:
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
 
-    def end_failed_run(self, run_id: str) -> None:
-        """Mark a run FAILED while its failure propagates.  When the store itself
-        cannot be written (a full disk, a read-only workspace), the original error
-        is what the user must see; the run stays RUNNING until the next run on
-        the workspace marks it KILLED (see :meth:`end_orphaned_runs`)."""
+    def end_failed_run(self, run_id: str, status: str = "FAILED") -> None:
+        """Mark a run FAILED (or KILLED: stopped by Ctrl-C or SIGTERM) while its failure
+        propagates.  When the store itself cannot be written (a full disk, a read-only
+        workspace), the original error is what the user must see; the run stays RUNNING
+        until the next run on the workspace marks it KILLED (see :meth:`end_orphaned_runs`)."""
         try:
-            self.end_run(run_id, "FAILED")
+            self.end_run(run_id, status)
         except Exception as exc:  # noqa: BLE001 - reported below, the cause is already on its way up
             from xylent.errors import environment_error
 
             why = environment_error(exc)
-            logging.getLogger(__name__).warning("could not mark MLflow run %s FAILED: %s", run_id,
+            logging.getLogger(__name__).warning("could not mark MLflow run %s %s: %s", run_id, status,
                                                 why.what if why else str(exc).splitlines()[0][:200])
 
     def end_orphaned_runs(self) -> list[str]:

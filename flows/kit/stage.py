@@ -137,7 +137,7 @@ class Invocation:
                 self.tracker.log_metrics(self.parent_run_id, self.headlines())
                 self.tracker.end_run(self.parent_run_id)
             else:
-                self.tracker.end_failed_run(self.parent_run_id)
+                self.tracker.end_failed_run(self.parent_run_id, "KILLED" if interrupt.requested() else "FAILED")
 
     def record(self, result: dict) -> None:
         """Take the stages a (sub)flow reports; the first report of a stage is what this run did."""
@@ -270,7 +270,8 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
         except BaseException as exc:
             if not isinstance(exc, Exception):  # Ctrl-C, SIGTERM (Prefect's TerminationSignal): stop the task
                 interrupt.request()             # threads too, or the flow waits for their whole run
-            inv.tracker.end_failed_run(run_id)
+            # a stopped run is KILLED, as MLflow's UI names a run someone stopped, not FAILED
+            inv.tracker.end_failed_run(run_id, "KILLED" if interrupt.requested() else "FAILED")
             if isinstance(exc, Exception) and not isinstance(exc, XylentError):
                 env = environment_error(exc, str(inv.ws.root))
                 if env is not None:

@@ -60,25 +60,14 @@ def train_ranks(cmd: list[str], log_file: str, steps: int, checkpoints: str, loc
 
 def _stop_ranks_when_asked(done: threading.Event) -> None:
     """Between two output lines (a checkpoint save, a slow first batch) the thread reading a
-    launch blocks; this one notices an interrupt within a second and stops the process groups
-    xylent.launch started from this process (their environment's XYLENT_PARENT names it)."""
-    import os
-    import signal
-
-    import psutil
+    launch blocks; this one notices an interrupt within a second and stops the launches this
+    process started (xylent.launch.stop_launched)."""
+    from xylent.launch import stop_launched
 
     while not done.wait(1.0):
-        if not interrupt.requested():
-            continue
-        me = psutil.Process()
-        mark = f"{me.pid}:{me.create_time()}"
-        for child in me.children():
-            try:
-                if child.environ().get("XYLENT_PARENT") == mark:
-                    os.killpg(child.pid, signal.SIGTERM)
-            except (psutil.Error, OSError):
-                continue  # gone already, or not ours to signal
-        return
+        if interrupt.requested():
+            stop_launched()
+            return
 
 
 def checkpoint_dir(ctx: StageContext) -> Path:
