@@ -85,7 +85,8 @@ def test_a_worker_elsewhere_runs_deployments_and_two_runs_on_one_workspace_queue
                                    timeout=0))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {**os.environ, "PREFECT_API_URL": deployed, "XYLENT_HOME": str(ROOT), "PATH": BIN_PATH}
+    env = {**os.environ, "PREFECT_API_URL": deployed, "XYLENT_HOME": str(ROOT), "PATH": BIN_PATH,
+           "PREFECT_LOGGING_LEVEL": "INFO"}  # the runs' info lines reach the API (the session's level is WARNING)
     worker = subprocess.Popen([ENTRYPOINT, "worker", "--limit", "2"], cwd=elsewhere,  # as compose's worker starts
                               env=env, stdout=subprocess.DEVNULL, stderr=(tmp_path / "worker.log").open("w"))
     try:
@@ -107,3 +108,14 @@ def test_a_worker_elsewhere_runs_deployments_and_two_runs_on_one_workspace_queue
     first, second = sorted(done, key=lambda r: r.start_time)
     assert second.start_time < first.end_time, "they overlapped, so the second had to wait for the workspace"
     assert len(list(ws.glob("download/*/_manifest.json"))) == 2, "each run's output published"
+
+    async def messages(run_id):
+        from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+        async with get_client() as client:
+            return " ".join(x.message for x in await client.read_logs(LogFilter(
+                flow_run_id=LogFilterFlowRunId(any_=[run_id]))))
+
+    said = {r.id: asyncio.run(messages(r.id)) for r in (first, second)}
+    assert "another run holds it" not in said[first.id], "a free workspace is taken without a word"
+    assert "another run holds it" in said[second.id] and "got the workspace" in said[second.id], said[second.id]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import time
 from pathlib import Path
 
 
@@ -48,6 +49,13 @@ def workspace_slot(root: str):
     name = "xylent-workspace-" + hashlib.sha256(str(root).encode()).hexdigest()[:16]
     with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):
         client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
-    get_run_logger().info("waiting for the workspace %s (concurrency slot %s)", root, name)
-    with concurrency(name, occupy=1, strict=True, lease_duration=60):
+    with contextlib.ExitStack() as held:
+        try:  # a free workspace is taken at once, without a word
+            held.enter_context(concurrency(name, occupy=1, strict=True, lease_duration=60, timeout_seconds=1))
+        except TimeoutError:
+            log = get_run_logger()
+            log.info("waiting for the workspace %s: another run holds it (concurrency slot %s)", root, name)
+            started = time.monotonic()
+            held.enter_context(concurrency(name, occupy=1, strict=True, lease_duration=60))
+            log.info("got the workspace %s after %.0f s", root, time.monotonic() - started)
         yield
