@@ -70,6 +70,7 @@ def export_hf(model_dir: Path, out_dir: Path) -> Path:
     enc = meta["encoder"]
     specials = enc.get("specials") or meta["specials"]  # older exports keep them at the top level
     config = hf_config(enc, specials)
+    config.xylent_objective = meta.get("objective")  # which retrieval layer evaluate reads (ELECTRA's or MLM's)
     state = hf_state_dict(model_dir / "model.safetensors", config)
     tokenizer = fast_tokenizer(model_dir / meta["tokenizer"], specials, config.max_position_embeddings)
 

@@ -151,6 +151,7 @@ def test_automodel_gives_xylents_hidden_states(exports, relative_bias):
         torch.testing.assert_close(got, ref, atol=1e-5, rtol=0, msg=lambda m, k=k: f"hidden_states[{k}]: {m}")
     for got in (out.last_hidden_state, no_mask, as_tuple):
         torch.testing.assert_close(got, want_last, atol=1e-5, rtol=0)
+    assert model.config.xylent_objective == "electra", "evaluate reads ELECTRA's retrieval layer from the export"
 
 
 def test_task_heads_load_the_body_and_train(exports):

@@ -7,6 +7,11 @@ def _cell(v) -> str:
     return f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))
 
 
+def score(v) -> str:
+    """A benchmark score as papers print it (one decimal), "–" where there is none."""
+    return "–" if v is None else f"{v:.1f}"
+
+
 def markdown_table(rows: list[dict], limit: int = 200) -> str:
     if not rows:
         return "_no rows_"

@@ -147,7 +147,8 @@ class HuggingFaceEncoder(SentenceEncoder):
                               fix="point evaluate.models[].path at a local dir with config.json, the weights and "
                               "the tokenizer files (save_pretrained of both); the hub is never contacted") from None
         self.n_layers = int(self.model.config.num_hidden_layers)
-        self.family = "electra" if self.model.config.model_type == "electra" else "mlm"
+        cfg = self.model.config  # an xylent export names its objective; an HF ELECTRA is one by its type
+        self.family = family("electra" if cfg.model_type == "electra" else getattr(cfg, "xylent_objective", None))
 
     def _hidden(self, texts, max_length):
         # XLM-R declares 514 positions of which 512 are usable; the tokenizer knows the real limit

@@ -19,6 +19,8 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
+from xylent.markdown import score
+
 PAPER_FILE = Path(__file__).with_name("xylent_paper.tsv")
 COLUMNS = ("table", "setting", "band", "model", "task", "lang", "metric", "value", "source")
 CITATION = "Patra et al. 2023 (arXiv:2210.14867)"
@@ -78,10 +80,6 @@ TABLE1_COLUMNS = (("xquad", "f1"), ("xquad", "em"), ("mlqa", "f1"), ("mlqa", "em
                   ("tydiqa", "em"), ("xnli", "acc"), ("pawsx", "acc"))
 
 
-def _fmt(v) -> str:
-    return "–" if v is None else f"{v:.1f}"
-
-
 def _order(key: tuple) -> tuple:
     setting, band, model = key
     return (setting != "zero-shot", BANDS.index(band) if band in BANDS else len(BANDS), model)
@@ -97,13 +95,13 @@ def table1_section() -> list[str]:
     for r in rows:
         by.setdefault((r["setting"], r["band"], r["model"]), {})[(r["task"], r["metric"])] = r["value"]
     table = [{"setting": k[0], "band": k[1], "model": k[2],
-              **{f"{t} {m}": _fmt(v.get((t, m))) for t, m in TABLE1_COLUMNS}}
+              **{f"{t} {m}": score(v.get((t, m))) for t, m in TABLE1_COLUMNS}}
              for k, v in sorted(by.items(), key=lambda kv: _order(kv[0]))]
     gaps = {}
     for r in load():
         if r["table"] == "table4":
             gaps.setdefault(r["model"], {})[r["task"]] = r["value"]
-    gap_rows = [{"model (Base)": m, **{t: _fmt(v.get(t)) for t in ("xquad", "mlqa", "tydiqa", "xnli", "pawsx")}}
+    gap_rows = [{"model (Base)": m, **{t: score(v.get(t)) for t in ("xquad", "mlqa", "tydiqa", "xnli", "pawsx")}}
                 for m, v in gaps.items()]
     return ["## The XY-LENT paper's numbers", "",
             f"Table 1 of {CITATION} (XY-LENT and XLM-E: medians of five fine-tuning runs; XLM-R from Goyal et al. "
@@ -129,15 +127,15 @@ def task_section(task: str, xtreme_task: str | None, metric: str, protocol: str,
     langs = sorted({lang for m in models for lang in scores["models"][m][task]["languages"]} |
                    {lang for v in paper.values() for lang in v})
     table = [{"language": lang,
-              **{m: _fmt(scores["models"][m][task]["languages"].get(lang, {}).get(metric)) for m in models},
-              **{col: _fmt(v.get(lang)) for col, v in paper.items()}} for lang in langs]
+              **{m: score(scores["models"][m][task]["languages"].get(lang, {}).get(metric)) for m in models},
+              **{col: score(v.get(lang)) for col, v in paper.items()}} for lang in langs]
     out = [f"{xtreme_task} per language beside the paper's Table {PER_LANGUAGE[xtreme_task].removeprefix('table')} "
            f"({protocol}, {METRIC.get(metric, metric)}; {CITATION}):", "", markdown_table(table), ""]
     gaps = {r["model"]: r["value"] for r in transfer_gaps(xtreme_task)}
     if gaps and protocol == "zero-shot":
-        ours = ", ".join(f"{m} {_fmt(scores['models'][m][task].get('transfer_gap'))}" for m in models)
+        ours = ", ".join(f"{m} {score(scores['models'][m][task].get('transfer_gap'))}" for m in models)
         out += [f"Transfer gap: this run {ours}; the paper's Table 4 (Base) "
-                + ", ".join(f"{m} {_fmt(v)}" for m, v in gaps.items()) + ".", ""]
+                + ", ".join(f"{m} {score(v)}" for m, v in gaps.items()) + ".", ""]
     return out
 
 

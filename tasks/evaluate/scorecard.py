@@ -17,7 +17,7 @@ import yaml
 
 from tasks.evaluate import paper_refs
 from xylent.atomic import write_json_atomic
-from xylent.markdown import markdown_table
+from xylent.markdown import markdown_table, score
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -61,15 +61,11 @@ def mlflow_metrics(result: dict) -> dict[str, float]:
     return out
 
 
-def _fmt(v) -> str:
-    return "–" if v is None else f"{v:.1f}"
-
-
 def _cell(vals: dict, metric: str) -> str:
     """A score, with its sd over seeds when it was fine-tuned with several."""
     if vals.get(f"{metric}_sd"):
         return f"{vals[metric]:.1f} ± {vals[f'{metric}_sd']:.1f}"
-    return _fmt(vals.get(metric))
+    return score(vals.get(metric))
 
 
 def _finetune_notes(scores: dict, name: str, models: list[str]) -> list[str]:
@@ -79,11 +75,11 @@ def _finetune_notes(scores: dict, name: str, models: list[str]) -> list[str]:
         if r.get("not_applicable"):
             lines.append(f"- {m}: not applicable ({r['not_applicable']}).")
             continue
-        seeds = ", ".join(f"seed {s}: avg {_fmt(v['avg'])}, epoch {v['selected_epoch']} kept (dev {_fmt(v['dev'])})"
+        seeds = ", ".join(f"seed {s}: avg {score(v['avg'])}, epoch {v['selected_epoch']} kept (dev {score(v['dev'])})"
                           for s, v in r["per_seed"].items())
-        xtreme = (f"; the XTREME scorer's avg_metric over all its languages: {_fmt(r['xtreme_avg_metric'])}"
+        xtreme = (f"; the XTREME scorer's avg_metric over all its languages: {score(r['xtreme_avg_metric'])}"
                   if "xtreme_avg_metric" in r else "")
-        lines.append(f"- {m}: {_fmt(r['avg'])} ± {_fmt(r.get('avg_sd'))} over seeds ({seeds}){xtreme}.")
+        lines.append(f"- {m}: {score(r['avg'])} ± {score(r.get('avg_sd'))} over seeds ({seeds}){xtreme}.")
     first = next((scores["models"][m][name] for m in models if "hyperparameters" in scores["models"][m][name]), None)
     if first:
         hp = first["hyperparameters"]
@@ -117,15 +113,16 @@ def verdict(scores: dict) -> list[str]:
             for seed, v in (r.get("per_seed") or {}).items():
                 if r.get("majority_baseline") is not None and v.get("avg") is not None \
                         and v["avg"] <= r["majority_baseline"] + COLLAPSE_MARGIN:
-                    collapsed.append(f"- {m} / {task}, seed {seed}: {v['avg']:.1f}, the majority class "
-                                     f"{r['majority_baseline']:.1f}: this seed collapsed to one label")
+                    collapsed.append(f"- {m} / {task}, seed {seed}: {v['avg']:.1f}, within {COLLAPSE_MARGIN} of "
+                                     f"always answering the majority class ({r['majority_baseline']:.1f}): "
+                                     "this seed scored no better than one label would")
         if n:
             lines.append(f"- **{m}**: " + (f"above every trivial peer on all {n} tasks." if not short else
                                             f"at or below a trivial peer on {len(short)} of {n} tasks: "
                                             + "; ".join(short) + "."))
     if not lines:
         return []
-    return ["## Verdict", "", *lines, *(["", "Fine-tuning seeds that learned nothing:", "", *collapsed]
+    return ["## Verdict", "", *lines, *(["", "Fine-tuning seeds no better than the majority class:", "", *collapsed]
                                        if collapsed else []), ""]
 
 
@@ -147,11 +144,11 @@ def render(scores: dict) -> str:
             if t["kind"] in MAJORITY:
                 first = next((scores["models"][m][name]["languages"][lang] for m in models
                               if lang in scores["models"][m][name]["languages"]), {})
-                row["majority class"] = _fmt(first.get("majority_baseline"))
+                row["majority class"] = score(first.get("majority_baseline"))
             rows.append(row)
-        avg = {"language": "**average**", **{m: _fmt(scores["models"][m][name]["avg"]) for m in models}}
+        avg = {"language": "**average**", **{m: score(scores["models"][m][name]["avg"]) for m in models}}
         if t["kind"] in MAJORITY:
-            avg["majority class"] = _fmt(next((scores["models"][m][name].get("majority_baseline") for m in models
+            avg["majority class"] = score(next((scores["models"][m][name].get("majority_baseline") for m in models
                                                if scores["models"][m][name].get("majority_baseline") is not None),
                                               None))
         rows.append(avg)
@@ -162,19 +159,19 @@ def render(scores: dict) -> str:
                       + ", ".join(f"{k} {v}" for k, v in sorted(ex.items()) if v) + ").", ""]
         if t["kind"] == "qa":
             lines += ["Exact match (average): " + ", ".join(
-                f"{m} {_fmt(_mean([v.get('exact_match') for v in scores['models'][m][name]['languages'].values()]))}"
+                f"{m} {score(_mean([v.get('exact_match') for v in scores['models'][m][name]['languages'].values()]))}"
                 for m in models) + ".", ""]
         if t["kind"] in FINETUNED:
             lines += _finetune_notes(scores, name, models)
         if t["kind"] == "tatoeba":
             lines += ["en→xx acc@1 (average): " + ", ".join(
-                f"{m} {_fmt(scores['models'][m][name].get('avg_en_to_xx'))}" for m in models) + ".", ""]
+                f"{m} {score(scores['models'][m][name].get('avg_en_to_xx'))}" for m in models) + ".", ""]
         if any("by_layer" in scores["models"][m][name] for m in models):
             layer_rows = []
             for m in models:
                 r = scores["models"][m][name]
                 layer_rows.append({"model": m, "layer used": r.get("layer"),
-                                   **{f"layer {k}": _fmt(v) for k, v in sorted(r["by_layer"].items(), key=lambda x:
+                                   **{f"layer {k}": score(v) for k, v in sorted(r["by_layer"].items(), key=lambda x:
                                                                                  int(x[0]))}})
             lines += ["Average over languages by hidden-state index (0 = embeddings). Unless a task names its "
                       "layer, the layer used is XTREME's: its layer 7 of 12 for MLM encoders and XLM-E's layer 9 "
@@ -183,20 +180,20 @@ def render(scores: dict) -> str:
                       markdown_table(layer_rows), ""]
         if any("diagnostics" in scores["models"][m][name] for m in models):
             diag = [{"model": m, "mean cosine (anisotropy)": f"{d['mean_cosine']:.3f}",
-                     "acc@1 after per-language centring": _fmt(d["accuracy_centred"])}
+                     "acc@1 after per-language centring": score(d["accuracy_centred"])}
                     for m in models if (d := scores["models"][m][name].get("diagnostics"))]
             lines += ["Diagnostics at the layer used (not scores; see docs/stages/evaluate.md):", "",
                       markdown_table(diag), ""]
         gaps = {m: scores["models"][m][name].get("transfer_gap") for m in models}
         if any(v is not None for v in gaps.values()):
             lines += ["Transfer gap (train language − mean of the others): " +
-                      ", ".join(f"{m} {_fmt(v)}" for m, v in gaps.items()) + ".", ""]
+                      ", ".join(f"{m} {score(v)}" for m, v in gaps.items()) + ".", ""]
         protocol = (t.get("finetune") or {}).get("protocol") or "zero-shot"
         lines += paper_refs.task_section(name, t.get("xtreme_task"), metric, protocol, scores)
     refs = scores.get("references") or []
     if refs:
         cols = sorted({f"{task} {metric}" for r in refs for task, ms in r["scores"].items() for metric in ms})
-        rows = [{"model": r["model"], **{c: _fmt(r["scores"].get(c.split()[0], {}).get(c.split()[1]))
+        rows = [{"model": r["model"], **{c: score(r["scores"].get(c.split()[0], {}).get(c.split()[1]))
                                           for c in cols}} for r in refs]
         lines += ["## Published reference scores", "",
                   "What full-scale models reach on the XTREME tasks (fine-tuned where the task needs it; sources in "
