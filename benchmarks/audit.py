@@ -43,6 +43,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,8 +132,8 @@ def load_bench_spec():
 def bench_config(spec, upstream: dict[str, Path], ckdir: Path, *, steps: int, tasks: list[str], audit: bool,
                  rho: float | None = None):
     """train.json as the pretrain stage writes it (tasks.pretrain.train_json.train_config); the audit
-    run differs only in ``dro``, taken from the audit stage's builder (tasks.pretrain.train_json.audit_train_config)."""
-    from tasks.pretrain.train_json import audit_train_config
+    run differs only in ``dro``, taken from the audit stage's builder (tasks.audit.train_config.audit_train_config)."""
+    from tasks.audit.train_config import audit_train_config
     from tasks.pretrain.train_json import train_config
 
     cfg = train_config(spec, upstream, ckdir, None, None)
@@ -142,7 +143,7 @@ def bench_config(spec, upstream: dict[str, Path], ckdir: Path, *, steps: int, ta
     cfg.mlflow_run_id, cfg.mlflow_tracking_uri, cfg.system_metrics = None, None, False
     cfg.dro = audit_train_config(spec, upstream, ckdir, None, None).dro if audit else None
     if audit and rho is not None:
-        cfg.dro["rho"] = rho
+        cfg.dro.rho = rho
     return cfg
 
 
@@ -342,7 +343,8 @@ def components(spec, upstream: dict[str, Path], scratch: Path, batches: int) -> 
     from models.objectives import build_model
     from models.stats import Norms
     from models.masking import row_noise
-    from models.trainer import make_adversary, pair_totals
+    from models.adversary import PairAdversary
+    from models.audit_step import pair_totals
     from tasks.shards.loader import TrainingLoader
 
     threads = torch.get_num_threads()
@@ -356,7 +358,9 @@ def components(spec, upstream: dict[str, Path], scratch: Path, batches: int) -> 
         ld = TrainingLoader(cfg.shards_dir, cfg.sampling_dir, task="trtd", seed=cfg.seed, rank=0, world_size=2,
                             batch_size=cfg.batch_size // 2, max_tokens=cfg.trtd_max_tokens // 2, verify=False)
         data = list(itertools.islice(ld.batches(batches), batches))
-        adv = make_adversary(cfg, {"trtd": ld})  # as the trainer builds it
+        d = cfg.dro  # as models.audit_step.PairAudit builds it (its baselines are timed by the whole-run benchmark)
+        adv = PairAdversary(ld.names, ld.prior, rho=d.rho, min_ratio=d.min_ratio, ema=d.ema, weights=tuple(d.weights),
+                            steps=cfg.steps, resamples=d.resamples)
 
         def step(k: int, per_row: bool):
             b = data[k]
@@ -502,7 +506,7 @@ def step_overhead_benchmark(workspace: Path, *, steps: int, repeats: int, task_s
         "objective": spec.pretrain.objective, "batch_size": spec.pretrain.batch_size,
         "trtd_max_tokens": spec.pretrain.trtd_max_tokens, "zero_stage": spec.pretrain.zero_stage,
         "task_schedule": spec.pretrain.task_schedule, "trtd_ratio": spec.pretrain.trtd_ratio,
-        "dro": {k: v for k, v in dro.items() if k != "state_file"}, "steps": steps, "skip_first_steps": skip,
+        "dro": {k: v for k, v in asdict(dro).items() if k != "state_file"}, "steps": steps, "skip_first_steps": skip,
         "repeats": repeats, "ranks": ranks,
         "backend": "gloo (CPU)", "omp_num_threads_per_rank": omp,
         "versions": {"torch": torch.__version__, "deepspeed": deepspeed.__version__},

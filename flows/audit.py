@@ -33,7 +33,7 @@ def audit(ctx: StageContext) -> StageOutcome:
     from models.adversary import STATE_FILE
     from tasks.audit.report import write_output
     from tasks.pretrain import publish
-    from tasks.pretrain.train_json import audit_train_config
+    from tasks.audit.train_config import audit_train_config
 
     spec, p, tracker = ctx.spec, ctx.spec.pretrain, ctx.tracker
     ckdir = checkpoint_dir(ctx)

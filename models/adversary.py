@@ -36,12 +36,31 @@ def binary_entropy(p: np.ndarray) -> np.ndarray:
 
 class PairAdversary:
     def __init__(self, pairs: list[str], prior: np.ndarray, *, rho: float, min_ratio: float, ema: float,
-                 weights: tuple[float, float], steps: int, resamples: int, excess: bool = False):
-        """``weights``: (w_G, w_D), each pair's loss is w_G·L_G + w_D·L_D.  ``excess``: the adversary
-        reads each pair's loss minus its baseline (the same loss of the pair's two sides run
-        alone, :meth:`observe`'s ``base``): what the translation does not explain."""
-        self.excess = bool(excess)
+                 weights: tuple[float, float], steps: int, resamples: int, baseline: str | None = None,
+                 languages: list[str] | None = None):
+        """``weights``: (w_G, w_D), each pair's loss is w_G·L_G + w_D·L_D.  ``baseline``: the adversary
+        reads each pair's loss minus a baseline (pair_loss excess), None: the loss itself.
+
+        - ``language``: the mean of its two languages' losses on their own monolingual text
+          (:meth:`observe`'s ``lang``, one column per entry of ``languages``): what neither
+          language's difficulty explains.  Text the pair memorised or gives away (a hub's
+          repeated target, a copy) sits far below it; a noisy pair near it.
+        - ``sides``: the same loss of the pair's own two sentences run alone (``base``): what the
+          translation does not explain, pair by pair.
+        - ``larger``: the larger of the two, the language's put on the sides' scale first (see
+          :func:`excess_baselines`): a pair whose own sentences are far easier than its languages'
+          text (memorised repeats, a copy) is held to its languages' difficulty."""
+        if baseline not in (None, "language", "sides", "larger"):
+            raise ValueError(f"unknown baseline {baseline!r}")
+        self.baseline = baseline
+        self.languages = list(languages or [])
         self.pairs = list(pairs)
+        if baseline in ("language", "larger"):
+            lang = {x: i for i, x in enumerate(self.languages)}
+            missing = sorted({x for p in self.pairs for x in p.split("-")} - set(lang))
+            if missing:
+                raise ValueError(f"no monolingual baseline for language(s) {', '.join(missing)}")
+            self.sides = np.array([[lang[x] for x in p.split("-")] for p in self.pairs], dtype=np.int64)
         self.index = {p: i for i, p in enumerate(self.pairs)}
         self.prior = np.asarray(prior, dtype=np.float64) / np.sum(prior)
         self.rho, self.min_ratio, self.ema_rate = rho, min_ratio, ema  # the spec's audit.ema
@@ -50,6 +69,7 @@ class PairAdversary:
         n = len(self.pairs)
         # EMAs stay NaN until a pair is first seen: an unseen pair has no loss, not a made-up one
         self.ema = {k: np.full(n, np.nan) for k in ("loss", "g", "d", "d_base", "base")}
+        self.lang_ema = np.full(len(self.languages), np.nan)  # baseline language: each language's own loss
         self.rows = np.zeros(n, dtype=np.int64)
         self.last_step = np.full(n, -1, dtype=np.int64)
         self.q = self.prior.copy()
@@ -69,29 +89,40 @@ class PairAdversary:
         return loss, g, d, d_base, rows > 0
 
     def _fold(self, key: str, x: np.ndarray, seen: np.ndarray) -> None:
-        old = self.ema[key]
+        old = self.lang_ema if key == "lang" else self.ema[key]
         upd = seen & np.isfinite(x)
         first = upd & np.isnan(old)
         old[first] = x[first]
         later = upd & ~first
         old[later] = (1 - self.ema_rate) * old[later] + self.ema_rate * x[later]
 
-    def observe(self, step: int, sums: np.ndarray, base: np.ndarray | None = None) -> None:
+    def observe(self, step: int, sums: np.ndarray, base: np.ndarray | None = None,
+                lang: np.ndarray | None = None) -> None:
         """Fold one optimizer step's per-pair sums (n_pairs × SUM_FIELDS, all ranks) into the EMAs;
-        ``base``: the same sums of the pairs' sides run alone, on the steps that computed them."""
+        ``base``: the same sums of the pairs' sides run alone, ``lang``: of each language's
+        monolingual rows (n_languages × SUM_FIELDS), on the steps that computed them."""
         loss, g, d, d_base, seen = self._weighted(sums)
         for key, x in (("loss", loss), ("g", g), ("d", d), ("d_base", d_base)):
             self._fold(key, x, seen)
         if base is not None:
             alone, *_, base_seen = self._weighted(base)
             self._fold("base", alone, base_seen)
+        if lang is not None:
+            own, *_, lang_seen = self._weighted(lang)
+            self._fold("lang", own, lang_seen)
         self.rows += np.asarray(sums, dtype=np.float64)[:, -1].astype(np.int64)
         self.last_step[seen] = step
 
+    def baselines(self) -> np.ndarray:
+        """Each pair's baseline (NaN until seen; all NaN without one)."""
+        own = self.lang_ema[self.sides].mean(axis=1) if self.baseline in ("language", "larger") else None
+        return excess_baselines(self.baseline, self.ema["base"], own)
+        return np.full(len(self.pairs), np.nan)
+
     def pair_losses(self) -> np.ndarray:
-        """What the adversary ranks: each pair's loss EMA, or with ``excess`` its excess over the
-        baseline (NaN until both were seen)."""
-        return self.ema["loss"] - self.ema["base"] if self.excess else self.ema["loss"]
+        """What the adversary ranks: each pair's loss EMA, or its excess over the baseline
+        (NaN until both were seen)."""
+        return self.ema["loss"] - self.baselines() if self.baseline else self.ema["loss"]
 
     def due(self, step: int) -> bool:
         """Whether q is re-solved before optimizer step ``step`` (0-based) runs."""
@@ -128,20 +159,47 @@ class PairAdversary:
                 "ema": {k: _list(v) for k, v in self.ema.items()}, "rows": self.rows.tolist(),
                 "last_step": self.last_step.tolist(), "q": self.q.tolist(), "trajectory": self.trajectory,
                 "rho": self.rho, "min_ratio": self.min_ratio, "ema_rate": self.ema_rate, "weights": list(self.weights),
-                "excess": self.excess}
+                "baseline": self.baseline, "languages": self.languages, "lang_ema": _list(self.lang_ema)}
 
     def load_state_dict(self, state: dict) -> None:
-        if state["pairs"] != self.pairs or list(state["weights"]) != list(self.weights) \
-                or bool(state.get("excess", False)) != self.excess:
+        saved = state.get("baseline", "sides" if state.get("excess") else None)  # "excess": states before baselines
+        if state["pairs"] != self.pairs or list(state["weights"]) != list(self.weights) or saved != self.baseline \
+                or list(state.get("languages", [])) != self.languages:
             raise ValueError("the checkpoint's audit state is for other language pairs or another pair loss; train "
                              "again with --force")
         self.ema = {k: np.full(len(self.pairs), np.nan) for k in self.ema}  # a state from before "base": all NaN
         self.ema.update({k: np.array([np.nan if v is None else v for v in vals], dtype=np.float64)
                          for k, vals in state["ema"].items()})
+        self.lang_ema = np.array([np.nan if v is None else v for v in state.get("lang_ema", [])] or
+                                 np.full(len(self.languages), np.nan), dtype=np.float64)
         self.rows = np.array(state["rows"], dtype=np.int64)
         self.last_step = np.array(state["last_step"], dtype=np.int64)
         self.q = np.array(state["q"], dtype=np.float64)
         self.trajectory = list(state["trajectory"])
+
+
+def excess_baselines(kind: str | None, sides: np.ndarray, languages: np.ndarray | None) -> np.ndarray:
+    """Each pair's baseline for pair_loss excess (NaN until measured), from the EMAs of its sides
+    run alone and of its two languages' monolingual text (the mean of the two).
+
+    ``larger`` compares the two on one scale: the monolingual text is packed documents, not
+    single sentences, so its loss sits at another level (about 3 above the sides' on the planted
+    corpus, the same for every pair); only its differences between pairs mean anything.  The
+    language baselines are shifted by the median gap over the pairs, then the larger of the two is
+    taken: a typical pair keeps its own sentences' baseline (the translation's help, measured on
+    the very sentences), a pair whose sentences are easier than its languages by more than
+    pairs typically are (a hub's repeated target, a copy, another language's text) is measured
+    against its languages."""
+    if kind is None:
+        return np.full(len(sides), np.nan)
+    if kind == "sides":
+        return sides
+    if kind == "language":
+        return languages
+    gap = languages - sides
+    if not np.isfinite(gap).any():
+        return np.full(len(sides), np.nan)
+    return np.maximum(sides, languages - np.nanmedian(gap))  # NaN until both were measured
 
 
 def _list(a: np.ndarray) -> list:

@@ -14,6 +14,20 @@ from pathlib import Path
 
 
 @dataclass
+class DroConfig:
+    """The audit's adversary (models.adversary), from the spec's ``audit`` section
+    (tasks.audit.train_config)."""
+    rho: float
+    min_ratio: float
+    ema: float
+    resamples: int
+    weights: list[float]        # (w_G, w_D): each pair's loss is w_G·L_G + w_D·L_D
+    baseline: str | None        # pair_loss excess: sides | language | larger; None: the loss itself
+    baseline_every: int
+    state_file: str             # where rank 0 writes the adversary's final state
+
+
+@dataclass
 class TrainConfig:
     # where things are
     shards_dir: str
@@ -46,8 +60,7 @@ class TrainConfig:
     keep_checkpoints: int
     seed: int
     init_from: str | None       # a safetensors file of every weight to start from (the audit's init: pretrain)
-    dro: dict | None            # the audit's adversary (models.adversary): rho, min_ratio, ema, resamples,
-                                # state_file; None in a plain pretrain run
+    dro: DroConfig | None       # the audit's adversary; None in a plain pretrain run
     # how it is observed
     log_every: int
     mlflow_tracking_uri: str | None
@@ -65,6 +78,12 @@ class TrainConfig:
             raise ValueError(f"{path}: unknown train.json keys {sorted(unknown)}, missing {sorted(missing)}; "
                              "it was written by another xylent version: rerun the pretrain stage to rewrite it")
         data["betas"] = tuple(data["betas"])
+        if data["dro"] is not None:
+            known = {f.name for f in fields(DroConfig)}
+            if set(data["dro"]) != known:
+                raise ValueError(f"{path}: train.json's dro has keys {sorted(data['dro'])}, not {sorted(known)}: "
+                                 "it was written by another xylent version: rerun the audit stage to rewrite it")
+            data["dro"] = DroConfig(**data["dro"])
         return cls(**data)
 
     def save(self, path: str | Path) -> None:

@@ -57,15 +57,14 @@ import torch.distributed as dist  # noqa: E402
 phase("torch_imported")
 
 from models.config import EncoderConfig  # noqa: E402
+from models.audit_step import make_audit  # noqa: E402
 from models.masking import row_noise  # noqa: E402
 from models.objectives import build_model  # noqa: E402
-from models.pairs import split_pair  # noqa: E402
 from models.optim import flops_per_token, lr_lambdas, make_optimizer, peak_tflops, warmup_linear_decay  # noqa: E402
 from models.rank import restore_rng, save_rng, watch_parent  # noqa: E402
 from models.run_config import TrainConfig  # noqa: E402
 from models.stats import Norms, Stats  # noqa: E402
 from tasks.shards.loader import TrainingLoader  # noqa: E402  (the shard contract: all models take from tasks)
-from xylent.atomic import write_json_atomic  # noqa: E402
 
 phase("xylent_modules_imported")
 
@@ -279,8 +278,9 @@ def train(cfg: TrainConfig) -> None:
                                  batch_size=cfg.batch_size // world, max_tokens=cfg.trtd_max_tokens // world,
                                  verify=rank == 0)
                for t in cfg.tasks}
+    audit = make_audit(cfg, loaders, engine, rank, world, device)  # NO_AUDIT in a plain pretrain run
+    loaders.update(audit.loaders())
     unigram = UnigramBaseline(enc.vocab_size, enc.special_ids, device)
-    adversary = make_adversary(cfg, loaders)
     ckroot = Path(cfg.checkpoint_dir)
     start = 0
     done = complete_checkpoints(ckroot)
@@ -289,10 +289,9 @@ def train(cfg: TrainConfig) -> None:
         tag = done[-1].name
         _, client = engine.load_checkpoint(str(ckroot), tag=tag)
         start = int(client["step"])
+        audit.restore(client)  # first: a checkpoint of another audit (its loaders too) is refused by name
         for t, state in client["loaders"].items():
             loaders[t].load_state_dict(state)
-        if adversary is not None:
-            adversary.load_state_dict(client["adversary"])
         if "objective" in client:
             engine.module.load_objective_state(client["objective"])
         if "unigram_counts" in client:
@@ -309,13 +308,14 @@ def train(cfg: TrainConfig) -> None:
     phase("loaders_open")  # and a checkpoint restored, where there is one
     sink = MetricsSink(cfg, start) if rank == 0 else None
     phase("metrics_sink_open")  # rank 0: MLflow's client (and system metrics) when the run is tracked
-    schedule = adversary.schedule if adversary is not None else []
+    schedule = audit.schedule
 
     def segment(a: int) -> dict:
         """Each task's batches from step ``a`` to the next re-sampling (or the end): exactly
         those, so none is drawn ahead with weights that are about to change."""
         b = next((s for s in schedule if s > a), cfg.steps)
-        return {t: loaders[t].batches(sum(task_plan(cfg, s).count(t) for s in range(a, b))) for t in cfg.tasks}
+        out = {t: loaders[t].batches(sum(task_plan(cfg, s).count(t) for s in range(a, b))) for t in cfg.tasks}
+        return {**out, **audit.batches(a, b)}
 
     iters = None
     seq_len = loaders[cfg.tasks[0]].seq_len
@@ -328,14 +328,12 @@ def train(cfg: TrainConfig) -> None:
         sums: dict[str, torch.Tensor] = {}
         unigram_sums: dict[str, torch.Tensor] = {}
         resampled, gauges = {}, {}
-        if adversary is not None and adversary.due(step):
-            loaders["trtd"].set_weights(adversary.resample(step))
-            resampled, iters = adversary.metrics(), None
+        if audit.due(step):
+            loaders["trtd"].set_weights(audit.resample(step))
+            resampled, iters = audit.metrics(), None
         if iters is None or step in schedule:
             iters = segment(step)
-        pair_sums = torch.zeros(len(adversary.pairs), 6, dtype=torch.float64, device=device) if adversary else None
-        base_sums = (torch.zeros_like(pair_sums) if adversary is not None and adversary.excess
-                     and step % cfg.dro["baseline_every"] == 0 else None)
+        audit.begin(step, iters)
         plan, unclipped_norm = task_plan(cfg, step), None
         for micro, task in enumerate(plan):
             batch = next(iters[task])
@@ -347,13 +345,12 @@ def train(cfg: TrainConfig) -> None:
             rows = [rank + world * k for k in range(ids.shape[0])]
             noise = row_noise(cfg.seed, step, micro, rows, (~pad).sum(1).tolist(), ids.shape[1]).to(device)
             unigram_sums[task] = unigram_sums.get(task, 0) + unigram(ids, pad, world).cpu()
-            per_row = pair_sums is not None and task == "trtd"
-            if per_row and base_sums is not None:  # before the pair's own pass: a model may keep state from it
-                base_sums += pair_totals(sides_alone(engine, ids, pad, seg, cfg.seed, step, micro, rows),
-                                         batch["pairs"], adversary.index, world)
+            per_row = audit.wants_rows(task)
+            if per_row:
+                audit.before_pass(ids, pad, seg, batch, step, micro, rows)
             st = engine(ids, pad, seg, noise, per_row=per_row)
             if per_row:
-                pair_sums += pair_totals(st.rows, batch["pairs"], adversary.index, world)
+                audit.after_pass(st, batch)
             reduced = torch.cat([st.sums(), st.counts()])
             if world > 1:
                 dist.all_reduce(reduced)
@@ -367,8 +364,7 @@ def train(cfg: TrainConfig) -> None:
             gauges.update(st.extra)
         if cuda:
             torch.cuda.synchronize()
-        if adversary is not None:
-            adversary.observe(step, pair_sums.cpu().numpy(), None if base_sums is None else base_sums.cpu().numpy())
+        audit.end(step)
         seconds = time.perf_counter() - t0
         done_step = step + 1
         if rank == 0:
@@ -392,72 +388,16 @@ def train(cfg: TrainConfig) -> None:
         if step == start:
             phase("first_step")
         if done_step % cfg.checkpoint_every == 0 or done_step == cfg.steps:
-            extra = {"unigram_counts": unigram.counts.cpu()}
-            if adversary is not None:
-                extra["adversary"] = adversary.state_dict()
+            extra = {"unigram_counts": unigram.counts.cpu(), **audit.state()}
             if hasattr(engine.module, "objective_state"):
                 extra["objective"] = engine.module.objective_state()
             save_checkpoint(engine, cfg, ckroot, done_step, {t: ld.state_dict() for t, ld in loaders.items()},
                             rank, world, cuda, extra)
     if sink is not None:
         sink.close()
-    if adversary is not None and rank == 0:
-        write_json_atomic(Path(cfg.dro["state_file"]), adversary.state_dict())
+    audit.finish(rank)
     dist.barrier()
     phase("trained")
-
-
-def make_adversary(cfg: TrainConfig, loaders: dict):
-    """The audit's adversary over the TRTD pairs (None in a plain pretrain run); its prior
-    is the loader's pair table, i.e. the sampling stage's pair_method column."""
-    if not cfg.dro:
-        return None
-    from models.adversary import PairAdversary
-
-    if "trtd" not in loaders:
-        raise SystemExit("xylent: the audit re-weights TRTD language pairs, but pretrain.tasks has no 'trtd'")
-    trtd = loaders["trtd"]
-    return PairAdversary(trtd.names, trtd.prior, rho=cfg.dro["rho"], min_ratio=cfg.dro["min_ratio"],
-                         ema=cfg.dro["ema"], weights=tuple(cfg.dro["weights"]), steps=cfg.steps,
-                         resamples=cfg.dro["resamples"], excess=bool(cfg.dro.get("excess")))
-
-
-@torch.no_grad()
-def sides_alone(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Tensor, seed: int, step: int, micro: int,
-                rows: list[int]) -> torch.Tensor:
-    """The audit's excess baseline: each TRTD row's two sentences run alone, as monolingual rows
-    (``<s> x </s>``, ``<s> y </s>``; a forward pass, no backward), their per-row losses and
-    counts added back into one column per pair row: the same loss without the translation's
-    help.  Its own noise stream (micro-batch index + BASELINE_NOISE), so the training pass's
-    masks do not move."""
-    module = engine.module
-    pad_id, bos = module.cfg.special("pad"), module.cfg.special("bos")
-    x, _, y, _ = split_pair(ids, pad, seg, bos, pad_id)
-    width = max(x.shape[1], y.shape[1])
-    alone = torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1]), value=pad_id),
-                       torch.nn.functional.pad(y, (0, width - y.shape[1]), value=pad_id)])
-    alone_pad = alone == pad_id
-    both = [*rows, *(r + BASELINE_ROWS for r in rows)]  # y's rows: noise of their own
-    noise = row_noise(seed, step, micro + BASELINE_NOISE, both, (~alone_pad).sum(1).tolist(), width).to(ids.device)
-    st = engine(alone, alone_pad, None, noise, per_row=True)
-    b = ids.shape[0]
-    return st.rows[:, :b] + st.rows[:, b:]
-
-
-BASELINE_NOISE = 1 << 20  # far above any micro-batch index: the baseline's noise never repeats a training pass's
-BASELINE_ROWS = 1 << 30   # far above any global row index
-
-
-def pair_totals(rows: torch.Tensor, pairs: list[str], index: dict[str, int], world: int) -> torch.Tensor:
-    """Per-pair sums of a micro-batch's per-row losses and counts (+ a row count), summed over
-    all ranks: a batch mixes pairs, and each rank holds a different share of them."""
-    # on the CPU (a few rows): index_add_ on CUDA adds atomically, in no fixed order
-    per = torch.cat([rows.detach().cpu().double(), torch.ones(1, rows.shape[1], dtype=torch.float64)]).T
-    idx = torch.tensor([index[p] for p in pairs], dtype=torch.long)
-    out = torch.zeros(len(index), per.shape[1], dtype=torch.float64).index_add_(0, idx, per).to(rows.device)
-    if world > 1:
-        dist.all_reduce(out)
-    return out
 
 
 def save_checkpoint(engine, cfg: TrainConfig, root: Path, step: int, loader_states: dict, rank: int, world: int,

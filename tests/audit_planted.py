@@ -4,7 +4,7 @@ Every pair is English ⇄ xx from the catalogs (about 1 000 real translations ea
 are spoiled on purpose:
 
 - ``noisy``: the xx side is shuffled, so no row is a translation of its English
-  (XY-LENT §6.6: noisy pairs are pushed up);
+  (XY-LENT §6.6: noisy pairs are pushed up); ``shuffled`` < 1 spoils only that share of it;
 - ``copy``: the xx side is the English sentence itself (TRTD becomes trivial: §6.6's
   near duplicates, ca-es and cs-sk, are pushed down);
 - ``hub``: every block of ``HUB_SOURCES`` English sentences is aligned to the
@@ -27,10 +27,11 @@ PLANTED = {"noisy": "de", "copy": "ca", "hub": "tr"}
 HUB_SOURCES = 8  # as en-xh in the paper: many English sentences aligned to one target
 
 
-def planted_pairs(seed: int = 0, max_pairs: int | None = None
+def planted_pairs(seed: int = 0, max_pairs: int | None = None, shuffled: float = 1.0
                   ) -> tuple[dict[str, list[tuple[str, str]]], dict[str, list[str]]]:
     """(pair name ``en-xx`` -> rows (en, xx) with the defects planted, language -> its real
-    sentences: the vocabulary's monolingual text)."""
+    sentences: the vocabulary's monolingual text).  ``shuffled``: the share of the noisy pair's
+    rows whose xx side is shuffled (among themselves); the rest stay translations."""
     from tasks.evaluate.data import package_pairs
 
     langs = CLEAN + list(PLANTED.values())
@@ -42,8 +43,11 @@ def planted_pairs(seed: int = 0, max_pairs: int | None = None
     for lang in langs:
         xx, en = real[lang]
         if lang == PLANTED["noisy"]:
-            xx = xx[:]
-            rng.shuffle(xx)
+            xx, spoiled = xx[:], rng.sample(range(len(xx)), round(shuffled * len(xx)))
+            moved = [xx[i] for i in spoiled]
+            rng.shuffle(moved)
+            for i, x in zip(spoiled, moved):
+                xx[i] = x
         elif lang == PLANTED["copy"]:
             xx = en[:]
         elif lang == PLANTED["hub"]:  # blocks of HUB_SOURCES English sentences share one target
@@ -52,11 +56,12 @@ def planted_pairs(seed: int = 0, max_pairs: int | None = None
     return out, mono
 
 
-def write_corpus(out: Path, *, seed: int = 0, steps: int = 1500, max_pairs: int | None = None) -> Path:
+def write_corpus(out: Path, *, seed: int = 0, steps: int = 1500, max_pairs: int | None = None,
+                 shuffled: float = 1.0) -> Path:
     """The tsv files and a spec that trains the audit on them; returns the spec's path."""
     out.mkdir(parents=True, exist_ok=True)
     sources = []
-    pairs, mono = planted_pairs(seed, max_pairs)
+    pairs, mono = planted_pairs(seed, max_pairs, shuffled)
     for pair, rows in pairs.items():
         path = out / f"{pair}.tsv"
         path.write_text("".join(f"{a}\t{b}\n" for a, b in rows), encoding="utf-8")

@@ -15,7 +15,7 @@ from models.stats import ROW_FIELDS
 from models.masking import row_noise
 from models.dro import chi2_best_response
 from models.adversary import SUM_FIELDS, PairAdversary, binary_entropy, resample_steps
-from tasks.audit.output import audit_table, trajectory_table
+from tasks.audit.output import audit_table, pair_baselines, trajectory_table
 from tasks.vocab.specials import SPECIAL_PIECES
 
 SPECIALS = dict(zip(("unk", "bos", "eos", "pad", "mask"), range(len(SPECIAL_PIECES))))
@@ -138,7 +138,7 @@ def test_a_step_without_a_weighted_component_gives_no_loss_not_a_smaller_one():
 def test_the_excess_pair_loss_ranks_what_the_translation_leaves_unexplained():
     """pair_loss: excess.  A hard clean pair (high loss, its sides alone higher still) ranks below
     a noisy pair of an easy language (its translation explains nothing: loss = alone)."""
-    adv = _adversary(excess=True, weights=(1.0, 1.0))
+    adv = _adversary(baseline="sides", weights=(1.0, 1.0))
     #            g_loss, g_count, d_loss, d_count, d_pos, rows
     pair = _sums({0: (60.0, 10, 2.0, 20, 5, 1),    # hard, clean: 6.0 + 0.1
                   1: (30.0, 10, 2.0, 20, 5, 1),    # easy, noisy: 3.0 + 0.1
@@ -159,20 +159,80 @@ def test_the_excess_pair_loss_ranks_what_the_translation_leaves_unexplained():
     plain.observe(0, pair)
     assert np.argmax(plain.resample(2) / plain.prior) == 0, "the paper's loss puts the hard clean pair on top"
     state = json.loads(json.dumps(adv.state_dict()))
-    back = _adversary(excess=True, weights=(1.0, 1.0))
+    back = _adversary(baseline="sides", weights=(1.0, 1.0))
     back.load_state_dict(state)
     assert back.state_dict() == state
     table = audit_table(state)
     row = table.filter(table["pair"] == "a-c").to_dicts()[0]
-    assert (row["alone_loss_ema"], row["excess_loss_ema"]) == pytest.approx((3.1, 0.0))
+    assert (row["baseline_loss_ema"], row["excess_loss_ema"]) == pytest.approx((3.1, 0.0))
     with pytest.raises(ValueError, match="another pair loss"):
         _adversary(weights=(1.0, 1.0)).load_state_dict(state)
 
 
+def test_the_language_baseline_puts_memorised_pairs_down_and_noisy_ones_up():
+    """baseline language: each pair's loss against the mean of its two languages' own losses.
+    A hub pair whose repeated target the model memorised falls far below its languages, a noisy
+    pair sits at them, a clean pair of a hard language (its languages hard too) in between."""
+    adv = _adversary(baseline="language", weights=(1.0, 1.0), languages=["a", "b", "c", "d"])
+    #            g_loss, g_count, d_loss, d_count, d_pos, rows
+    pair = _sums({0: (20.0, 10, 2.0, 20, 5, 1),    # a-b, a hub: 2.0 + 0.1
+                  1: (50.0, 10, 2.0, 20, 5, 1),    # a-c, noisy: 5.0 + 0.1
+                  2: (60.0, 10, 2.0, 20, 5, 1),    # b-c, clean and hard: 6.0 + 0.1
+                  3: (70.0, 10, 2.0, 20, 5, 1)})   # c-d, never gets a language baseline for d
+    own = np.array([(40.0, 10, 2.0, 20, 5, 2),     # a: 4.1
+                    (80.0, 10, 2.0, 20, 5, 2),     # b: 8.1
+                    (60.0, 10, 2.0, 20, 5, 2),     # c: 6.1
+                    (0.0, 0, 0.0, 0, 0, 0)])       # d: no row this step
+    adv.observe(0, pair, lang=own)
+    assert adv.baselines()[:3] == pytest.approx([6.1, 5.1, 7.1]) and np.isnan(adv.baselines()[3])
+    assert adv.pair_losses()[:3] == pytest.approx([-4.0, 0.0, -1.0])
+    w = adv.resample(1) / adv.prior
+    assert w[1] > w[2] > 1 > w[0] and w[3] == 1.0, "noisy on top, the hub lowest, the pair without a baseline at Q"
+    state = json.loads(json.dumps(adv.state_dict()))
+    table = audit_table(state)
+    row = table.filter(table["pair"] == "a-b").to_dicts()[0]
+    assert (row["baseline_loss_ema"], row["excess_loss_ema"]) == pytest.approx((6.1, -4.0))
+    with pytest.raises(ValueError, match="another pair loss"):
+        _adversary(baseline="sides", weights=(1.0, 1.0)).load_state_dict(state)
+    with pytest.raises(ValueError, match="no monolingual baseline for language"):
+        _adversary(baseline="language", languages=["a", "b"])
+
+
+def test_the_larger_baseline_holds_a_memorised_pair_to_its_languages():
+    """baseline larger: max(its sentences alone, its languages' text shifted by the median gap
+    between the two).  A hub whose repeated target is far easier alone than its languages is held
+    to them; a noisy and a clean pair keep their own sentences' baseline."""
+    adv = _adversary(baseline="larger", weights=(1.0, 1.0), languages=["a", "b", "c", "d"])
+    #            g_loss, g_count, d_loss, d_count, d_pos, rows
+    pair = _sums({0: (20.0, 10, 2.0, 20, 5, 1),    # a-b, a hub: 2.1
+                  1: (50.0, 10, 2.0, 20, 5, 1),    # a-c, noisy: 5.1
+                  2: (60.0, 10, 2.0, 20, 5, 1)})   # b-c, clean: 6.1
+    alone = _sums({0: (20.0, 10, 2.0, 20, 5, 1),   # 2.1: the repeated target, memorised
+                   1: (50.0, 10, 2.0, 20, 5, 1),   # 5.1: no help from the translation
+                   2: (65.0, 10, 2.0, 20, 5, 1)})  # 6.6: the translation helps by 0.5
+    own = np.array([(40.0, 10, 2.0, 20, 5, 2), (80.0, 10, 2.0, 20, 5, 2), (40.0, 10, 2.0, 20, 5, 2),
+                    (0.0, 0, 0.0, 0, 0, 0)])       # a 4.1, b 8.1, c 4.1: pairs 6.1, 4.1, 6.1
+    adv.observe(0, pair, alone, own)
+    # gaps language - sides: 4.0, -1.0, -0.5; median -0.5: the languages' baselines + 0.5
+    assert adv.baselines()[:3] == pytest.approx([6.6, 5.1, 6.6]) and np.isnan(adv.baselines()[3])
+    assert adv.pair_losses()[:3] == pytest.approx([-4.5, 0.0, -0.5])
+    assert pair_baselines(json.loads(json.dumps(adv.state_dict())))[:3] == pytest.approx([6.6, 5.1, 6.6])
+
+
+def test_the_language_baseline_runs_the_whole_documents_of_a_pack():
+    from models.audit_step import sentences
+
+    pack = np.array([0, 5, 6, 2, 7, 8, 9, 2, 10, 11, 2, 12, 2, 1, 1])  # <s> …cut </s> d1 </s> d2 </s> cut… </s> pad
+    assert [x.tolist() for x in sentences(pack, 0, 2, 1)] == [[7, 8, 9], [10, 11]]
+    long_doc = np.array([0, *range(10, 80), 2])  # one document longer than the pack: 32-token stretches
+    assert [len(x) for x in sentences(long_doc, 0, 2, 1)] == [32, 32]
+    assert sentences(np.array([0, 2, 1]), 0, 2, 1) == []
+
+
 def test_the_baseline_is_each_sentence_run_alone():
-    """models.trainer.sides_alone against each side's rows run by hand, one row at a time."""
+    """models.audit_step.sides_alone against each side's rows run by hand, one row at a time."""
     from models.pairs import split_pair
-    from models.trainer import BASELINE_NOISE, BASELINE_ROWS, sides_alone
+    from models.audit_step import BASELINE_NOISE, BASELINE_ROWS, sides_alone
 
     cfg = preset("tiny", vocab_size=300, specials=SPECIALS, dropout=0.0)
     torch.manual_seed(0)

@@ -142,6 +142,8 @@ def test_excluding_pairs_reruns_sampling_not_the_data_stages(demo_run, run_cli, 
     ("audit.resamples=0", "audit.resamples"),
     ("audit.init=imagenet", "audit.init"),
     ("audit.ema=1.5", "audit.ema"),
+    ("audit.pair_loss=excesss", "audit.pair_loss"),
+    ("audit.baseline=median", "audit.baseline"),
     ("sampling.exclude_pairs=[en-en]", "malformed language pair 'en-en'"),
 ])
 def test_bad_audit_specs_exit_2(run_cli, override, message):
@@ -169,8 +171,9 @@ def _state(out: str) -> dict:
 def test_the_q_trajectory_is_exact_after_a_resume_and_the_same_on_two_ranks(demo_run, run_cli, tmp_path):
     """A run stopped after its checkpoint at step 20 (a re-sampling step) and rerun: the same q
     trajectory as an uninterrupted run, bit for bit; 2 ranks: the same up to float noise. With
-    pair_loss excess, whose baseline passes (every 5 steps) add their own noise stream and EMA:
-    the paper's form is the same run without them. (The audit trains through pretrain's trainer
+    the default pair loss (excess, baseline larger), whose baseline passes (every 5 steps: each
+    micro-batch's sides alone, a batch of monolingual sentences from a loader of its own) add their
+    own noise streams and EMAs: the paper's form is the same run without them. (The audit trains through pretrain's trainer
     and checkpoints: what a kill -9 leaves behind is tests/test_pretrain.py's.)"""
     _, demo_ws = demo_run
 
@@ -179,12 +182,13 @@ def test_the_q_trajectory_is_exact_after_a_resume_and_the_same_on_two_ranks(demo
 
     whole_ws = linked("whole")
     args = ["run", "audit", "--spec", str(DEMO), "--json", *SHORT, "--set", "pretrain.keep_checkpoints=4",
-            "--set", "audit.pair_loss=excess", "--set", "audit.baseline_every=5"]
+            "--set", "audit.baseline_every=5"]
     rc, out, err = run_cli(*args, "--workspace", whole_ws)
     assert rc == 0, err[-3000:]
     whole = _state(out)
-    assert [t["step"] for t in whole["trajectory"]] == [10, 20, 30] and whole["excess"]
+    assert [t["step"] for t in whole["trajectory"]] == [10, 20, 30] and whole["baseline"] == "larger"
     assert any(v is not None for v in whole["ema"]["base"]), "the sides-alone baseline was computed"
+    assert sum(v is not None for v in whole["lang_ema"]) >= 15, "most of the 20 languages' baselines were measured"
 
     stopped_ws = stopped_after(whole_ws, linked("stopped"), "audit", 20)
     rc, out, err = run_cli(*args, "--workspace", stopped_ws)

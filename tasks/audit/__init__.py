@@ -3,3 +3,5 @@
 The adversary that trains with the model and its χ² best response run inside the ranks:
 :mod:`models.adversary` and :mod:`models.dro`.
 """
+
+from models.dro import chi2_best_response, chi2_divergence  # noqa: E402,F401  (the names docs and benchmarks use)

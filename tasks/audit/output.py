@@ -4,8 +4,8 @@
                          it), prior (Q), q_final, w_final (= q_final / Q), w_mean (w averaged over
                          the K re-samplings), q_unfloored, w_unfloored (the best response without the
                          floor), loss_ema (the pair loss audit.pair_loss names), g_loss_ema,
-                         d_loss_ema, d_base_loss_ema, alone_loss_ema and excess_loss_ema (pair_loss
-                         excess: the loss of the pair's sides run alone, and loss_ema minus it),
+                         d_loss_ema, d_base_loss_ema, baseline_loss_ema and excess_loss_ema (pair_loss
+                         excess: the baseline audit.baseline names, and loss_ema minus it),
                          left_base_rate, rows_trained, rank_up (1 = most up-weighted by w_final),
                          rank_up_mean (by w_mean), verdict, and the evidence columns
                          (tasks.audit.evidence)
@@ -52,6 +52,21 @@ def trajectory_table(state: dict) -> pl.DataFrame:
     return pl.concat(frames).cast(schema) if frames else pl.DataFrame(schema=schema)
 
 
+def pair_baselines(state: dict) -> np.ndarray:
+    """Each pair's excess baseline from an adversary state (models.adversary.excess_baselines);
+    all NaN without one."""
+    from models.adversary import excess_baselines
+
+    n = len(state["pairs"])
+    kind = state.get("baseline", "sides" if state.get("excess") else None)  # "excess": states before baselines
+    sides = np.array([np.nan if x is None else x for x in state["ema"].get("base") or [None] * n], dtype=np.float64)
+    langs = None
+    if kind in ("language", "larger"):
+        own = dict(zip(state["languages"], (np.nan if x is None else x for x in state["lang_ema"])))
+        langs = np.array([np.mean([own[x] for x in p.split("-")]) for p in state["pairs"]], dtype=np.float64)
+    return excess_baselines(kind, sides, langs)
+
+
 def audit_table(state: dict, evidence: pl.DataFrame | None = None) -> pl.DataFrame:
     """One row per pair from the adversary's final state (+ the evidence, joined on ``pair``)."""
     pairs, prior = state["pairs"], np.asarray(state["prior"])
@@ -69,8 +84,8 @@ def audit_table(state: dict, evidence: pl.DataFrame | None = None) -> pl.DataFra
         "pair": pairs, "prior": prior, "q_final": q, "w_final": q / prior, "w_mean": w_mean,
         "q_unfloored": q_free, "w_unfloored": q_free / prior, "loss_ema": ema("loss"), "g_loss_ema": ema("g"),
         "d_loss_ema": d, "d_base_loss_ema": base,
-        # pair_loss excess: the pair's sides run alone, and what is left of the loss beyond them
-        "alone_loss_ema": ema("base"), "excess_loss_ema": ema("loss") - ema("base"),
+        # pair_loss excess: the baseline, and what is left of the loss beyond it
+        "baseline_loss_ema": pair_baselines(state), "excess_loss_ema": ema("loss") - pair_baselines(state),
         "left_base_rate": pl.Series([bool(x < LEFT_BASE_RATE * b) if np.isfinite(x) and np.isfinite(b) else None
                                      for x, b in zip(d, base)], dtype=pl.Boolean),
         "rows_trained": np.asarray(state["rows"], dtype=np.int64),

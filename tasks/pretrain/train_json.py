@@ -11,7 +11,6 @@ from models.run_config import TrainConfig
 from xylent.errors import XylentError
 from xylent.spec import DEFAULT_CLIP, DEFAULT_LR, Spec
 
-from models.adversary import STATE_FILE
 from tasks.shards.index import has_rows, read_index
 from tasks.vocab.output import load_tokenizer
 from tasks.vocab.specials import special_ids
@@ -105,44 +104,3 @@ def check_resumable(cfg: TrainConfig, world: int) -> None:
         raise XylentError(why, where=str(done[-1]),
                           fix=f"resume on {saved} rank(s) (pretrain.ranks={saved}, or the same hostfile), or start "
                               "again with --force; to change the world size mid-run, train with pretrain.zero_stage=0")
-
-
-# -- the audit stage's run: these settings, plus the DRO adversary (models.adversary) --------------
-
-FULL_WEIGHTS = "model/pretraining.safetensors"  # every weight of the pretrain stage's model (tasks.pretrain.publish)
-
-
-def pair_loss_weights(pair_loss: str, objective: str, disc_weight: float) -> list[float]:
-    """(w_G, w_D) of each pair's loss; the MLM ablation has no discriminator: its MLM loss alone."""
-    if objective != "electra":
-        return [1.0, 0.0]
-    return [disc_weight, 1.0] if pair_loss == "d_plus_lambda_g" else [1.0, disc_weight]  # excess: the trained one
-
-
-def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str | None,
-                       tracking_uri: str | None, shards_source: str | None = None) -> TrainConfig:
-    a, p = spec.audit, spec.pretrain
-    if "trtd" not in p.tasks:
-        raise XylentError("the audit re-weights TRTD language pairs, but pretrain.tasks has no 'trtd'",
-                          where="spec field pretrain.tasks", fix="add 'trtd' to pretrain.tasks")
-    index = read_index(upstream["shards"])
-    if not has_rows(index, "trtd"):
-        raise XylentError("the shards hold no TRTD (bitext) data: there are no language pairs to audit",
-                          where=str(upstream["shards"]), fix="add bitext sources to the spec")
-    cfg = train_config(spec, upstream, ckdir, run_id, tracking_uri, shards_source)
-    cfg.steps = a.steps or p.steps
-    cfg.warmup_steps = min(cfg.warmup_steps, max(0, cfg.steps - 1))
-    cfg.checkpoint_every = min(cfg.checkpoint_every, cfg.steps)
-    if cfg.objective_options.get("freeze_body_steps"):  # VECO's two-phase start is pretraining's, not the audit's
-        cfg.objective_options = {**cfg.objective_options, "freeze_body_steps": 0}
-    cfg.dro = {"rho": a.rho, "min_ratio": a.min_ratio, "ema": a.ema, "resamples": a.resamples,
-               "weights": pair_loss_weights(a.pair_loss, p.objective, p.disc_weight),
-               "excess": a.pair_loss == "excess", "baseline_every": a.baseline_every,
-               "state_file": str(ckdir / STATE_FILE)}
-    if a.init == "pretrain":
-        weights = Path(upstream["pretrain"]) / FULL_WEIGHTS
-        if not weights.is_file():
-            raise XylentError("the pretrain output has no full weights to start the audit from", where=str(weights),
-                              fix="rerun the pretrain stage (xylent run pretrain --force), or set audit.init: scratch")
-        cfg.init_from = str(weights)
-    return cfg

@@ -50,8 +50,9 @@ CLAIMS: dict[str, dict] = {
         "code": [*_LEARNING, "tasks/evaluate/", "data_specs/demo.yaml", "data_specs/recipes/infoxlm.yaml"],
     },
     "planted-audit": {
-        "what": "the DRO audit on a corpus with planted defects pushes the copied pair down: last by w averaged "
-                "over the re-samplings and in the bottom 2 at the final one, w < 0.6, on two seeds",
+        "what": "the DRO audit on a corpus with planted defects ranks them as XY-LENT §6.6 reads them, on three "
+                "seeds with the default pair loss: the copy and the hub down, the shuffled pair on top above every "
+                "clean pair; its w rises with the share shuffled",
         "test": "tests/acceptance/test_planted_audit.py",
         "fast_form": "tests/test_audit_planted.py (a short run: the evidence names all three defects, "
                      "the report and table are complete)",

@@ -19,7 +19,7 @@ class AuditConfig(Strict):
     pairs by how much it up-weights them (w = q/Q)."""
 
     OPERATIONAL: ClassVar[tuple[str, ...]] = ("top_n", "exclude_top_up")
-    ADDED_LATER: ClassVar[tuple[str, ...]] = ("baseline_every",)
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("baseline_every", "baseline")
 
     init: Literal["scratch", "pretrain"] = Field(
         default="scratch", description="scratch: train a fresh model with the pretrain settings; pretrain: start "
@@ -33,13 +33,19 @@ class AuditConfig(Strict):
     ema: float = Field(default=0.1, gt=0, le=1, allow_inf_nan=False,
                        description="weight of the newest step in each pair's loss EMA")
     pair_loss: Literal["d_plus_lambda_g", "g_plus_lambda_d", "excess"] = Field(
-        default="d_plus_lambda_g", description="each pair's loss for the adversary, λ = pretrain.disc_weight: "
+        default="excess", description="each pair's loss for the adversary, λ = pretrain.disc_weight: "
         "d_plus_lambda_g is XY-LENT's Eq. 3 as this project reads it (L_D + λ·L_G); g_plus_lambda_d is the "
-        "objective the model trains (L_G + λ·L_D); excess is that loss minus the same model's loss on each "
-        "side alone (what the translation does not explain: language difficulty cancels)")
-    baseline_every: int = Field(default=10, ge=1, description="pair_loss excess: every N steps, each TRTD "
-                                "micro-batch's two sides are also run alone (a forward pass, no backward) "
-                                "for the per-pair baseline")
+        "objective the model trains (L_G + λ·L_D); excess (default) is that loss minus audit.baseline: what "
+        "neither the language's difficulty nor the translation explains (docs/stages/audit.md)")
+    baseline: Literal["larger", "sides", "language"] = Field(
+        default="larger", description="pair_loss excess: what each pair's loss is measured against. sides: the "
+        "same loss of the pair's own two sentences run alone (the translation's help; a hub's memorised target "
+        "reads as noisy); language: the mean of its two languages' losses on their monolingual text (trivial "
+        "pairs fall far below it, but it is too coarse to tell a noisy pair from a clean one); larger (default): "
+        "the larger of the two, the language's shifted onto the sides' scale by the median gap over the pairs")
+    baseline_every: int = Field(default=10, ge=1, description="pair_loss excess: every N steps, forward passes "
+                                "(no backward) for the baseline: each TRTD micro-batch's two sides alone "
+                                "(sides, larger) and a batch of monolingual sentences (language, larger)")
     top_n: int = Field(default=10, ge=1, description="pairs shown in the report at each end of the ranking")
     exclude_top_up: int = Field(default=0, ge=0, description="list the N most up-weighted pairs as a ready-to-run "
                                 "sampling.exclude_pairs override in the report (the audit never edits your spec)")

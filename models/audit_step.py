@@ -1,0 +1,245 @@
+"""The audit's side of a training step, inside every rank: the DRO adversary over the TRTD
+pairs (models.adversary) and the forward passes that measure its baselines.
+
+The trainer holds one object, :class:`PairAudit` in an audit run and :data:`NO_AUDIT` in a
+plain pretrain run (every hook does nothing), and calls the same hooks either way:
+
+    resample before a step → a baseline pass over monolingual sentences (baseline language,
+    larger) → per TRTD micro-batch: its sides alone (baseline sides, larger) and the per-row
+    losses of the training pass → fold the step into the EMAs
+
+Every per-pair or per-language sum is all-reduced, so all ranks hold the same state; each
+measurement draws its masking noise from a stream of its own, so the training passes' masks
+never move.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from models.masking import row_noise
+from models.pairs import split_pair
+from models.run_config import TrainConfig
+from models.stats import ROW_FIELDS
+from tasks.shards.loader import TrainingLoader  # the shard contract: all models take from tasks
+
+LANGUAGE_BASELINE = "language-baseline"  # its loader's key among the trainer's loaders (and in a checkpoint)
+BASELINE_NOISE = 1 << 20  # far above any micro-batch index: a baseline's noise never repeats a training pass's
+BASELINE_ROWS = 1 << 30   # far above any global row index
+LANGUAGE_NOISE = BASELINE_NOISE + 1
+BASELINE_SEED = 1 << 16
+SENTENCES_PER_PACK = 1 << 10
+
+
+class NoAudit:
+    """A plain pretrain run: no re-sampling, nothing measured per row."""
+
+    schedule: list[int] = []
+
+    def loaders(self) -> dict:
+        return {}
+
+    def due(self, step: int) -> bool:
+        return False
+
+    def begin(self, step: int, iters: dict) -> None:
+        pass
+
+    def wants_rows(self, task: str) -> bool:
+        return False
+
+    def before_pass(self, *args) -> None:
+        pass
+
+    def after_pass(self, *args) -> None:
+        pass
+
+    def end(self, step: int) -> None:
+        pass
+
+    def batches(self, a: int, b: int) -> dict:
+        return {}
+
+    def state(self) -> dict:
+        return {}
+
+    def restore(self, client: dict) -> None:
+        pass
+
+    def finish(self, rank: int) -> None:
+        pass
+
+
+NO_AUDIT = NoAudit()
+
+
+class PairAudit(NoAudit):
+    def __init__(self, cfg: TrainConfig, trtd: TrainingLoader, engine, rank: int, world: int, device):
+        from models.adversary import PairAdversary
+
+        self.cfg, self.dro, self.engine = cfg, cfg.dro, engine
+        self.rank, self.world, self.device = rank, world, device
+        self.mono = language_baseline_loader(cfg, rank, world) if self.dro.baseline in ("language", "larger") \
+            else None
+        self.adversary = PairAdversary(trtd.names, trtd.prior, rho=self.dro.rho, min_ratio=self.dro.min_ratio,
+                                       ema=self.dro.ema, weights=tuple(self.dro.weights), steps=cfg.steps,
+                                       resamples=self.dro.resamples, baseline=self.dro.baseline,
+                                       languages=self.mono.names if self.mono is not None else None)
+        self.schedule = self.adversary.schedule
+        self._pair = self._base = self._lang = None
+
+    def loaders(self) -> dict:
+        """Loaders whose state a checkpoint keeps beside the training ones."""
+        return {LANGUAGE_BASELINE: self.mono} if self.mono is not None else {}
+
+    def _baseline_due(self, step: int) -> bool:
+        return self.dro.baseline is not None and step % self.dro.baseline_every == 0
+
+    def batches(self, a: int, b: int) -> dict:
+        """The monolingual batches steps a..b-1 measure (exactly those, as the training loaders)."""
+        if self.mono is None:
+            return {}
+        return {LANGUAGE_BASELINE: self.mono.batches(sum(self._baseline_due(s) for s in range(a, b)))}
+
+    def due(self, step: int) -> bool:
+        return self.adversary.due(step)
+
+    def resample(self, step: int):
+        return self.adversary.resample(step)
+
+    def metrics(self) -> dict[str, float]:
+        return self.adversary.metrics()
+
+    def begin(self, step: int, iters: dict) -> None:
+        n, due = len(self.adversary.pairs), self._baseline_due(step)
+        self._pair = torch.zeros(n, len(ROW_FIELDS) + 1, dtype=torch.float64, device=self.device)
+        self._base = torch.zeros_like(self._pair) if due and self.dro.baseline in ("sides", "larger") else None
+        self._lang = None
+        if due and self.mono is not None:
+            self._lang = languages_alone(self.engine, next(iters[LANGUAGE_BASELINE]), self.mono,
+                                         self.adversary.languages, self.cfg.seed, step, self.rank, self.world,
+                                         self.device)
+
+    def wants_rows(self, task: str) -> bool:
+        return task == "trtd"
+
+    def before_pass(self, ids, pad, seg, batch: dict, step: int, micro: int, rows: list[int]) -> None:
+        """Before the pair's own pass: a model may keep state from it."""
+        if self._base is not None:
+            self._base += pair_totals(sides_alone(self.engine, ids, pad, seg, self.cfg.seed, step, micro, rows),
+                                      batch["pairs"], self.adversary.index, self.world)
+
+    def after_pass(self, st, batch: dict) -> None:
+        self._pair += pair_totals(st.rows, batch["pairs"], self.adversary.index, self.world)
+
+    def end(self, step: int) -> None:
+        self.adversary.observe(step, self._pair.cpu().numpy(),
+                               None if self._base is None else self._base.cpu().numpy(),
+                               None if self._lang is None else self._lang.cpu().numpy())
+
+    def state(self) -> dict:
+        return {"adversary": self.adversary.state_dict()}
+
+    def restore(self, client: dict) -> None:
+        self.adversary.load_state_dict(client["adversary"])
+
+    def finish(self, rank: int) -> None:
+        from pathlib import Path
+
+        from xylent.atomic import write_json_atomic
+
+        if rank == 0:
+            write_json_atomic(Path(self.dro.state_file), self.adversary.state_dict())
+
+
+def make_audit(cfg: TrainConfig, loaders: dict, engine, rank: int, world: int, device) -> NoAudit:
+    """The audit's adversary over the TRTD pairs (NO_AUDIT in a plain pretrain run); its prior
+    is the loader's pair table, i.e. the sampling stage's pair_method column."""
+    if cfg.dro is None:
+        return NO_AUDIT
+    if "trtd" not in loaders:
+        raise SystemExit("xylent: the audit re-weights TRTD language pairs, but pretrain.tasks has no 'trtd'")
+    return PairAudit(cfg, loaders["trtd"], engine, rank, world, device)
+
+
+def language_baseline_loader(cfg: TrainConfig, rank: int, world: int) -> TrainingLoader:
+    """Monolingual (MRTD) rows of every language, drawn evenly, not by the sampling table: each
+    language's baseline is measured as often as any other.  Its own seed: the rows it draws
+    never follow a training loader's."""
+    loader = TrainingLoader(cfg.shards_dir, cfg.sampling_dir, task="mrtd", seed=cfg.seed + BASELINE_SEED, rank=rank,
+                            world_size=world, batch_size=max(1, cfg.batch_size // world), verify=rank == 0)
+    loader.set_weights([1.0] * len(loader.names))
+    return loader
+
+
+@torch.no_grad()
+def languages_alone(engine, batch: dict, loader: TrainingLoader, languages: list[str], seed: int, step: int,
+                    rank: int, world: int, device) -> torch.Tensor:
+    """The language baseline: one forward pass (no backward) over sentences of each language's
+    monolingual text, framed as a TRTD side is run alone (``<s> x </s>``: the loss of a 128-token
+    pack is not comparable with a sentence's), their per-row losses summed per language over all
+    ranks."""
+    rows, langs, keys = [], [], []
+    for k, (pack, lang) in enumerate(zip(batch["input_ids"], batch["langs"])):
+        for j, piece in enumerate(sentences(pack, loader.bos, loader.eos, loader.pad)):
+            rows.append(piece)
+            langs.append(lang)
+            keys.append((rank + world * k) * SENTENCES_PER_PACK + j)  # global: the same on any world size
+    width = max((len(r) for r in rows), default=0) + 2
+    ids = torch.full((len(rows), width), loader.pad, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r) + 2] = torch.as_tensor([loader.bos, *r.tolist(), loader.eos])
+    ids = ids.to(device)
+    pad = ids == loader.pad
+    per_row = torch.zeros(len(ROW_FIELDS), 0, device=device)
+    if rows:
+        noise = row_noise(seed, step, LANGUAGE_NOISE, keys, (~pad).sum(1).tolist(), width).to(device)
+        per_row = engine(ids, pad, None, noise, per_row=True).rows
+    # every rank runs the all-reduce, rows or none
+    return pair_totals(per_row, langs, {x: i for i, x in enumerate(languages)}, world)
+
+
+def sentences(pack, bos: int, eos: int, pad: int, window: int = 32) -> list:
+    """The whole documents inside one MRTD pack (``<s> d1 </s> d2 </s> … </s>``; the first and the
+    last may be cut by the frame, so they are left out).  A pack that is one long document gives
+    ``window``-token stretches of it instead."""
+    body = pack[pack != pad][1:-1]
+    cuts = [int(i) for i in (body == eos).nonzero()[0]]
+    whole = [body[a + 1: b] for a, b in zip(cuts, cuts[1:]) if b > a + 1]
+    if whole or not len(body):
+        return whole
+    return [body[i: i + window] for i in range(0, len(body) - window + 1, window)] or [body]
+
+
+@torch.no_grad()
+def sides_alone(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Tensor, seed: int, step: int, micro: int,
+                rows: list[int]) -> torch.Tensor:
+    """The sides baseline: each TRTD row's two sentences run alone, as monolingual rows
+    (``<s> x </s>``, ``<s> y </s>``; a forward pass, no backward), their per-row losses and
+    counts added back into one column per pair row: the same loss without the translation's
+    help."""
+    module = engine.module
+    pad_id, bos = module.cfg.special("pad"), module.cfg.special("bos")
+    x, _, y, _ = split_pair(ids, pad, seg, bos, pad_id)
+    width = max(x.shape[1], y.shape[1])
+    alone = torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1]), value=pad_id),
+                       torch.nn.functional.pad(y, (0, width - y.shape[1]), value=pad_id)])
+    alone_pad = alone == pad_id
+    both = [*rows, *(r + BASELINE_ROWS for r in rows)]  # y's rows: noise of their own
+    noise = row_noise(seed, step, micro + BASELINE_NOISE, both, (~alone_pad).sum(1).tolist(), width).to(ids.device)
+    st = engine(alone, alone_pad, None, noise, per_row=True)
+    b = ids.shape[0]
+    return st.rows[:, :b] + st.rows[:, b:]
+
+
+def pair_totals(rows: torch.Tensor, names: list[str], index: dict[str, int], world: int) -> torch.Tensor:
+    """Per-pair (or per-language) sums of a micro-batch's per-row losses and counts (+ a row
+    count), summed over all ranks: a batch mixes pairs, and each rank holds a different share."""
+    # on the CPU (a few rows): index_add_ on CUDA adds atomically, in no fixed order
+    per = torch.cat([rows.detach().cpu().double(), torch.ones(1, rows.shape[1], dtype=torch.float64)]).T
+    idx = torch.tensor([index[p] for p in names], dtype=torch.long)
+    out = torch.zeros(len(index), per.shape[1], dtype=torch.float64).index_add_(0, idx, per).to(rows.device)
+    if world > 1:
+        dist.all_reduce(out)
+    return out
