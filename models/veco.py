@@ -196,6 +196,8 @@ class VecoModel(MaskedLMModel):
         self._terms = terms
         with torch.no_grad():
             correct = (logits.argmax(-1) == target).sum()
+            if self.options.tlm:  # its predictions count too: accuracy is over every (token, term), as the count
+                correct = correct + (tlm_logits.argmax(-1) == ids[masked]).sum()
             # rank 0's gauge of the global batch: does the translation help (plug-in below plug-out)?
             gauge = all_ranks_sum(torch.stack([tok_out.sum(), tok_in.sum(), n.float()]))
             rows = None

@@ -139,7 +139,7 @@ def _by_hand(model, ids, pad, seg, noise):
     four terms (Eq. 1), each side run alone (no stacking, no padding)."""
     masked = choose_masked(ids, seg, model.options.pair_mask_prob, noise[0], model.special_ids)
     corrupted = bert_corrupt(ids, masked, noise, model.cfg.vocab_size, SPECIALS["mask"], 5)
-    rows, count = [], 0
+    rows, count, correct = [], 0, 0
     for r in range(len(ids)):
         side = {}
         for s in (0, 1):
@@ -153,6 +153,7 @@ def _by_hand(model, ids, pad, seg, noise):
         h = model.plug_out(corrupted[r, real][None], torch.zeros(1, int(real.sum()), dtype=torch.bool))
         tlm = model.head(h[0][masked[r, real]], model.embeddings.tokens.weight)
         total = F.cross_entropy(tlm, ids[r, real][masked[r, real]], reduction="sum")
+        correct += int((tlm.argmax(-1) == ids[r, real][masked[r, real]]).sum())
         count += int(masked[r].sum())
         for s in (0, 1):
             src, tgt, m, p = side[s]
@@ -160,9 +161,10 @@ def _by_hand(model, ids, pad, seg, noise):
             for h in (model.plug_out(src, p), model.plug_in(src, p, model.plug_out(o_src, o_p), o_p)):
                 logits = model.head(h[0][m], model.embeddings.tokens.weight)
                 total = total + F.cross_entropy(logits, tgt[m], reduction="sum")
+                correct += int((logits.argmax(-1) == tgt[m]).sum())
             count += 2 * int(m.sum())
         rows.append(total)
-    return torch.stack(rows), count
+    return torch.stack(rows), count, correct  # correct: every (masked token, term)'s prediction, TLM's too
 
 
 def test_the_loss_is_tlm_plus_the_four_cross_entropies_and_per_row_adds_up():
@@ -172,9 +174,10 @@ def test_the_loss_is_tlm_plus_the_four_cross_entropies_and_per_row_adds_up():
     with torch.no_grad():
         st = model(ids, pad, seg, noise)
         rows_st = model(ids, pad, seg, noise, per_row=True)
-        by_row, count = _by_hand(model, ids, pad, seg, noise)
+        by_row, count, correct = _by_hand(model, ids, pad, seg, noise)
     torch.testing.assert_close(st.g_loss, by_row.sum(), rtol=1e-5, atol=1e-4)
     assert int(st.g_count) == count and int(st.tokens) == int((~pad).sum())
+    assert int(st.g_correct) == correct, "generator accuracy over every term: TLM's predictions too"
     assert float(st.d_loss) == 0 and int(st.d_count) == 0
     r = rows_st.rows
     torch.testing.assert_close(r[0], by_row, rtol=1e-5, atol=1e-4)
