@@ -165,7 +165,7 @@ def test_two_runs_differ_by_the_changed_upstream_knob_and_nothing_else(mlflow_se
     assert any(k.startswith("pretrain.final.") and k.endswith("discriminator_loss") for k in parent.data.metrics)
 
 
-def test_a_cached_rerun_links_to_its_run_and_adds_no_metrics(mlflow_server, two_runs):
+def test_a_cached_rerun_is_one_run_that_names_the_runs_that_built_it(mlflow_server, two_runs):
     uri, _ = mlflow_server
     _, second, third, _ = two_runs
     client = _client(uri)
@@ -173,8 +173,10 @@ def test_a_cached_rerun_links_to_its_run_and_adds_no_metrics(mlflow_server, two_
     assert cached["cached"] and cached["mlflow_run_id"] == second["stages"]["pretrain"]["mlflow_run_id"]
     children = client.search_runs([client.get_experiment_by_name("team").experiment_id],
                                   f"tags.mlflow.parentRunId = '{third['mlflow_parent_run_id']}'")
-    assert children and all(r.data.tags["xylent.cached"] == "true" for r in children)
-    assert all(not r.data.metrics for r in children), "no copies of the metrics"
-    link = next(r for r in children if r.data.tags["xylent.stage"] == "pretrain")
-    assert link.data.tags["xylent.output_run_id"] == cached["mlflow_run_id"]
-    assert client.get_run(third["mlflow_parent_run_id"]).data.metrics, "the parent still shows the headlines"
+    assert not children, "a fully cached rerun is one run, not a tree of (cached) copies"
+    parent = client.get_run(third["mlflow_parent_run_id"])
+    assert parent.data.tags["xylent.cached.pretrain"] == cached["mlflow_run_id"], "it names the run that built it"
+    assert all(parent.data.tags[f"xylent.cached.{s}"] for s in third["stages"])
+    assert parent.info.run_name.endswith(" (cached)") and parent.data.tags["xylent.cached"] == "true"
+    assert not client.get_run(second["mlflow_parent_run_id"]).info.run_name.endswith("(cached)"), "a build reads apart"
+    assert parent.data.metrics, "the parent still shows the headlines"

@@ -135,6 +135,11 @@ class Invocation:
         if self.owns_parent:
             if ok:
                 self.tracker.log_metrics(self.parent_run_id, self.headlines())
+                if self.results and all(r.get("cached") for r in self.results.values()):
+                    # a rerun that found everything built reads as one in the run list, beside a rebuild
+                    name = self.tracker.client.get_run(self.parent_run_id).info.run_name
+                    self.tracker.set_tags(self.parent_run_id, {"mlflow.runName": f"{name} (cached)",
+                                                               "xylent.cached": "true"})
                 self.tracker.end_run(self.parent_run_id)
             else:
                 self.tracker.end_failed_run(self.parent_run_id, "KILLED" if interrupt.requested() else "FAILED")
@@ -241,13 +246,11 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
         upstream = inv.upstream_dirs(stage)
         manifest = None if force else inv.ws.verified(out, stage.name)
         if manifest is not None and not force:
-            # a link to the run that built the output, not a copy of its metrics (which would pile up columns)
-            run_id = inv.tracker.start_run(
-                f"{name} (cached)", parent_run_id=inv.parent_run_id, params=params,
-                tags={**tags, "xylent.cached": "true", "xylent.output_run_id": manifest.get("mlflow_run_id") or ""},
-            )
-            inv.tracker.end_run(run_id)
-            _cached_artifacts(inv, stage.name, fp, out, manifest.get("mlflow_run_id") or run_id)
+            # no run of its own (a cached rerun would add a whole tree): a tag on the invocation's run
+            # names the run that built the output
+            built_by = manifest.get("mlflow_run_id") or ""
+            inv.tracker.set_tags(inv.parent_run_id, {f"xylent.cached.{stage.name}": built_by or fp})
+            _cached_artifacts(inv, stage.name, fp, out, built_by or inv.parent_run_id)
             result = _result(out, manifest, cached=True)
             inv.results[stage.name] = result
             return Completed(name="Cached", message=f"{stage.name} output {fp} is up to date", data=result)

@@ -52,7 +52,7 @@ CLAIMS: dict[str, dict] = {
     "planted-audit": {
         "what": "the DRO audit on a corpus with planted defects ranks them as XY-LENT §6.6 reads them, on three "
                 "seeds with the default pair loss: the copy and the hub down, the shuffled pair on top above every "
-                "clean pair; its w rises with the share shuffled",
+                "clean pair (a dose-response and the paper's form recorded beside)",
         "test": "tests/acceptance/test_planted_audit.py",
         "fast_form": "tests/test_audit_planted.py (a short run: the evidence names all three defects, "
                      "the report and table are complete)",
