@@ -151,6 +151,13 @@ def test_bad_audit_specs_exit_2(run_cli, override, message):
     assert rc == 2 and message in err and "docs/spec.md" in err and "Traceback" not in err
 
 
+def test_a_baseline_that_would_never_be_measured_is_refused(demo_run, run_cli):
+    """The demo trains MRTD on even steps, TRTD on odd ones: baseline_every 10 would measure no pair."""
+    _, ws = demo_run
+    rc, _, err = run_cli("run", "audit", "--spec", DEMO, "--workspace", ws, "--set", "audit.baseline_every=10")
+    assert rc == 2 and "only falls on MRTD steps" in err and "make it odd" in err and "Traceback" not in err
+
+
 def test_an_audit_without_trtd_is_refused(demo_run, run_cli):
     _, ws = demo_run
     rc, _, err = run_cli("run", "audit", "--spec", DEMO, "--workspace", ws, "--set", "pretrain.tasks=[mrtd]",
