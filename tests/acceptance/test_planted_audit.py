@@ -80,7 +80,7 @@ def test_planted_defects_rank_as_section_6_6_reads_them_on_three_seeds(run_cli, 
         assert hub_ok, (f"seed {seed}: the hub is not in the bottom half", rows)
         assert noisy_ok, (f"seed {seed}: the shuffled pair is not in the top 3 above every clean pair", rows)
     record("planted-audit", figures,
-           {"default pair loss (excess, baseline language), by w_mean, every seed of " + str(list(SEEDS)):
+           {"default pair loss (excess, baseline larger), by w_mean, every seed of " + str(list(SEEDS)):
             "copy in the bottom 2, hub in the bottom half, noisy in the top 3 and above every clean pair",
             "dose-response": "recorded, not held: one seed's w_mean is noise-dominated at this size (issue 34)",
             "paper form (d_plus_lambda_g)": "recorded beside, not held"},
