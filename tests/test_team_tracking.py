@@ -176,7 +176,6 @@ def test_a_cached_rerun_is_one_run_that_names_the_runs_that_built_it(mlflow_serv
     assert not children, "a fully cached rerun is one run, not a tree of (cached) copies"
     parent = client.get_run(third["mlflow_parent_run_id"])
     assert parent.data.tags["xylent.cached.pretrain"] == cached["mlflow_run_id"], "it names the run that built it"
-    assert all(parent.data.tags[f"xylent.cached.{s}"] for s in third["stages"])
     assert parent.info.run_name.endswith(" (cached)") and parent.data.tags["xylent.cached"] == "true"
     assert not client.get_run(second["mlflow_parent_run_id"]).info.run_name.endswith("(cached)"), "a build reads apart"
     assert parent.data.metrics, "the parent still shows the headlines"
