@@ -28,23 +28,6 @@ def evidence_task(dedup_dir, pairs, spec):
                          max_length_ratio=spec.dedup.max_length_ratio)
 
 
-def _refuse_a_baseline_never_measured(cfg) -> None:
-    """The sides baseline is measured on TRTD micro-batches of the steps that are multiples of
-    audit.baseline_every; with pretrain.task_schedule alternate those can all be MRTD steps (the
-    demo's: TRTD on odd steps, baseline_every 10), and every pair would stay unranked at w = 1."""
-    from models.trainer import task_plan
-    from xylent.errors import XylentError
-
-    if cfg.dro is None or cfg.dro.baseline not in ("sides", "larger"):
-        return
-    every = cfg.dro.baseline_every
-    if not any("trtd" in task_plan(cfg, s) for s in range(0, cfg.steps, every)):
-        raise XylentError(f"audit.baseline_every {every} only falls on MRTD steps of pretrain.task_schedule "
-                          f"{cfg.task_schedule!r}: the sides baseline would never be measured and no pair ranked",
-                          where="spec field audit.baseline_every",
-                          fix="make it odd (e.g. 5) with the alternate schedule, or set pretrain.task_schedule: mix")
-
-
 @stage_flow(STAGE_BY_NAME["audit"])
 def audit(ctx: StageContext) -> StageOutcome:
     from models.adversary import STATE_FILE
@@ -56,7 +39,6 @@ def audit(ctx: StageContext) -> StageOutcome:
     ckdir = checkpoint_dir(ctx)
     cfg = audit_train_config(spec, ctx.upstream, ckdir, ctx.run_id, tracker.uri,
                              shards_source=shards_source(ctx))
-    _refuse_a_baseline_never_measured(cfg)
     result = run_training(ctx, cfg, ckdir)
 
     name = f"{p.register_name or f'xylent-{spec.name}'}-audit"

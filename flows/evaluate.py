@@ -80,8 +80,11 @@ def evaluate(ctx: StageContext) -> StageOutcome:
     checkpoints = checkpoint_dir(ctx) if finetune_data else ctx.out / "_unused"
     progress = Progress("evaluate: sentences embedded", per_model * len(cfg.models) or None, unit="sentences",
                         key="evaluate-progress")
+    pre = ctx.spec.pretrain
     scores = {"models": {}, "tasks": {t.name: t.model_dump(mode="json") for t in cfg.tasks},
-              "references": references()}
+              "references": references(),
+              "pipeline": {"objective": pre.objective,
+                           "variant": {k: list(v) for k, v in pre.objective_variant().items()}}}
     for t in cfg.tasks:  # how much of a task was left out because pretraining saw it
         if (excluded := data_dirs[t.name][0] / EXCLUDED_FILE).is_file():
             scores["tasks"][t.name]["excluded_seen"] = json.loads(excluded.read_text())

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from models.masking import row_noise
 from models.pairs import split_pair
-from models.run_config import TrainConfig
+from models.run_config import TrainConfig, task_plan
 from models.stats import ROW_FIELDS
 from tasks.shards.loader import TrainingLoader  # the shard contract: all models take from tasks
 
@@ -93,14 +93,11 @@ class PairAudit(NoAudit):
         """Loaders whose state a checkpoint keeps beside the training ones."""
         return {LANGUAGE_BASELINE: self.mono} if self.mono is not None else {}
 
-    def _baseline_due(self, step: int) -> bool:
-        return self.dro.baseline is not None and step % self.dro.baseline_every == 0
-
     def batches(self, a: int, b: int) -> dict:
         """The monolingual batches steps a..b-1 measure (exactly those, as the training loaders)."""
         if self.mono is None:
             return {}
-        return {LANGUAGE_BASELINE: self.mono.batches(sum(self._baseline_due(s) for s in range(a, b)))}
+        return {LANGUAGE_BASELINE: self.mono.batches(sum(baseline_due(self.cfg, s) for s in range(a, b)))}
 
     def due(self, step: int) -> bool:
         return self.adversary.due(step)
@@ -112,7 +109,7 @@ class PairAudit(NoAudit):
         return self.adversary.metrics()
 
     def begin(self, step: int, iters: dict) -> None:
-        n, due = len(self.adversary.pairs), self._baseline_due(step)
+        n, due = len(self.adversary.pairs), baseline_due(self.cfg, step)
         self._pair = torch.zeros(n, len(ROW_FIELDS) + 1, dtype=torch.float64, device=self.device)
         self._base = torch.zeros_like(self._pair) if due and self.dro.baseline in ("sides", "larger") else None
         self._lang = None
@@ -151,6 +148,16 @@ class PairAudit(NoAudit):
 
         if rank == 0:
             write_json_atomic(Path(self.dro.state_file), self.adversary.state_dict())
+
+
+def baseline_due(cfg: TrainConfig, step: int) -> bool:
+    """Whether step ``step`` measures the excess loss's baselines: the first step of each
+    audit.baseline_every-step period that trains TRTD (with the alternate schedule a period can
+    start on an MRTD step, where no pair is seen)."""
+    if cfg.dro is None or cfg.dro.baseline is None:
+        return False
+    start = step - step % cfg.dro.baseline_every
+    return step == next((s for s in range(start, step + 1) if "trtd" in task_plan(cfg, s)), None)
 
 
 def make_audit(cfg: TrainConfig, loaders: dict, engine, rank: int, world: int, device) -> NoAudit:

@@ -88,3 +88,16 @@ class TrainConfig:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2))
+
+
+def task_plan(cfg: TrainConfig, step: int) -> list[str]:
+    """The tasks of each micro-batch of optimizer step ``step``."""
+    tasks = cfg.tasks
+    if len(tasks) == 1:
+        return tasks * cfg.grad_accum
+    if cfg.task_schedule == "mix":
+        return [t for t in tasks for _ in range(cfg.grad_accum)]
+    # alternate: TRTD on the steps where the running share of TRTD steps falls below trtd_ratio
+    r = cfg.trtd_ratio
+    is_trtd = int((step + 1) * r + 1e-9) > int(step * r + 1e-9)
+    return [("trtd" if is_trtd else "mrtd")] * cfg.grad_accum

@@ -62,26 +62,13 @@ from models.masking import row_noise  # noqa: E402
 from models.objectives import build_model  # noqa: E402
 from models.optim import flops_per_token, lr_lambdas, make_optimizer, peak_tflops, warmup_linear_decay  # noqa: E402
 from models.rank import restore_rng, save_rng, watch_parent  # noqa: E402
-from models.run_config import TrainConfig  # noqa: E402
+from models.run_config import TrainConfig, task_plan  # noqa: E402
 from models.stats import Norms, Stats  # noqa: E402
 from tasks.shards.loader import TrainingLoader  # noqa: E402  (the shard contract: all models take from tasks)
 
 phase("xylent_modules_imported")
 
 COMPLETE = "COMPLETE"
-
-
-def task_plan(cfg: TrainConfig, step: int) -> list[str]:
-    """The tasks of each micro-batch of optimizer step ``step``."""
-    tasks = cfg.tasks
-    if len(tasks) == 1:
-        return tasks * cfg.grad_accum
-    if cfg.task_schedule == "mix":
-        return [t for t in tasks for _ in range(cfg.grad_accum)]
-    # alternate: TRTD on the steps where the running share of TRTD steps falls below trtd_ratio
-    r = cfg.trtd_ratio
-    is_trtd = int((step + 1) * r + 1e-9) > int(step * r + 1e-9)
-    return [("trtd" if is_trtd else "mrtd")] * cfg.grad_accum
 
 
 def complete_checkpoints(root: Path) -> list[Path]:

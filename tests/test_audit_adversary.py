@@ -14,6 +14,8 @@ from models.electra import ElectraModel, MaskedLMModel
 from models.stats import ROW_FIELDS
 from models.masking import row_noise
 from models.dro import chi2_best_response
+from models.audit_step import baseline_due
+from models.run_config import DroConfig, TrainConfig
 from models.adversary import SUM_FIELDS, PairAdversary, binary_entropy, resample_steps
 from tasks.audit.output import audit_table, pair_baselines, trajectory_table
 from tasks.vocab.specials import SPECIAL_PIECES
@@ -252,3 +254,21 @@ def test_the_baseline_is_each_sentence_run_alone():
                 want[:, k] += model(one, one == SPECIALS["pad"], None, noise, per_row=True).rows[:, 0]
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
     assert set(ROW_FIELDS) == {"g_loss", "g_count", "d_loss", "d_count", "d_pos"} and got[1].sum() > 0
+
+
+def test_the_baselines_are_measured_on_the_first_trtd_step_of_each_period():
+    """The demo's alternate schedule trains TRTD on odd steps only: a period of 10 starting on
+    an MRTD step measures on its first odd step, not never; with mix every period's first step."""
+    import dataclasses
+
+    cfg = TrainConfig(**{f.name: None for f in dataclasses.fields(TrainConfig)})
+    cfg.tasks, cfg.task_schedule, cfg.trtd_ratio, cfg.grad_accum = ["mrtd", "trtd"], "alternate", 0.5, 1
+    cfg.dro = DroConfig(rho=0.05, min_ratio=0.2, ema=0.1, resamples=2, weights=[1.0, 1.0], baseline="larger",
+                        baseline_every=10, state_file="")
+    assert [s for s in range(40) if baseline_due(cfg, s)] == [1, 11, 21, 31]
+    cfg.dro.baseline_every = 5
+    assert [s for s in range(20) if baseline_due(cfg, s)] == [1, 5, 11, 15]
+    cfg.task_schedule = "mix"
+    assert [s for s in range(20) if baseline_due(cfg, s)] == [0, 5, 10, 15]
+    cfg.dro.baseline = None  # the paper's form: nothing to measure
+    assert not any(baseline_due(cfg, s) for s in range(20))

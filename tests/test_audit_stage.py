@@ -143,6 +143,7 @@ def test_excluding_pairs_reruns_sampling_not_the_data_stages(demo_run, run_cli, 
     ("audit.init=imagenet", "audit.init"),
     ("audit.ema=1.5", "audit.ema"),
     ("audit.pair_loss=excesss", "audit.pair_loss"),
+    ("audit.pair_loss=d_plus_lambda_g", "is now called 'paper'"),
     ("audit.baseline=median", "audit.baseline"),
     ("sampling.exclude_pairs=[en-en]", "malformed language pair 'en-en'"),
 ])
@@ -151,11 +152,12 @@ def test_bad_audit_specs_exit_2(run_cli, override, message):
     assert rc == 2 and message in err and "docs/spec.md" in err and "Traceback" not in err
 
 
-def test_a_baseline_that_would_never_be_measured_is_refused(demo_run, run_cli):
-    """The demo trains MRTD on even steps, TRTD on odd ones: baseline_every 10 would measure no pair."""
+def test_an_audit_that_would_train_no_trtd_step_is_refused(demo_run, run_cli):
+    """The demo trains MRTD on even steps, TRTD on odd ones: a 1-step audit sees no pair."""
     _, ws = demo_run
-    rc, _, err = run_cli("run", "audit", "--spec", DEMO, "--workspace", ws, "--set", "audit.baseline_every=10")
-    assert rc == 2 and "only falls on MRTD steps" in err and "make it odd" in err and "Traceback" not in err
+    rc, _, err = run_cli("run", "audit", "--spec", DEMO, "--workspace", ws, "--set", "audit.steps=1")
+    assert rc == 2 and "train no TRTD step" in err and "raise audit.steps to at least 2" in err, err[-2000:]
+    assert "Traceback" not in err
 
 
 def test_an_audit_without_trtd_is_refused(demo_run, run_cli):

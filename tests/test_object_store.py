@@ -248,7 +248,7 @@ def _publish_copy(bucket: Bucket, name: str, src: Path, fp: str) -> None:
 
 SMALL = {"extends": str(DEMO), "name": "bucket-stages",
          "pretrain": {"steps": 6, "checkpoint_every": 3, "warmup_steps": 2, "log_every": 2},
-         "audit": {"steps": 4, "resamples": 2},
+         "audit": {"steps": 4, "resamples": 5},  # room for 3: a warning, not a silent clamp
          "evaluate": {"models": ["pipeline", "random-init"],
                       "tasks": [{"name": "allauth", "kind": "tatoeba", "format": "gettext", "package": "allauth",
                                  "max_pairs": 50, "languages": ["de", "fr"]}]}}
@@ -268,6 +268,8 @@ def test_pretrain_audit_and_evaluate_publish_to_the_bucket_and_another_machine_r
     first = _run("run", "pipeline", "--spec", spec, "--workspace", url)
     later = ["pretrain", "audit", "evaluate"]
     assert [s for s in later if first["stages"][s]["cached"]] == []
+    assert first["stages"]["audit"]["warnings"] == [
+        "audit.resamples asked for 5 re-samplings; a run of 4 steps has room for 3: raise audit.steps for more"]
     for stage in later:
         fp = first["stages"][stage]["fingerprint"]
         published = {p for p, _ in _files(first["stages"][stage]["output_dir"])} | {"_manifest.json"}

@@ -26,7 +26,7 @@ from cost_guard import costs
 
 from models.optim import param_groups, warmup_linear_decay
 from models.run_config import TrainConfig
-from models.trainer import task_plan
+from models.run_config import task_plan
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"

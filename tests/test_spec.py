@@ -46,6 +46,29 @@ def test_unknown_fields_are_errors_that_name_the_field(tmp_path):
     with pytest.raises(XylentError) as err:
         load_spec(spec)
     assert "prepare.min_chrs" in str(err.value) and str(spec) in str(err.value)
+    assert "did you mean 'min_chars'?" in str(err.value)
+
+
+def test_a_spec_error_says_which_set_gave_the_value_and_suggests_the_nearest_field(tmp_path):
+    spec = write_spec(tmp_path / "s.yaml", BASE)
+    with pytest.raises(XylentError) as err:
+        load_spec(spec, ["pretrain.steps=-5", "audit.pair_los=paper", "sources.0.urll=x", "zzz=1"])
+    text = err.value.render()
+    assert "pretrain.steps: Input should be greater than 0 (from --set pretrain.steps=-5)" in text, text
+    assert "audit.pair_los: unknown field (did you mean 'pair_loss'?" in text
+    assert "did you mean 'url'?" in text, "a source's fields, through its kind"
+    assert "zzz: unknown field (check the spelling;" in text
+    assert f"where: {spec}, --set pretrain.steps=-5, --set audit.pair_los=paper" in text
+
+
+def test_a_missing_extends_parent_names_the_spec_that_points_at_it(tmp_path):
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: gone/base.yaml\nname: child\n")
+    with pytest.raises(XylentError) as err:
+        load_spec(child)
+    text = err.value.render()
+    assert f"the spec extends {tmp_path / 'gone/base.yaml'}, which does not exist" in text
+    assert f"{child.resolve()}: extends: gone/base.yaml" in text
 
 
 def test_a_renamed_value_is_refused_with_its_new_name(tmp_path):

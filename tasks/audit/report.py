@@ -107,7 +107,10 @@ def write_output(state: dict, evidence: pl.DataFrame, dedup_dir: Path, spec, tra
     rows = [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items()} for r in shown.to_dicts()]
     return StageOutcome(metrics=metrics, table=rows, summary=text,
                         manifest={"flagged_up": up, "flagged_down": down, "model_learned": learned,
-                                  "suggested_exclude_pairs": up[: a.exclude_top_up]})
+                                  "suggested_exclude_pairs": up[: a.exclude_top_up]},
+                        warnings=[f"audit.resamples asked for {a.resamples} re-samplings; a run of "
+                                  f"{a.steps or spec.pretrain.steps} steps has room for {len(state['schedule'])}: "
+                                  "raise audit.steps for more"] if len(state["schedule"]) < a.resamples else [])
 
 
 def _pair_section(row: dict, side: str, samples: list[dict], traj_w: list[float]) -> list[str]:
@@ -129,7 +132,10 @@ def report(state: dict, table: pl.DataFrame, samples: list[dict], up: list[str],
     traj = {p: [t["q"][i] / state["prior"][i] for t in state["trajectory"]] for i, p in enumerate(state["pairs"])}
     steps = [t["step"] for t in state["trajectory"]]
     lines = [f"**DRO audit** of {len(table)} language pairs: χ² ball ρ = {a.rho}, floor q/Q ≥ {a.min_ratio}, "
-             f"loss EMA α = {a.ema}, {len(steps)} re-samplings (at steps {', '.join(map(str, steps)) or 'none'}).",
+             f"loss EMA α = {a.ema}, {len(steps)} re-samplings (at steps {', '.join(map(str, steps)) or 'none'})"
+             + (f"; **audit.resamples asked for {a.resamples}**: a run this short has room for "
+                f"{len(state['schedule'])} (raise audit.steps for more)." if len(state["schedule"]) < a.resamples
+                else "."),
              "As XY-LENT §6.6 reads the weights: pairs pushed **down** (w < 1) are the ones that make TRTD "
              "trivial — hub-aligned bitext (many sentences aligned to one, as en–xh) and near copies (ca–es, "
              "cs–sk); pairs pushed **up** are the ones the model keeps failing on — possibly noisy translations "

@@ -126,12 +126,25 @@ def verdict(scores: dict) -> list[str]:
                                        if collapsed else []), ""]
 
 
+def _recipe(scores: dict) -> list[str]:
+    """What `pipeline` was trained with: its objective, and where it departs from the paper's settings."""
+    if "pipeline" not in scores:  # scores written before 2026-11-27
+        return []
+    obj, variant = scores["pipeline"]["objective"], scores["pipeline"]["variant"]
+    if not variant:
+        return [f"`pipeline` is trained with `objective: {obj}` in the paper's settings.", ""]
+    knobs = ", ".join(f"{k} {ours} (paper: {'its default' if paper is None else paper})"
+                      for k, (paper, ours) in variant.items())
+    return [f"`pipeline` is trained with `objective: {obj}` in a **variant** of the paper's settings "
+            f"(`pretrain.{obj}`): {knobs}. Its scores are the variant's, not the paper's method's.", ""]
+
+
 def render(scores: dict) -> str:
     models, tasks = list(scores["models"]), scores["tasks"]
     lines = ["# Scorecard", "",
              "Scores are 0–100. `random-init` is the pipeline's architecture and tokenizer with untrained weights "
              "and `bag-of-subwords` the tokenizer's piece counts with no model at all: a pretrained encoder that "
-             "does not beat them has not learned what the task measures.", "", *verdict(scores)]
+             "does not beat them has not learned what the task measures.", "", *_recipe(scores), *verdict(scores)]
     for name, t in tasks.items():
         metric = PRIMARY[t["kind"]]
         lines += [f"## {name} ({t['kind']}, {metric})", ""]

@@ -2,9 +2,10 @@
 bar on three seeds with the default pair loss (the excess over each pair's languages'
 monolingual loss): the copied pair in the bottom 2, the hub-aligned pair in the bottom half (both
 trivial: XY-LENT §6.6 pushes them down), the shuffled pair in the top 3 and above every clean
-pair, all by w averaged over the re-samplings.  A dose-response on seed 0 (w of the noisy pair at
-0, 25, 50, 100 % of it shuffled) and the paper's form (L_D + λ·L_G) on the same corpora are
-recorded, not held: one seed's w does not rise with the share at this size."""
+pair, all by w averaged over the re-samplings.  A dose-response on the three seeds (w and the
+excess loss of the noisy pair at 0, 25, 50, 100 % of it shuffled, and their means over the seeds)
+and the paper's form (L_D + λ·L_G) on the same corpora are recorded, not held: on seed 0 alone, w
+did not rise with the share at this size."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from tests.acceptance.claims import record
 NOISY, COPY, HUB = (f"{min('en', x)}-{max('en', x)}" for x in (PLANTED["noisy"], PLANTED["copy"], PLANTED["hub"]))
 SEEDS = (0, 1, 2)
 DOSES = (0.0, 0.25, 0.5)  # and 1.0: seed 0's own corpus
-PAPER = ("--set", "audit.pair_loss=d_plus_lambda_g")
+PAPER = ("--set", "audit.pair_loss=paper")
 
 
 def _audit(run_cli, spec: Path, ws: Path, *extra: str) -> pl.DataFrame:
@@ -38,10 +39,10 @@ def _ranks(table: pl.DataFrame) -> dict[str, int]:
     return dict(zip(table["pair"], table["rank_up_mean"]))
 
 
-@pytest.mark.costs(deepspeed=9)  # each seed's default and paper-form audit, three dose corpora
+@pytest.mark.costs(deepspeed=15)  # each seed's default and paper-form audit, three dose corpora per seed
 def test_planted_defects_rank_as_section_6_6_reads_them_on_three_seeds(run_cli, tmp_path):
     start, figures, held = time.monotonic(), {}, []
-    dose_w = {}
+    dose_w, dose_x = {s: {} for s in SEEDS}, {s: {} for s in SEEDS}
     for seed in SEEDS:
         spec = write_corpus(tmp_path / f"corpus-{seed}", seed=seed)
         table = _audit(run_cli, spec, tmp_path / f"ws-{seed}")
@@ -61,19 +62,31 @@ def test_planted_defects_rank_as_section_6_6_reads_them_on_three_seeds(run_cli, 
         ok = (rank[COPY] >= n - 1, rank[HUB] > n // 2, rank[NOISY] <= 3 and all(rank[NOISY] < rank[p] for p in clean))
         held.append((seed, ok, table.select("pair", "w_mean", "loss_ema", "baseline_loss_ema",
                                             "excess_loss_ema").to_dicts()))
-        if seed == 0:
-            dose_w[1.0] = w[NOISY]
+        dose_w[seed][1.0], dose_x[seed][1.0] = w[NOISY], excess[NOISY]
         paper = _ranks(_audit(run_cli, spec, tmp_path / f"ws-{seed}", *PAPER))
         figures[f"seed {seed}, paper form: rank of copy / hub / noisy (of {n})"] = \
             f"{paper[COPY]} / {paper[HUB]} / {paper[NOISY]}"
-    for share in DOSES:
-        spec = write_corpus(tmp_path / f"dose-{share}", seed=0, shuffled=share)
-        table = _audit(run_cli, spec, tmp_path / f"dose-ws-{share}")
-        dose_w[share] = dict(zip(table["pair"], table["w_mean"]))[NOISY]
-    doses = sorted(dose_w)
-    figures["dose-response, seed 0: w_mean of the noisy pair at 0 / 25 / 50 / 100 % shuffled"] = \
-        " / ".join(f"{dose_w[s]:.2f}" for s in doses)
-    figures["dose-response, seed 0: rises with the share"] = all(dose_w[a] < dose_w[b] for a, b in zip(doses, doses[1:]))
+    for seed in SEEDS:
+        for share in DOSES:
+            spec = write_corpus(tmp_path / f"dose-{seed}-{share}", seed=seed, shuffled=share)
+            table = _audit(run_cli, spec, tmp_path / f"dose-ws-{seed}-{share}")
+            row = table.filter(pl.col("pair") == NOISY).row(0, named=True)
+            dose_w[seed][share], dose_x[seed][share] = row["w_mean"], row["excess_loss_ema"]
+    doses = sorted(dose_w[0])
+    mean_w = {d: sum(dose_w[s][d] for s in SEEDS) / len(SEEDS) for d in doses}
+    mean_x = {d: sum(dose_x[s][d] for s in SEEDS) / len(SEEDS) for d in doses}
+    for seed in SEEDS:
+        figures[f"dose-response, seed {seed}: w_mean / excess of the noisy pair at 0 / 25 / 50 / 100 % shuffled"] = \
+            " / ".join(f"{dose_w[seed][d]:.2f}" for d in doses) + "; " + \
+            " / ".join(f"{dose_x[seed][d]:.2f}" for d in doses)
+    figures["dose-response, mean of the seeds: w_mean at 0 / 25 / 50 / 100 %"] = \
+        " / ".join(f"{mean_w[d]:.2f}" for d in doses)
+    figures["dose-response, mean of the seeds: excess at 0 / 25 / 50 / 100 %"] = \
+        " / ".join(f"{mean_x[d]:.2f}" for d in doses)
+    figures["dose-response, mean of the seeds: w_mean rises with the share"] = \
+        all(mean_w[a] < mean_w[b] for a, b in zip(doses, doses[1:]))
+    figures["dose-response, mean of the seeds: excess rises with the share"] = \
+        all(mean_x[a] < mean_x[b] for a, b in zip(doses, doses[1:]))
     print(json.dumps(figures, indent=1))  # shown by pytest when an assertion below fails
     for seed, (copy_ok, hub_ok, noisy_ok), rows in held:
         assert copy_ok, (f"seed {seed}: the copy is not in the bottom 2", rows)
@@ -82,6 +95,7 @@ def test_planted_defects_rank_as_section_6_6_reads_them_on_three_seeds(run_cli, 
     record("planted-audit", figures,
            {"default pair loss (excess, baseline larger), by w_mean, every seed of " + str(list(SEEDS)):
             "copy in the bottom 2, hub in the bottom half, noisy in the top 3 and above every clean pair",
-            "dose-response": "recorded, not held: one seed's w_mean is noise-dominated at this size (issue 34)",
-            "paper form (d_plus_lambda_g)": "recorded beside, not held"},
+            "dose-response": "recorded, not held: one seed's w_mean moved more between corpora than a quarter of "
+                             "the pair shuffled (issue 34); the mean over the seeds is the reading",
+            "paper form (pair_loss paper)": "recorded beside, not held"},
            seconds=time.monotonic() - start)

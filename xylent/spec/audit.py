@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from xylent.spec.base import Strict
 
@@ -32,10 +32,10 @@ class AuditConfig(Strict):
                              description="floor on q/Q: no pair is sampled less than this share of its prior")
     ema: float = Field(default=0.1, gt=0, le=1, allow_inf_nan=False,
                        description="weight of the newest step in each pair's loss EMA")
-    pair_loss: Literal["d_plus_lambda_g", "g_plus_lambda_d", "excess"] = Field(
+    pair_loss: Literal["paper", "electra", "excess"] = Field(
         default="excess", description="each pair's loss for the adversary, λ = pretrain.disc_weight: "
-        "d_plus_lambda_g is XY-LENT's Eq. 3 as this project reads it (L_D + λ·L_G); g_plus_lambda_d is the "
-        "objective the model trains (L_G + λ·L_D); excess (default) is that loss minus audit.baseline: what "
+        "paper is XY-LENT's Eq. 3 as printed (L_D + λ·L_G); electra is the objective the model trains "
+        "(XLM-E's L_G + λ·L_D); excess (default) is that loss minus audit.baseline: what "
         "neither the language's difficulty nor the translation explains (docs/stages/audit.md)")
     baseline: Literal["larger", "sides", "language"] = Field(
         default="larger", description="pair_loss excess: what each pair's loss is measured against. sides: the "
@@ -49,3 +49,11 @@ class AuditConfig(Strict):
     top_n: int = Field(default=10, ge=1, description="pairs shown in the report at each end of the ranking")
     exclude_top_up: int = Field(default=0, ge=0, description="list the N most up-weighted pairs as a ready-to-run "
                                 "sampling.exclude_pairs override in the report (the audit never edits your spec)")
+
+    @field_validator("pair_loss", mode="before")
+    @classmethod
+    def _renamed(cls, v):
+        new = {"d_plus_lambda_g": "paper", "g_plus_lambda_d": "electra"}.get(v)
+        if new:  # the names before 2026-11-27
+            raise ValueError(f"pair_loss {v!r} is now called {new!r}: write pair_loss: {new}")
+        return v

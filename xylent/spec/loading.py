@@ -4,11 +4,13 @@ and validation errors that say what, where and what to do."""
 from __future__ import annotations
 
 import copy
+import difflib
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from xylent.errors import XylentError
 from xylent.spec.root import Spec
@@ -52,28 +54,70 @@ def apply_override(data: dict, assignment: str) -> None:
             raise XylentError(f"--set {path}: {'.'.join(keys[:i])!r} is a value, not a section")
 
 
-def _format_validation_error(exc: ValidationError, source: str) -> XylentError:
-    lines = []
+def _models_in(annotation) -> list[type[BaseModel]]:
+    """The spec sections an annotation can hold (through list[...], Optional and unions)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def _section_fields(loc: tuple) -> list[str]:
+    """The field names of the spec section at ``loc`` (its last part is the unknown key)."""
+    models: list[type[BaseModel]] = [Spec]
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        # a tagged union (sources: kind) puts the tag in the location ("url" is a tag and a field)
+        tagged = [m for m in models if "kind" in m.model_fields
+                  and part in typing.get_args(m.model_fields["kind"].annotation)] if len(models) > 1 else []
+        owner = next((m for m in models if part in m.model_fields), None)
+        if tagged:
+            models = tagged
+        elif owner is not None:
+            models = _models_in(owner.model_fields[part].annotation)
+        else:
+            return []
+    return [f for m in models for f in m.model_fields if f != "base_dir"]
+
+
+def _unknown_field(loc: tuple) -> str:
+    near = difflib.get_close_matches(str(loc[-1]), _section_fields(loc), n=1)
+    hint = f"did you mean {near[0]!r}?" if near else "check the spelling;"
+    return f"unknown field ({hint} every field of each section is in docs/spec.md)"
+
+
+def _overlaps(a: str, b: str) -> bool:
+    """Whether dotted paths ``a`` and ``b`` name the same field or one lies inside the other."""
+    return (a + ".").startswith(b + ".") or (b + ".").startswith(a + ".")
+
+
+def _format_validation_error(exc: ValidationError, source: str, overrides: tuple[str, ...] = ()) -> XylentError:
+    lines, from_set = [], []
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        parts = tuple(p for p in err["loc"] if not str(p).startswith("function-"))
+        loc = ".".join(map(str, parts))
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; see docs for the fields of this section)"
-        lines.append(f"  - {loc or '(top level)'}: {msg}")
+            msg = _unknown_field(parts)
+        given = [ov for ov in overrides if loc and _overlaps(ov.split("=", 1)[0].strip(), loc)]
+        from_set += given
+        lines.append(f"  - {loc or '(top level)'}: {msg}" + (f" (from --set {given[-1]})" if given else ""))
+    where = source + "".join(f", --set {ov}" for ov in dict.fromkeys(from_set))
     return XylentError(
         "the spec is invalid:\n" + "\n".join(lines),
-        where=source,
+        where=where,
         fix="fix these fields in the YAML or in --set; every field is documented in docs/spec.md",
     )
 
 
-def spec_from_dict(data: dict, *, source: str = "<spec>", base_dir: str = ".") -> Spec:
+def spec_from_dict(data: dict, *, source: str = "<spec>", base_dir: str = ".",
+                   overrides: tuple[str, ...] = ()) -> Spec:
     data = dict(data)
     data["base_dir"] = base_dir
     try:
         return Spec.model_validate(data)
     except ValidationError as exc:
-        raise _format_validation_error(exc, source) from None
+        raise _format_validation_error(exc, source, tuple(overrides)) from None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -128,7 +172,11 @@ def _with_bases(p: Path, seen: tuple[Path, ...] = ()) -> dict:
     if not isinstance(base, str):
         raise XylentError("'extends' must be the path of one spec file", where=str(p),
                           fix="write e.g. extends: ../demo.yaml (relative to this file)")
-    return _merged(_with_bases(p.parent / base, (*seen, p)), data)
+    parent = p.parent / base
+    if not parent.is_file():
+        raise XylentError(f"the spec extends {parent}, which does not exist", where=f"{p}: extends: {base}",
+                          fix="point 'extends:' at an existing spec file (relative to this file's folder)")
+    return _merged(_with_bases(parent, (*seen, p)), data)
 
 
 def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Spec:
@@ -138,4 +186,4 @@ def load_spec(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> 
     data = copy.deepcopy(_with_bases(p) if p.is_file() else _read_yaml(p))
     for ov in overrides:
         apply_override(data, ov)
-    return spec_from_dict(data, source=str(p), base_dir=str(p.resolve().parent))
+    return spec_from_dict(data, source=str(p), base_dir=str(p.resolve().parent), overrides=tuple(overrides))

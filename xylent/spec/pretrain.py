@@ -176,6 +176,15 @@ class PretrainConfig(Strict):
         section = self.OBJECTIVE_SECTIONS.get(self.objective)
         return getattr(self, section).model_dump() if section else {}
 
+    def objective_variant(self) -> dict[str, tuple]:
+        """The trained objective's knobs that differ from its defaults, which are the paper's
+        settings: {knob: (paper's, this run's)}; empty when the run trains the paper's form."""
+        section = self.OBJECTIVE_SECTIONS.get(self.objective)
+        if not section:
+            return {}
+        ours, paper = getattr(self, section).model_dump(), type(getattr(self, section))().model_dump()
+        return {k: (paper[k], v) for k, v in ours.items() if paper[k] != v}
+
     @model_validator(mode="after")
     def _check(self):
         if len(set(self.tasks)) != len(self.tasks):
