@@ -114,3 +114,24 @@ def test_links_use_the_public_ui_address_when_one_is_set(monkeypatch):
     monkeypatch.setenv("XYLENT_MLFLOW_UI_URL", "https://mlflow.team.example/")
     assert ui_base("http://mlflow:5000") == ui_base("sqlite:////ws/mlflow.db") == "https://mlflow.team.example"
     assert how_to_view("http://mlflow:5000") == "open https://mlflow.team.example"
+
+
+def test_a_runs_owner_is_its_process_not_its_pid(tmp_path):
+    """A later run marks an earlier one KILLED only when the process its xylent.owner tag names
+    has ended: a live process with the same pid but another start time (a reused pid) counts as
+    ended; the owner itself, or one on another host, does not."""
+    import socket
+
+    import psutil
+
+    me = tracking.owner()
+    assert me.startswith(f"{socket.gethostname()}:") and not tracking.owner_is_gone(me)
+    host, pid, start = me.rsplit(":", 2)
+    assert tracking.owner_is_gone(f"{host}:{pid}:{float(start) - 5:.3f}"), "the same pid, started earlier: reused"
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    tag = f"{host}:{child.pid}:{psutil.Process(child.pid).create_time():.3f}"
+    assert not tracking.owner_is_gone(tag)
+    child.wait()
+    assert tracking.owner_is_gone(tag), "its process has ended"
+    assert not tracking.owner_is_gone(f"elsewhere.example:{child.pid}:0.000"), "another host: unknowable, kept"
+    assert not tracking.owner_is_gone("not a tag")
