@@ -568,6 +568,102 @@ def test_kill_9_of_the_cli_under_the_processes_runner_leaves_no_process_behind(t
     assert not left, [cmd(p)[:120] for p in left]
 
 
+@pytest.mark.costs(cli=1)
+def test_sigterm_ends_a_slow_download_within_seconds_and_keeps_its_bytes(http_corpus, tmp_path):
+    """A Slurm or CI cancel in the middle of a trickling download (it once ignored SIGTERM and
+    Ctrl-C for 80 s): the run ends within seconds, publishes nothing, keeps the partial file for a
+    resume and reads KILLED in MLflow."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    http_corpus.files["/slow/en.txt"] = "".join(f"line {i} of a slow corpus\n" for i in range(20_000)).encode()
+    http_corpus.slow["/slow/en.txt"] = 4000  # minutes for the whole file
+    spec = write_spec(tmp_path / "spec.yaml", {"name": "cancel", "languages": ["en"], "sources": [
+        {"name": "web", "kind": "url", "format": "text", "lang": "en", "url": f"{http_corpus.base}/slow/en.txt"}]})
+    ws = tmp_path / "ws"
+    cli = subprocess.Popen([sys.executable, "-m", "flows.kit.cli", "run", "download", "--spec", str(spec),
+                            "--workspace", str(ws)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                           env=os.environ.copy(), cwd=Path(__file__).resolve().parents[1])
+    deadline = time.time() + 120
+    while not [p for p in ws.glob("download/_partial/*.part") if p.stat().st_size > 0]:
+        assert cli.poll() is None and time.time() < deadline, cli.communicate()[1][-3000:]
+        time.sleep(0.05)
+    cli.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    try:
+        cli.wait(timeout=60)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    waited, err = time.monotonic() - signalled, cli.communicate()[1]
+    assert cli.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM, 130), err[-2000:]
+    assert waited < 10, f"the download stopped {waited:.1f} s after SIGTERM"
+    assert [p.name for p in (ws / "download").iterdir() if not p.name.startswith("_")] == [], "nothing published"
+    assert [p.stat().st_size for p in ws.glob("download/_partial/*.part")][0] > 0, "the bytes stay for a resume"
+    client = MlflowClient(f"sqlite:///{ws}/mlflow.db")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              "tags.`xylent.stage` = 'download'")
+    assert [r.info.status for r in runs] == ["KILLED"], "a stopped run reads KILLED in MLflow, not FAILED"
+
+
+@pytest.mark.costs(cli=3)  # the pretrain CLI launches its DeepSpeed rank inside its own process tree
+def test_three_clis_side_by_side_each_keep_their_own_server_and_all_finish(demo_run, tmp_path):
+    """As on a team's worker host: three commands at once, each with the temporary Prefect server
+    it starts itself (no PREFECT_API_URL), on its own workspace over the demo's data; one trains
+    (a DeepSpeed rank). Each sees only its own server, all finish, and every server stops with
+    its CLI: none stops another's (issue 35's lost server)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from conftest import linked_data
+
+    _, demo_ws = demo_run
+    short = ["--set", "pretrain.steps=4", "--set", "pretrain.checkpoint_every=2", "--set", "pretrain.warmup_steps=1",
+             "--set", "pretrain.log_every=2"]
+    upto_vocab = ("download", "prepare", "dedup", "vocab")
+    commands = [["run", "pretrain", *short, "--workspace", linked_data(demo_ws, tmp_path / "train")],
+                ["run", "sampling", "--set", "sampling.alpha=0.6",
+                 "--workspace", linked_data(demo_ws, tmp_path / "a", upto_vocab)],
+                ["run", "sampling", "--set", "sampling.alpha=0.4",
+                 "--workspace", linked_data(demo_ws, tmp_path / "b", upto_vocab)]]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    clis = [subprocess.Popen([sys.executable, "-m", "flows.kit.cli", *map(str, c), "--spec", str(DEMO)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[1]) for c in commands]
+    servers: dict[int, set] = {c.pid: set() for c in clis}
+    seen: dict[int, psutil.Process] = {}
+    deadline = time.time() + 600
+    while any(c.poll() is None for c in clis) and time.time() < deadline:
+        for c in clis:
+            try:
+                for child in psutil.Process(c.pid).children(recursive=True):
+                    if "uvicorn" in " ".join(child.cmdline()):
+                        servers[c.pid].add(child.pid)
+                        seen[child.pid] = child
+            except psutil.Error:  # it ended meanwhile
+                pass
+        time.sleep(0.2)
+    errs = [c.communicate(timeout=60)[1] for c in clis]
+    assert [c.returncode for c in clis] == [0, 0, 0], [e[-2000:] for e in errs]
+    assert all(len(s) == 1 for s in servers.values()), f"each CLI started exactly one server of its own: {servers}"
+    assert len(set().union(*servers.values())) == 3
+    assert not any("Crashed" in e or "Traceback" in e for e in errs), [e[-2000:] for e in errs]
+    end = time.time() + 30
+    while time.time() < end and any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in seen.values()):
+        time.sleep(0.2)
+    assert not [p.pid for p in seen.values() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], \
+        "every server stopped with its own CLI"
+
+
 def test_a_copied_workspace_logs_into_its_own_artifact_store_not_the_originals(tmp_path, run_cli):
     import json
     import shutil
