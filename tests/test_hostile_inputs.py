@@ -568,6 +568,25 @@ def test_kill_9_of_the_cli_under_the_processes_runner_leaves_no_process_behind(t
     assert not left, [cmd(p)[:120] for p in left]
 
 
+def test_a_failed_run_leaves_no_pickled_exception_outside_the_workspace(run_cli, tmp_path):
+    """Prefect writes every failed flow's exception into its result storage (~/.prefect/storage):
+    a CLI run points that at a folder that ends with the run."""
+    import base64
+
+    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH
+
+    storage = Path(PREFECT_LOCAL_STORAGE_PATH.value())
+    before = set(storage.iterdir()) if storage.is_dir() else set()
+    missing = tmp_path / "no-such-corpus-8f3a.txt"
+    spec = write_spec(tmp_path / "spec.yaml", {"name": "pickle", "languages": ["en"], "sources": [
+        {"name": "loc", "kind": "local", "format": "text", "lang": "en", "path": str(missing)}]})
+    rc, _, err = run_cli("run", "download", "--spec", spec, "--workspace", tmp_path / "ws")
+    assert rc == 2 and "local file not found" in err
+    new = set(storage.iterdir()) - before if storage.is_dir() else set()  # other tests' runs may write there too
+    ours = [f for f in new if missing.name.encode() in base64.b64decode(f.read_bytes() + b"==", validate=False)]
+    assert not ours, ours
+
+
 @pytest.mark.costs(cli=1)
 def test_sigterm_ends_a_slow_download_within_seconds_and_keeps_its_bytes(http_corpus, tmp_path):
     """A Slurm or CI cancel in the middle of a trickling download (it once ignored SIGTERM and

@@ -12,6 +12,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
@@ -158,8 +159,13 @@ def _run(args) -> dict:
     server_ready()
     kwargs = {"spec_file": args.spec, "workspace": args.workspace, "overrides": args.overrides, "force": args.force}
     from prefect import tags
+    from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
 
-    with run_log(root, target) as log, tags("xylent", "cli"):  # a CLI run is found by tag beside scheduled ones
+    # Prefect pickles every failed flow's exception into its result storage (~/.prefect/storage by default),
+    # outside the workspace and never cleaned: a CLI run's go to a folder that ends with the run
+    with run_log(root, target) as log, tags("xylent", "cli"), \
+            tempfile.TemporaryDirectory(prefix="xylent-prefect-results-") as results, \
+            temporary_settings({PREFECT_LOCAL_STORAGE_PATH: results}):  # a CLI run: found by its tag
         try:
             result = run(**kwargs, **({"until": args.until} if target == "pipeline" else {}))
         except BaseException as exc:  # a failed run is when its task lines are wanted: main() names the file
