@@ -246,6 +246,15 @@ def test_a_published_output_changed_afterwards_is_never_a_cache_hit(tmp_path, ru
     rc, _, err = run_cli("run", "prepare", "--spec", spec, "--force")
     assert rc == 0, err
     assert run_cli("verify", "--spec", spec)[0] == 0
+    # a file added to a published output would be read by the stages after it (they read folders whole)
+    added = part.parent / "injected.parquet"
+    added.write_bytes(part.read_bytes())
+    rc, _, err = run_cli("run", "prepare", "--spec", spec)
+    assert rc == 2 and "injected.parquet: not in the manifest" in err, err
+    rc, out, err = run_cli("verify", "--spec", spec, "--json")
+    assert rc == 2 and any("injected.parquet" in x for x in json.loads(out)["stages"]["prepare"]["problems"])
+    added.unlink()
+    assert run_cli("verify", "--spec", spec)[0] == 0
     # a downloaded file edited in place (one more line) must not flow into prepare
     fetched = next(p for p in Path(stages["download"]["output_dir"]).rglob("*.txt"))
     with open(fetched, "a") as f:

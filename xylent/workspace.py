@@ -72,9 +72,13 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
 
 
 def check_files(directory: Path, manifest: dict[str, Any], *, full: bool = False) -> list[str]:
-    """What differs between a published output and its manifest: missing files
-    and sizes (cheap: every cache hit), checksums too with ``full`` (``xylent verify``)."""
-    problems = []
+    """What differs between a published output and its manifest: files it does not list
+    (stages read folders whole: an added file would be read under an unchanged fingerprint),
+    missing files and sizes (cheap: every cache hit), checksums too with ``full`` (``xylent verify``)."""
+    listed = {entry["path"] for entry in manifest.get("files", [])} | {MANIFEST}
+    root = Path(directory)
+    problems = [f"{p.relative_to(root).as_posix()}: not in the manifest (added after publishing)"
+                for p in sorted(root.rglob("*")) if p.is_file() and p.relative_to(root).as_posix() not in listed]
     for entry in manifest.get("files", []):
         path = Path(directory) / entry["path"]
         try:
