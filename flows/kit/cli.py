@@ -60,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--workspace", help="for every spec (default: each spec's own 'workspace')")
     cmp.add_argument("--out", help="also write the table to this file")
     cmp.add_argument("--json", action="store_true", help="print the numbers as JSON instead")
+    worker = sub.add_parser("worker", help="Prefect's process worker for the deployments (checks PREFECT_API_URL "
+                            "first; XYLENT_HOME defaults to this checkout)")
+    worker.add_argument("--pool", default=os.environ.get("XYLENT_POOL", "xylent"), help="work pool (default xylent)")
+    worker.epilog = "Any other option is passed to `prefect worker start` (e.g. --limit 2, --run-once)."
     hf = sub.add_parser("export-hf", help="write an exported xylent model/ dir as a Hugging Face transformers dir "
                         "(AutoModel & co. with trust_remote_code=True; fast tokenizer)")
     hf.add_argument("model_dir", help="an xylent model/ dir, e.g. workspace/pretrain/<fingerprint>/model")
@@ -232,7 +236,10 @@ def _where(result: dict, args) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "worker":  # only the worker passes options on (to Prefect's)
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     # Prefect's telemetry heartbeat phones home and, on the ephemeral server,
     # races the first flow run for the sqlite database ("database is locked").
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -271,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
             result = _compare(args)
             print(json.dumps(result["runs"], indent=2) if args.json else result["markdown"], end="")
             return 0
+        if args.command == "worker":
+            from flows.kit.worker import start_worker
+
+            start_worker(args.pool, extra)
         if args.command == "export-hf":
             from models.hf_export import export_hf
 
