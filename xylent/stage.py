@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from xylent.errors import XylentError
-from xylent.spec import Spec
 from xylent.tracking import Tracker
 from xylent.workspace import Workspace, fingerprint
+
+if TYPE_CHECKING:  # StageOutcome reaches the training ranks (tasks.sampling.output): no pydantic there
+    from xylent.spec import Spec
 
 
 @dataclass

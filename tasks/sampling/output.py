@@ -10,14 +10,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import polars as pl
+import pyarrow.parquet as pq
 
 from xylent.markdown import markdown_table
-from xylent.spec import SamplingConfig
 from xylent.stage import StageOutcome
 
-from tasks.sampling import SamplingTables
+if TYPE_CHECKING:  # the training ranks read the tables through this module: no polars or pydantic there
+    from xylent.spec import SamplingConfig
+
+    from tasks.sampling.run import SamplingTables
 
 MONO_TABLE = "mono_sampling.parquet"
 PAIR_TABLE = "bitext_sampling.parquet"
@@ -25,14 +28,14 @@ PAIR_TABLE = "bitext_sampling.parquet"
 
 def language_table(sampling_dir: Path) -> dict[str, float]:
     """Language -> sampling probability (languages with p > 0)."""
-    df = pl.read_parquet(Path(sampling_dir) / MONO_TABLE)
-    return {r["lang"]: r["p"] for r in df.iter_rows(named=True) if r["p"] > 0}
+    rows = pq.read_table(Path(sampling_dir) / MONO_TABLE, columns=["lang", "p"]).to_pylist()
+    return {r["lang"]: r["p"] for r in rows if r["p"] > 0}
 
 
 def pair_table(sampling_dir: Path, column: str = "p") -> dict[str, float]:
     """``xx-yy`` -> sampling probability (pairs with p > 0)."""
-    df = pl.read_parquet(Path(sampling_dir) / PAIR_TABLE)
-    return {f"{r['lang_a']}-{r['lang_b']}": r[column] for r in df.iter_rows(named=True) if r[column] and r[column] > 0}
+    rows = pq.read_table(Path(sampling_dir) / PAIR_TABLE, columns=["lang_a", "lang_b", column]).to_pylist()
+    return {f"{r['lang_a']}-{r['lang_b']}": r[column] for r in rows if r[column] and r[column] > 0}
 
 
 def summary(t: SamplingTables, cfg: SamplingConfig) -> str:
@@ -54,6 +57,8 @@ def summary(t: SamplingTables, cfg: SamplingConfig) -> str:
 
 
 def write_output(t: SamplingTables, cfg: SamplingConfig, out: Path) -> StageOutcome:
+    import polars as pl
+
     from tasks.sampling.plots import heatmaps, sorted_pair_probabilities  # matplotlib: not for the loader's ranks
 
     t.mono.write_parquet(out / MONO_TABLE)

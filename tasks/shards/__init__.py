@@ -1,10 +1,24 @@
 """shards stage and the training data loader.
 
-Public API: :class:`TrainingLoader` (batches for the trainer), :func:`pack_language`,
-:func:`encode_pairs`, :func:`truncate_pair`.
+    build.py   packing text into shards: :func:`pack_language`, :func:`encode_pairs`, :func:`truncate_pair`, ...
+    loader.py  :class:`TrainingLoader`, the batches the trainer draws
+    index.py   the output contract: the shard index and how shards are opened
+
+Names are re-exported on first use: the training ranks import the loader without the
+shard builder's polars.
 """
 
-from tasks.shards.build import encode_pairs, pack_language, pack_tokens, tokenize_part, truncate_pair
-from tasks.shards.loader import TrainingLoader
+from __future__ import annotations
 
-__all__ = ["TrainingLoader", "encode_pairs", "pack_language", "pack_tokens", "tokenize_part", "truncate_pair"]
+import importlib
+
+_HOME = {"TrainingLoader": "tasks.shards.loader",
+         **{name: "tasks.shards.build" for name in ("encode_pairs", "pack_language", "pack_tokens", "tokenize_part",
+                                                     "truncate_pair")}}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module 'tasks.shards' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOME[name]), name)
