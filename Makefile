@@ -8,7 +8,7 @@ AZURITE_VERSION ?= 3.37.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast acceptance install lock clean-demo bench benchmarks recipes
+.PHONY: demo test test-fast acceptance install lock clean-demo bench benchmarks recipes gpu-bundle
 
 # torch by pip (a local file on the CI machines; TORCH_SPEC for GPUs), the rest by uv: seconds instead of
 # minutes, and the torch installed first satisfies every requirement on it.  Bytecode compiled at install, as
@@ -75,6 +75,12 @@ bench: $(STAMP)
 		--template docs/benchmarks.md --doc benchmarks/results/quick/benchmarks.md)
 
 benchmarks: bench
+
+# what the GPU check needs on a lent GPU machine (issue 37): DeepSpeed and pydantic as wheels for its
+# Python 3.12, the data stages of data_specs/gpu-check.yaml (built here first: ~10 min on 2 cores);
+# then, there, in one command: benchmarks/gpu_check.sh OUT (docs/benchmarks.md, "The GPU check")
+gpu-bundle: $(STAMP)
+	$(BIN)/python benchmarks/gpu_bundle.py
 
 clean-demo:
 	rm -rf workspace

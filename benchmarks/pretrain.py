@@ -482,6 +482,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--gpu-steps", type=int, default=10, help="steps per timed GPU window")
     ap.add_argument("--zero-stages", default=None, help="DeepSpeed ZeRO stages to measure on GPU (default 0,1,2,3)")
     ap.add_argument("--skip-hf", action="store_true", help="leave out the transformers sides")
+    ap.add_argument("--gpu-only", action="store_true", help="only the GPU rows (benchmarks/gpu_check.py: the CPU "
+                    "rows are this machine's, not the lent GPU's)")
     args = harness.finish_args(ap.parse_args(argv))
     q = args.quick
     args.size = args.size or ("tiny" if q else "small")
@@ -509,7 +511,7 @@ def main(argv: list[str] | None = None) -> dict:
                           torch.get_num_interop_threads()}}
     payload["config"]["flops_per_token"] = {w: step_flops_per_token(w, cfg, args.seq_len)
                                             for w in ("discriminator", "electra", "mlm", "infoxlm", "veco")}
-    payload["cpu"] = cpu_rows(args, cfg, cfg_nobias)
+    payload["cpu"] = None if args.gpu_only else cpu_rows(args, cfg, cfg_nobias)
     payload["gpu"] = gpu_rows(args)
     harness.write_result("pretrain", payload, args)
     return payload

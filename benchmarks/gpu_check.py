@@ -1,0 +1,219 @@
+"""The one-shot GPU evidence (issue 37), run where a GPU is lent, in one command:
+
+    benchmarks/gpu_check.sh OUT            # installs the bundle's wheels, then runs this
+
+It needs the bundle ``make gpu-bundle`` builds here (``.gpu-bundle/``: wheels the GPU image
+lacks, the shards / sampling tables / tokenizer of ``data_specs/gpu-check.yaml``, that spec),
+and writes everything it measures into OUT (at most 8 files of at most 16 MiB each come back
+from the lent machine, so the model travels as a tar cut into parts):
+
+1. ``environment``: the device, its driver, torch / CUDA / DeepSpeed versions, bf16 support;
+2. ``benchmark``: the pretrain benchmark's GPU rows (base size, bf16, ZeRO 0/1/2, tokens/s,
+   MFU, peak memory, beside transformers' ELECTRA) into OUT/pretrain.json;
+3. ``learning``: the real trainer under the DeepSpeed launcher (NCCL and bf16 on a GPU, gloo
+   and fp32 on CPU) on the bundle's corpus, stopped at ``--minutes``; the last complete
+   checkpoint is exported (OUT/model.tar.part-*), with the losses against their trivial peers;
+4. ``faiss``: whether a GPU faiss is there (it is not in the GPU image; nothing is faked).
+
+Every figure is what ran; a part that could not run says why.  ``--toy`` is the CPU dry
+run of ``make test`` (tests/test_gpu_check.py): the same code at a size that takes seconds.
+
+Back here, ``benchmarks/gpu_results.py`` unpacks the model and evaluates it against
+random-init and bag-of-subwords on the held-out split.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path[:0] = [str(REPO)]
+
+PART_BYTES = 15 << 20  # under the lent machine's 16 MiB per returned file
+DATA_STAGES = ("vocab", "sampling", "shards")
+RESULT = "gpu_check.json"
+TOY = ["pretrain.steps=4", "pretrain.checkpoint_every=2", "pretrain.warmup_steps=1", "pretrain.log_every=1",
+       "pretrain.batch_size=8", "pretrain.trtd_max_tokens=1024", "model.layers=2", "model.hidden=64", "model.heads=2",
+       "model.ffn=128", "model.generator_layers=1"]
+
+
+def environment() -> dict:
+    import torch
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "cuda_available": torch.cuda.is_available(), "host_cpus": os.cpu_count()}
+    try:
+        import deepspeed
+
+        env["deepspeed"] = deepspeed.__version__
+    except Exception as exc:  # the bundle's wheel did not install: say so, the rest still runs
+        env["deepspeed"] = f"not importable: {exc}"
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        env.update(device=torch.cuda.get_device_name(0), memory_gib=round(props.total_memory / 2**30, 1),
+                   multiprocessors=props.multi_processor_count, bf16=torch.cuda.is_bf16_supported())
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            env["nvidia_smi"] = subprocess.run([smi, "--query-gpu=name,driver_version,memory.total",
+                                                "--format=csv,noheader"], capture_output=True, text=True,
+                                               timeout=30).stdout.strip()
+    else:
+        env["device"] = f"cpu ({platform.processor() or platform.machine()})"
+    return env
+
+
+def benchmark(out: Path, toy: bool, timeout_s: float) -> dict:
+    """The pretrain benchmark's GPU rows (its CPU rows are the CPU machine's job)."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cmd = [sys.executable, str(HERE / "pretrain.py"), "--device", device, "--gpu-only", "--zero-stages", "0,1,2",
+           "--out", str(out / "bench")]
+    if toy:
+        cmd.append("--quick")
+    started = time.monotonic()
+    try:
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+        rc, tail = done.returncode, (done.stdout + done.stderr)[-3000:]
+    except subprocess.TimeoutExpired as exc:
+        rc, tail = None, f"stopped after {timeout_s:.0f} s: {str(exc.stdout or '')[-2000:]}"
+    result = {"command": " ".join(cmd[1:]), "device": device, "returncode": rc,
+              "seconds": round(time.monotonic() - started, 1)}
+    written = out / "bench" / ("quick" if toy else "") / "pretrain.json"
+    written = written if written.is_file() else next((out / "bench").rglob("pretrain.json"), None)
+    if written is not None and written.is_file():
+        shutil.copy2(written, out / "pretrain.json")
+        result["rows"] = json.loads(written.read_text()).get("gpu")
+    else:
+        result["output_tail"] = tail
+    shutil.rmtree(out / "bench", ignore_errors=True)  # its markdown and json are in pretrain.json
+    return result
+
+
+def learning(bundle: Path, out: Path, minutes: float, toy: bool, overrides: list[str]) -> dict:
+    """The real trainer, time-boxed; the last complete checkpoint exported into OUT."""
+    import torch
+
+    from models.trainer import complete_checkpoints
+    from tasks.pretrain import publish
+    from tasks.pretrain.train_json import train_config
+    from xylent.errors import XylentError
+    from xylent.launch import deepspeed_command, launch, stop_launched
+    from xylent.spec import load_spec
+
+    spec = load_spec(bundle / "spec.yaml", [*(TOY if toy else []), *overrides])
+    upstream = {s: bundle / "data" / s for s in DATA_STAGES}
+    scratch = Path(tempfile.mkdtemp(prefix="xylent-gpu-check-"))
+    ckdir = scratch / "run"
+    ckdir.mkdir()
+    cfg = train_config(spec, upstream, ckdir, None, None)
+    cfg.save(ckdir / "train.json")
+    cmd = deepspeed_command(ckdir / "train.json", ranks=1)
+    stopped, finished = threading.Event(), threading.Event()
+
+    def deadline() -> None:
+        if not finished.wait(minutes * 60):
+            stopped.set()
+            stop_launched()  # the ranks stop; their last complete checkpoint stays
+
+    threading.Thread(target=deadline, daemon=True).start()
+    started = time.monotonic()
+    failure = None
+    try:
+        launch(cmd, ckdir / "train.log", ranks=1)
+    except XylentError as exc:
+        failure = None if stopped.is_set() else exc.render()
+    finally:
+        finished.set()
+    seconds = time.monotonic() - started
+    (out / "learn.log").write_text((ckdir / "train.log").read_text(errors="replace")[-PART_BYTES // 2:])
+    result = {"spec": spec.name, "model": cfg.model, "objective": cfg.objective, "batch_size": cfg.batch_size,
+              "seq_len": json.loads((upstream["shards"] / "index.json").read_text()).get("seq_len"),
+              "precision": "bf16" if torch.cuda.is_available() and cfg.precision in ("auto", "bf16") else "fp32",
+              "planned_steps": cfg.steps, "minutes_allowed": minutes, "seconds": round(seconds, 1),
+              "stopped_by_deadline": stopped.is_set(), "failure": failure}
+    kept = complete_checkpoints(Path(cfg.checkpoint_dir))
+    if not kept:
+        result["exported"] = None
+        shutil.rmtree(scratch, ignore_errors=True)
+        return result
+    result["checkpoint_step"] = int(kept[-1].name.split("-")[1])
+    export_dir = scratch / "export"
+    rows, enc_state, _, n_params = publish.export_run(cfg, ckdir, upstream, export_dir, {
+        "objective": cfg.objective, "steps": result["checkpoint_step"], "fingerprint": "gpu-check",
+        "registered_model": None})
+    rows = [r for r in rows if r["step"] <= result["checkpoint_step"]]
+    result["metrics"] = publish.summary_metrics(rows, n_params, sum(v.numel() for v in enc_state.values()))
+    result["exported"] = pack(export_dir / publish.MODEL_DIR, out)
+    shutil.rmtree(scratch, ignore_errors=True)
+    return result
+
+
+def pack(model_dir: Path, out: Path) -> list[str]:
+    """model/ as model.tar cut into parts the lent machine can return (cat model.tar.part-* | tar x).
+    The encoder only: the generator's and heads' weights (pretraining.safetensors) would double it,
+    and evaluation reads the encoder."""
+    tar = out / "model.tar"
+    with tarfile.open(tar, "w") as t:
+        t.add(model_dir, arcname="model", filter=lambda m: None if m.name.endswith("/pretraining.safetensors") else m)
+    parts, data = [], tar.read_bytes()
+    tar.unlink()
+    for k in range(0, len(data), PART_BYTES):
+        part = out / f"model.tar.part-{k // PART_BYTES:02d}"
+        part.write_bytes(data[k:k + PART_BYTES])
+        parts.append(part.name)
+    return parts
+
+
+def faiss_gpu() -> dict:
+    try:
+        import faiss
+    except ImportError as exc:
+        return {"present": False, "why": f"faiss is not installed on this machine ({exc}); the GPU image has none"}
+    gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    return {"present": gpus > 0, "version": getattr(faiss, "__version__", None), "gpus": gpus}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", help="folder for everything measured (created)")
+    ap.add_argument("--bundle", default=str(REPO / ".gpu-bundle"), help="what make gpu-bundle built")
+    ap.add_argument("--minutes", type=float, default=4.0, help="the learning run's time box")
+    ap.add_argument("--bench-timeout", type=float, default=150.0, help="seconds for the benchmark's GPU rows")
+    ap.add_argument("--toy", action="store_true", help="the CPU dry run: tiny sizes, seconds")
+    ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="a spec override for the learning run (after --toy's)")
+    args = ap.parse_args(argv)
+    out, bundle = Path(args.out), Path(args.bundle)
+    if not (bundle / "spec.yaml").is_file() or not all((bundle / "data" / s).is_dir() for s in DATA_STAGES):
+        sys.exit(f"gpu_check: {bundle} is not a bundle (no spec.yaml or data/{{{','.join(DATA_STAGES)}}}): "
+                 "run make gpu-bundle here first and carry it")
+    out.mkdir(parents=True, exist_ok=True)
+    result = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "toy": args.toy,
+              "environment": environment()}
+    (out / RESULT).write_text(json.dumps(result, indent=1))  # something comes back even if a part hangs
+    result["benchmark"] = None if args.skip_bench else benchmark(out, args.toy, args.bench_timeout)
+    (out / RESULT).write_text(json.dumps(result, indent=1))
+    result["learning"] = learning(bundle, out, args.minutes, args.toy, args.overrides)
+    result["faiss"] = faiss_gpu()
+    result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    (out / RESULT).write_text(json.dumps(result, indent=1, default=str))
+    print(json.dumps({k: result[k] for k in ("environment", "faiss")}, indent=1, default=str))
+    return result
+
+
+if __name__ == "__main__":
+    main()
