@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -44,6 +45,7 @@ sys.path[:0] = [str(REPO)]
 PART_BYTES = 15 << 20  # under the lent machine's 16 MiB per returned file
 DATA_STAGES = ("vocab", "sampling", "shards")
 RESULT = "gpu_check.json"
+STARTUP_S = 300  # the most the launch may take to its first step before the time box starts anyway
 TOY = ["pretrain.steps=4", "pretrain.checkpoint_every=2", "pretrain.warmup_steps=1", "pretrain.log_every=1",
        "pretrain.batch_size=8", "pretrain.trtd_max_tokens=1024", "model.layers=2", "model.hidden=64", "model.heads=2",
        "model.ffn=128", "model.generator_layers=1"]
@@ -84,11 +86,16 @@ def benchmark(out: Path, toy: bool, timeout_s: float) -> dict:
     if toy:
         cmd.append("--quick")
     started = time.monotonic()
+    # its own session: on a timeout the ZeRO rows' child processes go too, not only pretrain.py
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            errors="replace", start_new_session=True)
     try:
-        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
-        rc, tail = done.returncode, (done.stdout + done.stderr)[-3000:]
-    except subprocess.TimeoutExpired as exc:
-        rc, tail = None, f"stopped after {timeout_s:.0f} s: {str(exc.stdout or '')[-2000:]}"
+        output, _ = proc.communicate(timeout=timeout_s)
+        rc, tail = proc.returncode, output[-3000:]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        rc, tail = None, f"stopped after {timeout_s:.0f} s: {output[-2000:]}"
     result = {"command": " ".join(cmd[1:]), "device": device, "returncode": rc,
               "seconds": round(time.monotonic() - started, 1)}
     written = out / "bench" / ("quick" if toy else "") / "pretrain.json"
@@ -121,18 +128,24 @@ def learning(bundle: Path, out: Path, minutes: float, toy: bool, overrides: list
     cfg = train_config(spec, upstream, ckdir, None, None)
     cfg.save(ckdir / "train.json")
     cmd = deepspeed_command(ckdir / "train.json", ranks=1)
-    stopped, finished = threading.Event(), threading.Event()
+    stopped, finished, training = threading.Event(), threading.Event(), threading.Event()
 
     def deadline() -> None:
+        # the time box counts from the first trained step (start-up is not training), within a cap
+        training.wait(STARTUP_S)
         if not finished.wait(minutes * 60):
             stopped.set()
             stop_launched()  # the ranks stop; their last complete checkpoint stays
+
+    def on_line(line: str) -> None:
+        if line.startswith("xylent: step "):
+            training.set()
 
     threading.Thread(target=deadline, daemon=True).start()
     started = time.monotonic()
     failure = None
     try:
-        launch(cmd, ckdir / "train.log", ranks=1)
+        launch(cmd, ckdir / "train.log", on_line, ranks=1)
     except XylentError as exc:
         failure = None if stopped.is_set() else exc.render()
     finally:
@@ -186,6 +199,18 @@ def faiss_gpu() -> dict:
     return {"present": gpus > 0, "version": getattr(faiss, "__version__", None), "gpus": gpus}
 
 
+def part(fn, *args) -> dict:
+    """One part of the check; its failure is recorded, and the parts after it still run."""
+    try:
+        return fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - a lent GPU's minutes: report everything, stop nothing
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        import traceback
+
+        return {"failed": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="folder for everything measured (created)")
@@ -205,10 +230,10 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "toy": args.toy,
               "environment": environment()}
     (out / RESULT).write_text(json.dumps(result, indent=1))  # something comes back even if a part hangs
-    result["benchmark"] = None if args.skip_bench else benchmark(out, args.toy, args.bench_timeout)
+    result["benchmark"] = None if args.skip_bench else part(benchmark, out, args.toy, args.bench_timeout)
     (out / RESULT).write_text(json.dumps(result, indent=1))
-    result["learning"] = learning(bundle, out, args.minutes, args.toy, args.overrides)
-    result["faiss"] = faiss_gpu()
+    result["learning"] = part(learning, bundle, out, args.minutes, args.toy, args.overrides)
+    result["faiss"] = part(faiss_gpu)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     (out / RESULT).write_text(json.dumps(result, indent=1, default=str))
     print(json.dumps({k: result[k] for k in ("environment", "faiss")}, indent=1, default=str))

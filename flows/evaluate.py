@@ -83,8 +83,9 @@ def evaluate(ctx: StageContext) -> StageOutcome:
     pre = ctx.spec.pretrain
     scores = {"models": {}, "tasks": {t.name: t.model_dump(mode="json") for t in cfg.tasks},
               "references": references(),
-              "pipeline": {"objective": pre.objective,
-                           "variant": {k: list(v) for k, v in pre.objective_variant().items()}}}
+              **({"pipeline": {"objective": pre.objective,  # the scorecard names the recipe it was trained with
+                                "variant": {k: list(v) for k, v in pre.objective_variant().items()}}}
+                 if "pipeline" in cfg.models else {})}
     for t in cfg.tasks:  # how much of a task was left out because pretraining saw it
         if (excluded := data_dirs[t.name][0] / EXCLUDED_FILE).is_file():
             scores["tasks"][t.name]["excluded_seen"] = json.loads(excluded.read_text())

@@ -121,20 +121,22 @@ def test_a_worker_elsewhere_runs_deployments_and_two_runs_on_one_workspace_queue
     assert "another run holds it" in said[second.id] and "got the workspace" in said[second.id], said[second.id]
 
 
-@pytest.mark.costs(cli=1)
-def test_xylent_worker_says_in_one_line_what_is_missing_then_is_prefects_worker(prefect_server, run_cli,
-                                                                               monkeypatch, tmp_path):
+@pytest.mark.costs(cli=3)
+def test_xylent_worker_says_in_one_line_what_is_missing_then_is_prefects_worker(prefect_server, tmp_path):
     """`prefect worker start` without PREFECT_API_URL prints a traceback; `xylent worker` says so in
-    one line, names a server that does not answer, and otherwise becomes Prefect's worker."""
-    monkeypatch.delenv("PREFECT_API_URL")
-    rc, _, err = run_cli("worker")
-    assert rc == 2 and "PREFECT_API_URL is not set" in err and "Traceback" not in err
-    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:1/api")
-    rc, _, err = run_cli("worker")
-    assert rc == 2 and "does not answer" in err and "http://127.0.0.1:1/api" in err
-    env = {**os.environ, "PREFECT_API_URL": prefect_server, "PATH": BIN_PATH}
-    env.pop("XYLENT_HOME", None)
-    done = subprocess.run([sys.executable, "-m", "flows.kit.cli", "worker", "--pool", "xylent-once", "--run-once"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    one line, names a server that does not answer, and otherwise becomes Prefect's worker. (In
+    subprocesses: this process's Prefect settings hold the test server, and the worker execs.)"""
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    bare.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PATH=BIN_PATH)  # no profile names a server
+
+    def worker(*args, **env):
+        return subprocess.run([sys.executable, "-m", "flows.kit.cli", "worker", *args], cwd=tmp_path,
+                              env={**bare, **env}, capture_output=True, text=True, timeout=180)
+
+    done = worker()
+    assert done.returncode == 2 and "PREFECT_API_URL is not set" in done.stderr and "Traceback" not in done.stderr
+    done = worker(PREFECT_API_URL="http://127.0.0.1:1/api")
+    assert done.returncode == 2 and "does not answer" in done.stderr and "http://127.0.0.1:1/api" in done.stderr
+    done = worker("--pool", "xylent-once", "--run-once", PREFECT_API_URL=prefect_server)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "xylent-once" in done.stdout + done.stderr, "Prefect's worker ran on the pool it was given"

@@ -77,8 +77,10 @@ def check_files(directory: Path, manifest: dict[str, Any], *, full: bool = False
     missing files and sizes (cheap: every cache hit), checksums too with ``full`` (``xylent verify``)."""
     listed = {entry["path"] for entry in manifest.get("files", [])} | {MANIFEST}
     root = Path(directory)
-    problems = [f"{p.relative_to(root).as_posix()}: not in the manifest (added after publishing)"
-                for p in sorted(root.rglob("*")) if p.is_file() and p.relative_to(root).as_posix() not in listed]
+    # hidden files are an editor's or a file system's (.report.md.swp, .DS_Store, .nfs*), never a stage's
+    problems = [f"{rel}: not in the manifest (added after publishing)" for p in sorted(root.rglob("*"))
+                if p.is_file() and (rel := p.relative_to(root).as_posix()) not in listed
+                and not any(part.startswith(".") for part in p.relative_to(root).parts)]
     for entry in manifest.get("files", []):
         path = Path(directory) / entry["path"]
         try:

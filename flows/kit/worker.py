@@ -25,8 +25,9 @@ def check_server(api_url: str | None) -> str:
     """The API URL of a Prefect server that answers, or a user error saying what is missing."""
     if not api_url:
         raise XylentError("a worker takes its runs from a Prefect server, and PREFECT_API_URL is not set",
-                          where="environment", fix="start one (prefect server start, or the compose stack) and "
-                          "export PREFECT_API_URL=http://<host>:4200/api")
+                          where="the environment and the active Prefect profile",
+                          fix="start one (prefect server start, or the compose stack) and export "
+                          "PREFECT_API_URL=http://<host>:4200/api (or prefect config set PREFECT_API_URL=...)")
     url = api_url.rstrip("/")
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
@@ -34,6 +35,8 @@ def check_server(api_url: str | None) -> str:
                 return url
             problem = f"answered HTTP {r.status}"
     except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):  # it answers, and wants the API key the worker will send (Prefect Cloud)
+            return url
         problem = f"answered HTTP {exc.code}"
     except (urllib.error.URLError, OSError, ValueError) as exc:
         problem = f"does not answer ({getattr(exc, 'reason', exc)})"
@@ -43,7 +46,9 @@ def check_server(api_url: str | None) -> str:
 
 def start_worker(pool: str, prefect_args: list[str]) -> None:
     """Check the server, then exec ``prefect worker start --pool POOL ...`` with XYLENT_HOME set."""
-    check_server(os.environ.get("PREFECT_API_URL"))
+    from prefect.settings import PREFECT_API_URL
+
+    check_server(PREFECT_API_URL.value())  # the environment's, else the active Prefect profile's
     os.environ.setdefault("XYLENT_HOME", str(CHECKOUT))
     prefect = shutil.which("prefect", path=os.pathsep.join([str(Path(sys.executable).parent),
                                                             os.environ.get("PATH", "")]))
