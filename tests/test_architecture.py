@@ -191,6 +191,19 @@ def test_core_tasks_and_models_import_without_prefect():
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
 
 
+def test_a_training_rank_imports_no_polars_spec_tracking_or_orchestration():
+    """What a rank program imports must exist on a bare GPU image (issue 37's check carries
+    DeepSpeed and pydantic as wheels; polars would not fit the bundle): the loader's table
+    readers use pyarrow, and tasks.sampling / tasks.shards re-export on first use."""
+    code = ("import os, sys\nos.environ['DS_ACCELERATOR'] = 'cpu'\nimport models.trainer\n"
+            "bad = sorted({m.split('.')[0] if m.split('.')[0] != 'xylent' else m for m in sys.modules\n"
+            "              if m.split('.')[0] in ('polars', 'mlflow', 'prefect', 'flows', 'matplotlib')\n"
+            "              or m.startswith('xylent.spec')})\n"
+            "print(bad)\nsys.exit(1 if bad else 0)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+
+
 def test_every_stage_is_declared_once_with_a_callable_body_and_a_docs_page():
     from flows.registry import STAGE_FLOWS, STAGES
 
