@@ -678,8 +678,8 @@ def test_three_clis_side_by_side_each_keep_their_own_server_and_all_finish(demo_
         time.sleep(0.2)
     errs = [c.communicate(timeout=60)[1] for c in clis]
     assert [c.returncode for c in clis] == [0, 0, 0], [e[-2000:] for e in errs]
-    assert all(len(s) == 1 for s in servers.values()), f"each CLI started exactly one server of its own: {servers}"
-    assert len(set().union(*servers.values())) == 3
+    assert all(servers.values()), f"each CLI started a server of its own: {servers}"
+    assert len(set().union(*servers.values())) == sum(map(len, servers.values())), "none shared with another CLI"
     assert not any("Crashed" in e or "Traceback" in e for e in errs), [e[-2000:] for e in errs]
     end = time.time() + 30
     while time.time() < end and any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in seen.values()):
