@@ -153,9 +153,10 @@ def test_bad_audit_specs_exit_2(run_cli, override, message):
 
 
 def test_an_audit_that_would_train_no_trtd_step_is_refused(demo_run, run_cli):
-    """The demo trains MRTD on even steps, TRTD on odd ones: a 1-step audit sees no pair."""
+    """The demo trains MRTD on even steps, TRTD on odd ones: a 1-step audit sees no pair. (The
+    session's demo pretrain is DEMO_SHORT's: with it cached, the refusal comes before any training.)"""
     _, ws = demo_run
-    rc, _, err = run_cli("run", "audit", "--spec", DEMO, "--workspace", ws, "--set", "audit.steps=1")
+    rc, _, err = run_cli("run", "audit", "--spec", DEMO_SHORT, "--workspace", ws, "--set", "audit.steps=1")
     assert rc == 2 and "train no TRTD step" in err and "raise audit.steps to at least 2" in err, err[-2000:]
     assert "Traceback" not in err
 

@@ -37,8 +37,9 @@ def test_an_extends_cycle_or_a_missing_base_is_a_clear_error(tmp_path):
     with pytest.raises(XylentError, match="cycle"):
         load_spec(tmp_path / "a.yaml")
     (tmp_path / "c.yaml").write_text("extends: nowhere.yaml\n")
-    with pytest.raises(XylentError, match="spec file not found"):
+    with pytest.raises(XylentError, match="the spec extends .*nowhere.yaml, which does not exist") as err:
         load_spec(tmp_path / "c.yaml")
+    assert "c.yaml: extends: nowhere.yaml" in err.value.render(), "it names the spec that points at it"
     (tmp_path / "d.yaml").write_text("extends: [a.yaml, b.yaml]\n")
     with pytest.raises(XylentError, match="one spec file"):
         load_spec(tmp_path / "d.yaml")
