@@ -203,9 +203,7 @@ def part(fn, *args) -> dict:
     """One part of the check; its failure is recorded, and the parts after it still run."""
     try:
         return fn(*args)
-    except BaseException as exc:  # noqa: BLE001 - a lent GPU's minutes: report everything, stop nothing
-        if isinstance(exc, KeyboardInterrupt):
-            raise
+    except (Exception, SystemExit) as exc:  # a lent GPU's minutes: report everything, stop nothing
         import traceback
 
         return {"failed": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}

@@ -641,6 +641,7 @@ def test_three_clis_side_by_side_each_keep_their_own_server_and_all_finish(demo_
     it starts itself (no PREFECT_API_URL), on its own workspace over the demo's data; one trains
     (a DeepSpeed rank). Each sees only its own server, all finish, and every server stops with
     its CLI: none stops another's (issue 35's lost server)."""
+    import contextlib
     import os
     import subprocess
     import sys
@@ -660,23 +661,24 @@ def test_three_clis_side_by_side_each_keep_their_own_server_and_all_finish(demo_
                 ["run", "sampling", "--set", "sampling.alpha=0.4",
                  "--workspace", linked_data(demo_ws, tmp_path / "b", upto_vocab)]]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    logs = [tmp_path / f"cli-{i}.err" for i in range(len(commands))]  # files: a full pipe would stall a CLI
     clis = [subprocess.Popen([sys.executable, "-m", "flows.kit.cli", *map(str, c), "--spec", str(DEMO)], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                             cwd=Path(__file__).resolve().parents[1]) for c in commands]
+                             stdout=subprocess.DEVNULL, stderr=log.open("w"),
+                             cwd=Path(__file__).resolve().parents[1]) for c, log in zip(commands, logs)]
     servers: dict[int, set] = {c.pid: set() for c in clis}
     seen: dict[int, psutil.Process] = {}
     deadline = time.time() + 600
     while any(c.poll() is None for c in clis) and time.time() < deadline:
         for c in clis:
-            try:
+            with contextlib.suppress(psutil.Error):  # it ended meanwhile
                 for child in psutil.Process(c.pid).children(recursive=True):
                     if "uvicorn" in " ".join(child.cmdline()):
                         servers[c.pid].add(child.pid)
                         seen[child.pid] = child
-            except psutil.Error:  # it ended meanwhile
-                pass
         time.sleep(0.2)
-    errs = [c.communicate(timeout=60)[1] for c in clis]
+    for c in clis:
+        c.wait(timeout=60)
+    errs = [log.read_text() for log in logs]
     assert [c.returncode for c in clis] == [0, 0, 0], [e[-2000:] for e in errs]
     assert all(servers.values()), f"each CLI started a server of its own: {servers}"
     assert len(set().union(*servers.values())) == sum(map(len, servers.values())), "none shared with another CLI"
