@@ -30,7 +30,9 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path[:0] = [str(REPO)]
+sys.path[:0] = [str(REPO), str(HERE)]
+
+import harness  # noqa: E402
 
 STAGES = ("vocab", "sampling", "shards")
 # the GPU image's Python (KINDS.md): wheels must be for it
@@ -105,7 +107,9 @@ def main(argv: list[str] | None = None) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     info = {"spec": str(spec_file.relative_to(REPO) if spec_file.is_relative_to(REPO) else spec_file),
-            "fingerprints": build_data(spec_file, args.workspace, tmp)}
+            "fingerprints": build_data(spec_file, args.workspace, tmp),
+            # the device tool copies the working tree without .git: the commit travels here, into the check's result
+            "git": harness.git_state()}
     (tmp / "spec.yaml").write_text(yaml.safe_dump(spec.dump(), sort_keys=False, allow_unicode=True))
     info["wheels"] = None if args.no_wheels else build_wheels(tmp)
     sizes = {str(p.relative_to(tmp)): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}

@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("out", help="folder for everything measured (created)")
     ap.add_argument("--bundle", default=str(REPO / ".gpu-bundle"), help="what make gpu-bundle built")
     ap.add_argument("--minutes", type=float, default=4.0, help="the learning run's time box")
-    ap.add_argument("--bench-timeout", type=float, default=150.0, help="seconds for the benchmark's GPU rows")
+    ap.add_argument("--bench-timeout", type=float, default=200.0, help="seconds for the benchmark's GPU rows")
     ap.add_argument("--toy", action="store_true", help="the CPU dry run: tiny sizes, seconds")
     ap.add_argument("--skip-bench", action="store_true")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -226,7 +226,8 @@ def main(argv: list[str] | None = None) -> dict:
                  "run make gpu-bundle here first and carry it")
     out.mkdir(parents=True, exist_ok=True)
     result = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "toy": args.toy,
-              "environment": environment()}
+              "environment": environment(), "argv": sys.argv[1:],
+              "bundle": json.loads(info.read_text()) if (info := bundle / "bundle.json").is_file() else None}
     (out / RESULT).write_text(json.dumps(result, indent=1))  # something comes back even if a part hangs
     result["benchmark"] = None if args.skip_bench else part(benchmark, out, args.toy, args.bench_timeout)
     (out / RESULT).write_text(json.dumps(result, indent=1))

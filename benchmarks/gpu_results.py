@@ -45,19 +45,45 @@ def unpack(out: Path, dest: Path) -> Path:
     return dest / "model"
 
 
+RESULT = "gpu_results"
+# what each learning task's loss is read against: the loss a model with no learning gets
+PEER_LOSS = {"discriminator_loss": ("discriminator_base_loss", "base rate"),
+             "generator_loss": ("generator_unigram_loss", "unigram"),
+             "contrast_loss": ("contrast_chance_loss", "chance"),
+             "loss": ("unigram_loss", "unigram")}
+TRAINED = "gpu-trained"
+
+
+def merge(path: Path, run: dict) -> dict:
+    """Every GPU check run so far, one entry per check (a rerun of gpu_results replaces its own entry)."""
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    runs = [r for r in old.get("runs", []) if r["check"]["started"] != run["check"]["started"]]
+    runs = sorted([*runs, run], key=lambda r: r["check"]["started"])
+    return {"benchmark": RESULT, "quick": False, "runs": runs}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", help="the folder the GPU check wrote (as brought back)")
     ap.add_argument("--spec", default=str(SPEC))
     ap.add_argument("--workspace", default=None, help="default: the spec's")
     ap.add_argument("--results", default=str(harness.RESULTS))
+    ap.add_argument("--commit", default=None,
+                    help="the commit the device ran (default: the bundle's, else this checkout's HEAD)")
+    ap.add_argument("--device-command", default=None,
+                    help="gpu_check.sh's arguments after OUT (default: as the check recorded them)")
     args = ap.parse_args(argv)
     out = Path(args.out)
     check = json.loads((out / "gpu_check.json").read_text())
     model = unpack(out, REPO / "workspace-gpu-check" / "returned" / check["started"].replace(":", ""))
-    models = json.dumps([{"name": "gpu-trained", "kind": "xylent", "path": str(model)}, "random-init",
+    models = json.dumps([{"name": TRAINED, "kind": "xylent", "path": str(model)}, "random-init",
                          "bag-of-subwords"])
+    # the peers: this spec with the check's own --set overrides (the model's shape, say); the objective does not
+    # change the encoder's architecture, so random-init is the same whichever recipe trained the returned model
+    argv = check.get("argv", [])
+    sets = [a for flag, a in zip(argv, argv[1:]) if flag == "--set"]
     cmd = [sys.executable, "-m", "flows.kit.cli", "run", "evaluate", "--spec", args.spec, "--json",
+           *[x for s in sets for x in ("--set", s)],
            "--set", "pretrain.steps=1", "--set", "pretrain.checkpoint_every=1", "--set", "pretrain.warmup_steps=0",
            "--set", f"evaluate.models={models}", *(["--workspace", args.workspace] if args.workspace else [])]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
@@ -65,13 +91,115 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit(f"gpu_results: evaluate failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     evaluate_dir = Path(json.loads(done.stdout)["stages"]["evaluate"]["output_dir"])
     scores = json.loads((evaluate_dir / "scores.json").read_text())
-    result = {"check": check, "evaluate": {"output_dir": str(evaluate_dir), "command": " ".join(cmd[2:]),
-                                           "averages": {m: {t: r["avg"] for t, r in tasks.items()}
-                                                        for m, tasks in scores["models"].items()}}}
-    path = Path(args.results) / "gpu_check.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result["evaluate"]["averages"], indent=1))
-    return result
+    command = args.device_command or " ".join(check.get("argv", ["?"])[1:])
+    commit = args.commit or ((check.get("bundle") or {}).get("git") or harness.git_state())["commit"]
+    run = {"commit": commit, "device_command": command, "evaluated": harness.environment(), "check": check,
+           "evaluate": {"output_dir": str(evaluate_dir), "command": " ".join(cmd[2:]),
+                        "averages": {m: {t: r["avg"] for t, r in tasks.items()}
+                                     for m, tasks in scores["models"].items()},
+                        # what each score is read against beyond the peers: the layer, every layer, the majority
+                        "details": {m: {t: {k: r[k] for k in ("layer", "by_layer", "majority_baseline") if k in r}
+                                        for t, r in tasks.items()} for m, tasks in scores["models"].items()}}}
+    path = Path(args.results) / f"{RESULT}.json"
+    path.write_text(json.dumps(merge(path, run), indent=1) + "\n")
+    print(json.dumps(run["evaluate"]["averages"], indent=1))
+    return run
+
+
+# ---------------------------------------------------------------- docs/benchmarks.md (benchmarks/render.py)
+
+def _learned(metrics: dict) -> str:
+    """Each task's final loss beside the loss of its no-learning peer."""
+    parts = []
+    for key, value in sorted(metrics.items()):
+        if not key.startswith("final.") or "/" not in key:
+            continue
+        task, name = key[len("final."):].split("/", 1)
+        if name in PEER_LOSS and f"final.{task}/{PEER_LOSS[name][0]}" in metrics:
+            peer_key, peer = PEER_LOSS[name]
+            parts.append(f"{task} {name.replace('_loss', '')} {value:.3f} vs {peer} "
+                         f"{metrics[f'final.{task}/{peer_key}']:.3f}")
+    return "; ".join(parts) or "–"
+
+
+def _verdict(evaluate: dict) -> str:
+    """Above which trivial peers: the untrained models and, for a classifier, the majority class."""
+    avg = evaluate["averages"]
+    trained = avg[TRAINED]
+    peers = {m: avg[m] for m in avg if m != TRAINED}
+    peers["majority class"] = {t: d.get("majority_baseline") for t, d in evaluate["details"][TRAINED].items()}
+    tasks = [t for t, v in trained.items() if v is not None]
+    above = [t for t in tasks if all(p.get(t) is None or trained[t] > p[t] for p in peers.values())]
+    return (f"above every trivial peer ({', '.join(peers)}) on {len(above)} of {len(tasks)} tasks"
+            + (f" ({', '.join(above)})" if above else ""))
+
+
+def markdown(result: dict) -> str:
+    import pretrain
+
+    runs = result["runs"]
+    env = runs[0]["check"]["environment"]
+    out = [f"Lent machine: {env.get('nvidia_smi') or env['device']}; torch {env['torch']} (CUDA {env['cuda']}), "
+           f"Python {env['python']}, DeepSpeed {env['deepspeed']} from the bundle's wheel. {len(runs)} check "
+           f"run{'s' if len(runs) != 1 else ''}.", ""]
+    bench = next((r["check"]["benchmark"] for r in runs if (r["check"].get("benchmark") or {}).get("rows")), None)
+    if bench is not None:
+        out += pretrain._gpu_md({"gpu": bench["rows"]})
+    rows = []
+    for r in runs:
+        learn = r["check"].get("learning") or {}
+        m = learn.get("metrics") or {}
+        shape = learn.get("model") or {}
+        rows.append([learn.get("objective", "–"), f"{shape.get('layers')} × {shape.get('hidden')}",
+                     learn.get("precision", "–"), f"{learn.get('minutes_allowed')} min",
+                     learn.get("checkpoint_step", "–"), harness.num(m.get("tokens_total")),
+                     harness.num(m.get("tokens_per_second_median")), _learned(m),
+                     learn.get("failure") or ""])
+    out += ["**Learning runs**: the real trainer under the DeepSpeed launcher (NCCL, bf16, ZeRO 2, one rank) on "
+            "the bundle's 40-language corpus, stopped by its time box; the last complete checkpoint is exported and "
+            "evaluated back here. Final losses (mean of the last logged window) beside what a model that learned "
+            "nothing scores:", "",
+            harness.table(["objective", "model", "precision", "time box", "steps reached", "tokens", "tokens/s",
+                           "final loss vs its no-learning peer", "failure"], rows), ""]
+    tasks = list(runs[0]["evaluate"]["averages"][TRAINED])
+    header = ["task"] + [f"{r['check']['learning']['objective']}: {m}" for r in runs
+                         for m in r["evaluate"]["averages"]]
+    table = [[t] + [harness.num(r["evaluate"]["averages"][m].get(t)) for r in runs
+                    for m in r["evaluate"]["averages"]] for t in tasks]
+    out += ["**Evaluated here** (`data_specs/gpu-check.yaml`'s evaluate tasks on text the shards never saw; "
+            "averages over languages: accuracy for `django-topics` (probe) and `django-topics-ft` (fine-tuned), "
+            "xx→en acc@1 for the two retrieval tasks, mean pooling at the default layer, XTREME's scaled to the "
+            "depth: index 4 of 4 for ELECTRA, 3 for MLM-family encoders); the peers have the same architecture and "
+            "tokenizer:", "", harness.table(header, table), ""]
+    majority = {t: d["majority_baseline"] for t, d in runs[0]["evaluate"]["details"][TRAINED].items()
+                if "majority_baseline" in d}
+    if majority:
+        out += ["Majority class (a probe that answers one label everywhere): "
+                + ", ".join(f"{t} {harness.num(v)}" for t, v in majority.items()) + ".", ""]
+    layers = [[f"{r['check']['learning']['objective']}: {m}", t]
+              + [harness.num(v) for _, v in sorted(d["by_layer"].items(), key=lambda kv: int(kv[0]))]
+              for r in runs for m, tasks in r["evaluate"]["details"].items() if m != "bag-of-subwords"
+              for t, d in tasks.items() if d.get("by_layer")]
+    if layers:
+        width = max(len(row) for row in layers) - 2
+        out += ["Retrieval at every hidden-state index (0 = the embeddings):", "",
+                harness.table(["model", "task", *map(str, range(width))], layers), ""]
+    out += [f"- {r['check']['learning']['objective']}: the GPU-trained encoder is "
+            f"{_verdict(r['evaluate'])}." for r in runs]
+    faiss = runs[-1]["check"].get("faiss") or {}
+    out += ["", f"GPU faiss: {'present' if faiss.get('present') else 'not measured: ' + faiss.get('why', '?')}."]
+    return "\n".join(out)
+
+
+def provenance(result: dict) -> str:
+    runs = result["runs"]
+    commits = sorted({(r.get("commit") or "unknown")[:10] for r in runs})
+    ev = runs[-1]["evaluated"]["machine"]
+    started = ", ".join(r["check"]["started"] for r in runs)
+    cmds = "; ".join(f"`gpu_check.sh OUT {r['device_command']}`".replace(" `", "`") for r in runs)
+    return (f"*Run on the lent GPU at {started} (commit {', '.join(commits)}), each once, in one command: {cmds}; "
+            f"evaluated here on {ev.get('usable_cpus', '?')} CPUs with `gpu_results.py`; file "
+            f"`benchmarks/results/{RESULT}.json`.*")
 
 
 if __name__ == "__main__":

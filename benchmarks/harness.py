@@ -229,7 +229,7 @@ def repeated_in_fresh_processes(sides: dict[str, tuple[str, str, dict]], *, repe
 
 # ---------------------------------------------------------------- provenance and results
 
-def _git() -> dict:
+def git_state() -> dict:
     def git(*a):
         return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True).stdout.rstrip("\n")
     commit = git("rev-parse", "HEAD").strip()
@@ -260,7 +260,7 @@ def environment() -> dict:
         "machine": {"cpus": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)), "cpu_model": _cpu_model(),
                     "memory_gib": mem, "platform": platform.platform(), "python": platform.python_version()},
         "versions": versions,
-        "git": _git(),
+        "git": git_state(),
         "thread_env": {v: os.environ[v] for v in THREAD_VARS if v in os.environ},
     }
 

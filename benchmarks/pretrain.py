@@ -439,19 +439,24 @@ def gpu_rows(args) -> dict:
     cfg = preset(size, vocab_size=args.vocab, max_position=max(512, args.gpu_seq_len), specials=SPECIALS)
     data = [b.to(device) for b in batches(args.gpu_steps, args.gpu_batch, args.gpu_seq_len, args.vocab)]
     peak = peak_tflops(name)
-    groups = {"discriminator": {"xylent": ours_discriminator}, "electra": {"xylent": ours_electra}}
+    # the first GPU check (H200, 2026-11-27) had our step at 0.55x transformers' where the CPU has it at 0.97x:
+    # the no-bias side tells whether XLM-E's gated bias (a B x H x L x L tensor per layer, no flash kernel) is why
+    nobias = preset(size, vocab_size=args.vocab, max_position=cfg.max_position, relative_bias=False,
+                    specials=SPECIALS)
+    groups = {"discriminator": {"xylent": (ours_discriminator, cfg), NO_BIAS: (ours_discriminator, nobias)},
+              "electra": {"xylent": (ours_electra, cfg), NO_BIAS: (ours_electra, nobias)}}
     if not args.skip_hf:
-        groups["discriminator"][HF_DISC] = hf_discriminator
-        groups["electra"][HF_ELECTRA] = hf_electra
+        groups["discriminator"][HF_DISC] = (hf_discriminator, cfg)
+        groups["electra"][HF_ELECTRA] = (hf_electra, cfg)
     rows = {}
     for what, makers in groups.items():
-        rows[what] = compare({n: (m, cfg) for n, m in makers.items()}, cfg, data, device, args, bf16=True)
+        rows[what] = compare(makers, cfg, data, device, args, bf16=True)
         fpt = step_flops_per_token(what, cfg, args.gpu_seq_len)
-        for n, m in makers.items():
+        for n, (m, c) in makers.items():
             r = rows[what][n]
             r["flops_per_token"] = fpt
             r["mfu_median"] = round(r["tokens_per_s_median"] * fpt / (peak * 1e12), 4) if peak else None
-            r["peak_memory_gib"] = _peak_memory_alone(m, cfg, data, device)
+            r["peak_memory_gib"] = _peak_memory_alone(m, c, data, device)
     stages = {}
     for stage in args.zero_stage_list:
         run = harness.in_fresh_process("pretrain", "zero_stage_run", {
@@ -651,7 +656,7 @@ def _gpu_md(result: dict) -> list[str]:
         for n, r in sides.items():
             rows.append([what, n, _tps(r), "–" if r.get("mfu_median") is None else f"{r['mfu_median'] * 100:.1f} %",
                          f"{r['peak_memory_gib']:.2f} GiB",
-                         f"{_x(sides['xylent'], peer):.2f}×" if peer is not None and n == "xylent" else ""])
+                         f"{_x(r, peer):.2f}×" if peer is not None and r is not peer else ""])
     out += [harness.table(["step", "side", "tokens/s, median (best)", "MFU (median)", "peak memory",
                            "xylent / transformers"], rows), ""]
     z = gpu.get("zero_stages", {})

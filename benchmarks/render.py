@@ -31,6 +31,8 @@ IMG = ROOT / "docs" / "img" / "benchmarks"
 # the order of the doc; each is benchmarks/<name>.py writing results/<name>.json
 BENCHMARKS = ("prepare_throughput", "dedup", "vocab", "sampling", "shards", "scaling",
               "pretrain", "evaluate", "audit", "finetune", "overhead")
+# results brought back from a lent machine (benchmarks/gpu_results.py): rendered the same way, never smoke-run here
+DEVICE_RESULTS = ("gpu_results",)
 BLOCK = re.compile(r"(<!-- bench:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.S)
 
 
@@ -41,7 +43,7 @@ def render_block(name: str, results: Path) -> str:
                 f"(writes `benchmarks/results/{name}.json`), then `python benchmarks/render.py`.*\n")
     module = importlib.import_module(name)
     body = module.markdown(result).rstrip("\n")
-    return f"{body}\n\n{harness.provenance(result)}\n"
+    return f"{body}\n\n{getattr(module, 'provenance', harness.provenance)(result)}\n"
 
 
 def render(text: str, results: Path, *, doc_name: str = "docs/benchmarks.md") -> str:
@@ -49,13 +51,13 @@ def render(text: str, results: Path, *, doc_name: str = "docs/benchmarks.md") ->
 
     def sub(m: re.Match) -> str:
         seen.add(m["name"])
-        if m["name"] not in BENCHMARKS:
+        if m["name"] not in BENCHMARKS + DEVICE_RESULTS:
             raise SystemExit(f"{doc_name}: block bench:{m['name']} names no benchmark "
-                             f"(known: {', '.join(BENCHMARKS)})")
+                             f"(known: {', '.join(BENCHMARKS + DEVICE_RESULTS)})")
         return m.group(1) + render_block(m["name"], results) + m.group(4)
 
     out = BLOCK.sub(sub, text)
-    missing = [b for b in BENCHMARKS if b not in seen]
+    missing = [b for b in BENCHMARKS + DEVICE_RESULTS if b not in seen]
     if missing:
         raise SystemExit(f"{doc_name}: no generated block for {', '.join(missing)}; add "
                          + " ".join(f"'<!-- bench:{b} -->' '<!-- /bench:{b} -->'" for b in missing))
