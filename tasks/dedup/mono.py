@@ -12,6 +12,7 @@ Memory is set by one part or one bucket, never by the language.  Row ids are
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,9 @@ from xylent.spec import DedupConfig
 
 from tasks.dedup.clusters import candidate_pairs, cluster_representatives
 from tasks.dedup.keys import bucket_of, normalize_expr, part_range, rids, split_rid, stable_hash
-from tasks.dedup.minhash import EMPTY, band_keys, signatures_from_shingles, shingle_hashes, token_hashes
+from tasks.dedup.minhash import (EMPTY, band_keys, signatures_from_shingles, shingle_hashes, token_hashes,
+                                 usable_threads)
+from tasks.dedup.scratch import write_buckets, write_scratch
 
 DROP_SCHEMA = {"rid": pl.Int64, "reason": pl.String, "kept": pl.Int64}
 _SIG_BATCH = 16_384  # units per MinHash batch within a part
@@ -46,16 +49,30 @@ def unit_rows(df: pl.DataFrame, level: str) -> np.ndarray:
               .to_series().to_numpy())
 
 
-def _write_buckets(df: pl.DataFrame, bucket: np.ndarray, root: Path, part_idx: int, buckets: int) -> None:
-    df = df.with_columns(pl.Series("_b", bucket))
-    for b in range(buckets):
-        chunk = df.filter(pl.col("_b") == b).drop("_b")
-        d = root / f"b={b}"
-        d.mkdir(parents=True, exist_ok=True)
-        chunk.write_parquet(d / f"p{part_idx:05d}.parquet")
+def _signatures(texts: pl.Series, char: bool, cfg: DedupConfig, threads: int) -> np.ndarray:
+    """MinHash signatures of every text, ``_SIG_BATCH`` texts per thread at a time (token lists of a whole part
+    would dominate memory).  Each thread runs tokens, shingles and signatures on its own slice: polars and numpy
+    release the GIL, and one series' string operations do not spread over polars' own pool."""
+    def one(chunk: pl.Series) -> np.ndarray:
+        tokens, offsets = token_hashes(chunk, char_ngrams=char, seed=cfg.seed)
+        sh, sh_off = shingle_hashes(tokens, offsets, cfg.char_ngram if char else cfg.ngram)
+        return signatures_from_shingles(sh, sh_off, num_perm=cfg.num_perm, seed=cfg.seed, threads=1)
+
+    n = len(texts)
+    batch = _SIG_BATCH * threads
+    sigs = []
+    with ThreadPoolExecutor(threads) as pool:
+        for start in range(0, max(n, 1), batch):
+            size = min(batch, n - start)
+            step = max(1, -(-size // threads))
+            slices = [texts.slice(start + i, min(step, size - i)) for i in range(0, max(size, 1), step)]
+            sigs.extend(pool.map(one, slices))
+    return np.concatenate(sigs)
 
 
-def map_part(part: Path, part_idx: int, lang: str, work: Path, cfg: DedupConfig) -> dict:
+def map_part(part: Path, part_idx: int, lang: str, work: Path, cfg: DedupConfig, *,
+             threads: int | None = None) -> dict:
+    """``threads``: the MinHash threads (default: the cores this process may use)."""
     df = pl.read_parquet(part, columns=["doc_id", "text"])
     base = part_range(part_idx)[0]
     out = {"rows": len(df)}
@@ -63,17 +80,11 @@ def map_part(part: Path, part_idx: int, lang: str, work: Path, cfg: DedupConfig)
         u = _units(df, cfg.exact_level)
         key = stable_hash(u.select(normalize_expr(pl.col("text"), cfg.normalize)).to_series())
         table = pl.DataFrame({"key": key, "rid": u["unit_row"].to_numpy() + base})
-        _write_buckets(table, bucket_of(key, cfg.buckets), work / "exact", part_idx, cfg.buckets)
+        write_buckets(table, bucket_of(key, cfg.buckets), work / "exact", part_idx, cfg.buckets)
     if cfg.near:
         u = _units(df, cfg.near_level)
         char = lang in cfg.char_languages
-        sigs = []
-        for start in range(0, max(len(u), 1), _SIG_BATCH):  # token lists of a whole part would dominate memory
-            texts = u["text"].slice(start, _SIG_BATCH)
-            tokens, offsets = token_hashes(texts, char_ngrams=char, seed=cfg.seed)
-            sh, sh_off = shingle_hashes(tokens, offsets, cfg.char_ngram if char else cfg.ngram)
-            sigs.append(signatures_from_shingles(sh, sh_off, num_perm=cfg.num_perm, seed=cfg.seed))
-        sig = np.concatenate(sigs)
+        sig = _signatures(u["text"], char, cfg, usable_threads() if threads is None else threads)
         live = sig[:, 0] != EMPTY
         keys = band_keys(sig, cfg.bands, cfg.rows)
         unit_rid = u["unit_row"].to_numpy() + base
@@ -86,7 +97,7 @@ def map_part(part: Path, part_idx: int, lang: str, work: Path, cfg: DedupConfig)
         (work / "sig").mkdir(parents=True, exist_ok=True)
         np.save(work / "sig" / f"p{part_idx:05d}.npy", sig.astype(np.uint32))
         np.save(work / "sig" / f"p{part_idx:05d}.rows.npy", u["unit_row"].to_numpy())
-        _write_buckets(table, bucket_of(table["key"].to_numpy(), cfg.buckets), work / "near", part_idx,
+        write_buckets(table, bucket_of(table["key"].to_numpy(), cfg.buckets), work / "near", part_idx,
                        cfg.buckets)
         out["units"] = len(u)
     return out
@@ -105,7 +116,7 @@ def reduce_exact(work: Path, bucket: int) -> int:
                    .filter(pl.col("rid") != pl.col("kept"))
                    .select("rid", pl.lit("exact").alias("reason"), "kept"))
     (work / "drops").mkdir(parents=True, exist_ok=True)
-    drops.sort("rid").write_parquet(work / "drops" / f"exact-b{bucket:04d}.parquet")
+    write_scratch(drops.sort("rid"), work / "drops" / f"exact-b{bucket:04d}.parquet")
     return len(drops)
 
 
@@ -145,8 +156,8 @@ def reduce_near(work: Path, bucket: int, cfg: DedupConfig) -> int:
             ok = est >= cfg.threshold
             left, right = left[ok], right[ok]
     (work / "edges").mkdir(parents=True, exist_ok=True)
-    pl.DataFrame({"a": left, "b": right}, schema={"a": pl.Int64, "b": pl.Int64}).write_parquet(
-        work / "edges" / f"b{bucket:04d}.parquet")
+    write_scratch(pl.DataFrame({"a": left, "b": right}, schema={"a": pl.Int64, "b": pl.Int64}),
+                  work / "edges" / f"b{bucket:04d}.parquet")
     return len(left)
 
 
@@ -156,7 +167,7 @@ def resolve_near(work: Path) -> int:
     drops = pl.DataFrame({"rid": list(reps), "kept": list(reps.values())}, schema={"rid": pl.Int64, "kept": pl.Int64})
     drops = drops.filter(pl.col("rid") != pl.col("kept")).select("rid", pl.lit("near").alias("reason"), "kept")
     (work / "drops").mkdir(parents=True, exist_ok=True)
-    drops.sort("rid").write_parquet(work / "drops" / "near.parquet")
+    write_scratch(drops.sort("rid"), work / "drops" / "near.parquet")
     return len(drops)
 
 
