@@ -37,7 +37,8 @@ def near_duplicate_clusters(texts: list[str], cfg: DedupConfig | None = None, *,
     threads = usable_threads() if threads is None else threads
     base = cfg or DedupConfig()
     lang = "xx"
-    cfg = base.model_copy(update={"exact": False, "near": True, "near_level": "line",
+    # a bucket per thread: buckets bound a reduce's memory when parts are many; one part's keys are in memory
+    cfg = base.model_copy(update={"exact": False, "near": True, "near_level": "line", "buckets": threads,
                                   "char_languages": [lang] if char_ngrams else []})
     with tempfile.TemporaryDirectory(prefix="xylent-near-") as tmp:
         part, work = Path(tmp) / "part-00000.parquet", Path(tmp) / "work"

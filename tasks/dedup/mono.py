@@ -12,6 +12,7 @@ Memory is set by one part or one bucket, never by the language.  Row ids are
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -61,13 +62,21 @@ def _signatures(texts: pl.Series, char: bool, cfg: DedupConfig, threads: int) ->
     n = len(texts)
     batch = _SIG_BATCH * threads
     sigs = []
-    with ThreadPoolExecutor(threads) as pool:
-        for start in range(0, max(n, 1), batch):
-            size = min(batch, n - start)
-            step = max(1, -(-size // threads))
-            slices = [texts.slice(start + i, min(step, size - i)) for i in range(0, max(size, 1), step)]
-            sigs.extend(pool.map(one, slices))
+    pool = _pool(threads)
+    for start in range(0, max(n, 1), batch):
+        size = min(batch, n - start)
+        step = max(1, -(-size // threads))
+        slices = [texts.slice(start + i, min(step, size - i)) for i in range(0, max(size, 1), step)]
+        sigs.extend(pool.map(one, slices))
     return np.concatenate(sigs)
+
+
+@functools.cache
+def _pool(threads: int) -> ThreadPoolExecutor:
+    # the same threads part after part: with a new pool per part the map phase's peak grew with the parts
+    # (malloc arenas of finished threads keep their freed buffers; 1.25 GB after 16 parts of 100k lines,
+    # 0.72 GB with one pool: benchmarks/dedup.py's stage memory)
+    return ThreadPoolExecutor(threads, thread_name_prefix="xylent-minhash")
 
 
 def map_part(part: Path, part_idx: int, lang: str, work: Path, cfg: DedupConfig, *,
