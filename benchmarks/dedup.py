@@ -175,7 +175,7 @@ def speed_child(docs: int, threads: int, repeats: int, warmup: int, pool: bool) 
 def memory_child(docs: int, side: str, threads: int) -> dict:
     """One side once, its peak measured from after its imports and the corpus."""
     if side == "xylent":
-        import tasks.dedup  # noqa: F401  (polars, pyarrow)
+        import tasks.dedup.run  # noqa: F401  (polars, pyarrow)
     else:
         import datasketch  # noqa: F401
     imported = harness.vm_rss_mb()

@@ -13,28 +13,28 @@ from flows.kit.runners import batches, make_task_runner, run_tasks, task_slots
 
 @task(name="dedup-map", cache_policy=NO_CACHE)
 def map_task(items, work, cfg, languages):
-    from tasks.dedup import phases
+    from tasks.dedup import run as phases
 
     return phases.map_items(items, work, cfg, languages)
 
 
 @task(name="dedup-reduce", cache_policy=NO_CACHE)
 def reduce_task(items, work, cfg):
-    from tasks.dedup import phases
+    from tasks.dedup import run as phases
 
     return phases.reduce_buckets(items, work, cfg)
 
 
 @task(name="dedup-resolve", cache_policy=NO_CACHE)
 def resolve_task(names, work):
-    from tasks.dedup import phases
+    from tasks.dedup import run as phases
 
     return phases.resolve_languages(names, work)
 
 
 @task(name="dedup-apply", cache_policy=NO_CACHE)
 def apply_task(items, work, out, cfg):
-    from tasks.dedup import phases
+    from tasks.dedup import run as phases
 
     return phases.apply_items(items, work, out, cfg)
 

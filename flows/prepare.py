@@ -16,7 +16,7 @@ from xylent.workspace import Workspace
 @task(name="prepare-unit", task_run_name="prepare {key}", cache_policy=NO_CACHE)
 def prepare_unit_task(key: str, records: list[dict], ws_root: str, cfg: PrepareConfig, source_cfg: dict,
                       force: bool = False):
-    import tasks.prepare as prep
+    import tasks.prepare.run as prep
 
     manifest, cached = prep.prepare_unit(records, Workspace(ws_root), cfg, source_cfg, force=force)
     if cached:
@@ -26,7 +26,7 @@ def prepare_unit_task(key: str, records: list[dict], ws_root: str, cfg: PrepareC
 
 @stage_flow(STAGE_BY_NAME["prepare"])
 def prepare(ctx: StageContext) -> StageOutcome:
-    import tasks.prepare as prep
+    import tasks.prepare.run as prep
     from tasks.download.assemble import read_records
     from tasks.prepare.assemble import assemble, source_options
 

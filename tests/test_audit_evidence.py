@@ -17,7 +17,7 @@ from xylent.workspace import Workspace
 
 from tasks.audit import plots
 from tasks.audit.evidence import pair_evidence, reading, sample_pairs, verdict
-from tasks.dedup import phases
+from tasks.dedup import run as phases
 from tasks.dedup.report import assemble
 from tasks.prepare import layout
 from tasks.prepare.writer import BITEXT_SCHEMA, PartWriter

@@ -1,0 +1,94 @@
+"""What the dedup flow calls: the stage's four phases over work items, as plain functions (the flow
+runs each phase's batches as Prefect tasks on the spec's runner), and :func:`near_duplicate_clusters`,
+the same map -> reduce -> resolve path over a list of texts in this process (tests, benchmarks).
+
+An item is one input part (:meth:`tasks.prepare.layout.Part.as_dict`); a
+bucket is ``(kind, name, bucket index)``; ``work`` is the stage's scratch folder
+(``<work>/<kind>/<name>/``), removed once the output is assembled.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from xylent.spec import DedupConfig
+
+from tasks.dedup import bitext as bitext_dedup
+from tasks.dedup import mono as mono_dedup
+from tasks.dedup.minhash import usable_threads
+from tasks.dedup.scratch import write_scratch
+
+
+def map_items(items: list[dict], work: Path, cfg: DedupConfig, languages: tuple[str, ...]) -> int:
+    for it in items:
+        w = Path(work) / it["kind"] / it["name"]
+        if it["kind"] == "mono":
+            mono_dedup.map_part(Path(it["part"]), it["idx"], it["name"], w, cfg)
+        else:
+            bitext_dedup.map_part(Path(it["part"]), it["idx"], w, cfg, languages)
+    return len(items)
+
+
+def reduce_buckets(buckets: list[tuple[str, str, int]], work: Path, cfg: DedupConfig) -> int:
+    for kind, name, bucket in buckets:
+        w = Path(work) / kind / name
+        if kind == "mono":
+            if cfg.exact:
+                mono_dedup.reduce_exact(w, bucket)
+            if cfg.near:
+                mono_dedup.reduce_near(w, bucket, cfg)
+        else:
+            bitext_dedup.reduce_bucket(w, bucket, cfg)
+    return len(buckets)
+
+
+def resolve_languages(names: list[str], work: Path) -> int:
+    return sum(mono_dedup.resolve_near(Path(work) / "mono" / n) for n in names)
+
+
+def apply_items(items: list[dict], work: Path, out: Path, cfg: DedupConfig) -> list[tuple[dict, dict, pl.DataFrame]]:
+    """Write each part without its dropped rows; return (item, counts, a sample of the removed rows)."""
+    results = []
+    for it in items:
+        w = Path(work) / it["kind"] / it["name"]
+        dest = Path(out) / it["rel"]
+        if it["kind"] == "mono":
+            counts, removed = mono_dedup.apply_part(Path(it["part"]), it["idx"], dest, w, cfg)
+        else:
+            counts, removed = bitext_dedup.apply_part(Path(it["part"]), it["idx"], dest, w)
+        keep = removed.sort("rid").group_by("reason", maintain_order=True).head(cfg.samples_per_reason)
+        results.append((it, counts, keep))
+    return results
+
+
+def near_duplicate_clusters(texts: list[str], cfg: DedupConfig | None = None, *,
+                            char_ngrams: bool = False, threads: int | None = None) -> np.ndarray:
+    """One cluster id per text (the smallest index in its cluster); equal ids are
+    near-duplicates (estimated Jaccard of shingle sets >= ``cfg.threshold``).
+    Texts with no shingles (empty) are singletons.  ``char_ngrams``: shingle
+    characters, as the stage does for ``cfg.char_languages``.  ``threads``: the
+    MinHash threads and the buckets reduced at once (default: the cores this
+    process may use; the stage runs its buckets as parallel tasks instead)."""
+    threads = usable_threads() if threads is None else threads
+    base = cfg or DedupConfig()
+    lang = "xx"
+    # a bucket per thread: buckets bound a reduce's memory when parts are many; one part's keys are in memory
+    cfg = base.model_copy(update={"exact": False, "near": True, "near_level": "line", "buckets": threads,
+                                  "char_languages": [lang] if char_ngrams else []})
+    with tempfile.TemporaryDirectory(prefix="xylent-near-") as tmp:
+        part, work = Path(tmp) / "part-00000.parquet", Path(tmp) / "work"
+        write_scratch(pl.DataFrame({"doc_id": np.arange(len(texts), dtype=np.int64), "text": list(texts)},
+                                   schema={"doc_id": pl.Int64, "text": pl.String}), part)
+        mono_dedup.map_part(part, 0, lang, work, cfg, threads=threads)
+        with ThreadPoolExecutor(threads) as pool:  # polars and numpy release the GIL; buckets share nothing
+            list(pool.map(lambda bucket: mono_dedup.reduce_near(work, bucket, cfg), range(cfg.buckets)))
+        mono_dedup.resolve_near(work)
+        drops = pl.read_parquet(work / "drops" / "near.parquet")
+    ids = np.arange(len(texts), dtype=np.int64)
+    ids[drops["rid"].to_numpy()] = drops["kept"].to_numpy()  # part 0: row ids are row indices
+    return ids
