@@ -13,13 +13,7 @@ Names are re-exported on first use: importing one module of the package loads no
 
 from __future__ import annotations
 
-import importlib
+from xylent.reexport import on_first_use
 
 _HOME = {"minhash_signatures": "tasks.dedup.minhash", "near_duplicate_clusters": "tasks.dedup.run"}
-__all__ = sorted(_HOME)
-
-
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module 'tasks.dedup' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOME[name]), name)
+__getattr__, __all__ = on_first_use(__name__, _HOME)

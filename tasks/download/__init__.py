@@ -13,7 +13,7 @@ Names are re-exported on first use: importing one module of the package loads no
 
 from __future__ import annotations
 
-import importlib
+from xylent.reexport import on_first_use
 
 _HOME = {
     "VERSION": "tasks.download.run", "materialise": "tasks.download.run", "unit_fingerprint": "tasks.download.run",
@@ -21,10 +21,4 @@ _HOME = {
     "fetch": "tasks.download.http", "source_identity": "tasks.download.identity",
     "spec_slice": "tasks.download.identity",
 }
-__all__ = sorted(_HOME)
-
-
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module 'tasks.download' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOME[name]), name)
+__getattr__, __all__ = on_first_use(__name__, _HOME)

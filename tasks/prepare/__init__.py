@@ -15,14 +15,8 @@ stage's writers nor the spec.
 
 from __future__ import annotations
 
-import importlib
+from xylent.reexport import on_first_use
 
 _HOME = {"VERSION": "tasks.prepare.run", "group_units": "tasks.prepare.run", "prepare_unit": "tasks.prepare.run",
          "unit_fingerprint": "tasks.prepare.run"}
-__all__ = sorted(_HOME)
-
-
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module 'tasks.prepare' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOME[name]), name)
+__getattr__, __all__ = on_first_use(__name__, _HOME)

@@ -12,7 +12,7 @@ output.py's readers) loads neither polars nor the spec.
 
 from __future__ import annotations
 
-import importlib
+from xylent.reexport import on_first_use
 
 _HOME = {
     "SamplingTables": "tasks.sampling.run", "build_tables": "tasks.sampling.run",
@@ -20,10 +20,4 @@ _HOME = {
     "m2m_pair_distribution": "tasks.sampling.tables", "sinkhorn_pair_distribution": "tasks.sampling.tables",
     "smoothed_pair_distribution": "tasks.sampling.tables",
 }
-__all__ = sorted(_HOME)
-
-
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module 'tasks.sampling' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOME[name]), name)
+__getattr__, __all__ = on_first_use(__name__, _HOME)

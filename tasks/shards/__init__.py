@@ -10,15 +10,9 @@ shard builder's polars.
 
 from __future__ import annotations
 
-import importlib
+from xylent.reexport import on_first_use
 
 _HOME = {"TrainingLoader": "tasks.shards.loader",
          **{name: "tasks.shards.build" for name in ("encode_pairs", "pack_language", "pack_tokens", "tokenize_part",
                                                      "truncate_pair")}}
-__all__ = sorted(_HOME)
-
-
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module 'tasks.shards' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOME[name]), name)
+__getattr__, __all__ = on_first_use(__name__, _HOME)
