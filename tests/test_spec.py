@@ -58,7 +58,10 @@ def test_a_spec_error_says_which_set_gave_the_value_and_suggests_the_nearest_fie
     assert "audit.pair_los: unknown field (did you mean 'pair_loss'?" in text
     assert "did you mean 'url'?" in text, "a source's fields, through its kind"
     assert "zzz: unknown field (check the spelling;" in text
-    assert f"where: {spec}, --set pretrain.steps=-5, --set audit.pair_los=paper" in text
+    where = text.split("where: ")[1].splitlines()[0]
+    assert where.startswith(f"{spec}, --set ") and all(
+        f"--set {ov}" in where for ov in ("pretrain.steps=-5", "audit.pair_los=paper", "sources.0.urll=x", "zzz=1"))
+    assert "  - sources.0.urll: unknown field" in text, "the source's kind tag is not part of the location"
 
 
 def test_a_missing_extends_parent_names_the_spec_that_points_at_it(tmp_path):
@@ -136,3 +139,30 @@ def test_a_knob_added_later_at_its_default_keeps_existing_fingerprints():
     fps = stage_fingerprints(demo)
     changed = stage_fingerprints(load_spec(ROOT / "data_specs" / "demo.yaml", ["sampling.exclude_pairs=[de-en]"]))
     assert {s for s in fps if fps[s] != changed[s]} == {"sampling", "pretrain", "audit", "evaluate"}
+
+
+def test_set_is_named_for_the_field_it_gave_through_a_source_kind_and_not_for_a_section_error(tmp_path):
+    spec = write_spec(tmp_path / "s.yaml", BASE)
+    with pytest.raises(XylentError) as err:
+        load_spec(spec, ["sources.0.format=xml", "pretrain.objective=veco", "pretrain.tasks=[mrtd]"])
+    text = err.value.render()
+    # the source's kind ("url") is a tag in pydantic's location, not a field a user can write
+    assert "  - sources.0.format: " in text and "(from --set sources.0.format=xml)" in text, text
+    # the section's own check failed; neither --set inside it gave the section
+    assert "  - pretrain: " in text and "add 'trtd'" in text, text
+    assert "(from --set pretrain." not in text and "--set pretrain." not in text.split("where:")[1], text
+
+
+def test_a_yaml_alias_bomb_is_refused_before_it_is_merged(tmp_path):
+    keys = [f"k{i}" for i in range(10)]
+    bomb = ["d0: &d0 {" + ", ".join(f"{k}: x" for k in keys) + "}"]
+    bomb += [f"d{i}: &d{i} {{" + ", ".join(f"{k}: *d{i - 1}" for k in keys) + "}" for i in range(1, 9)]
+    # the same mapping on both sides of extends: the merge would recurse into all 10**8 copies
+    base = tmp_path / "base.yaml"
+    base.write_text("\n".join(bomb) + "\npretrain: {x: *d8}\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: base.yaml\n" + "\n".join(bomb) + "\npretrain: {x: *d8}\n")
+    for spec in (child, base):
+        with pytest.raises(XylentError) as err:
+            load_spec(spec)
+        assert "more than 100,000 values once its YAML aliases" in err.value.render()

@@ -61,45 +61,50 @@ def _models_in(annotation) -> list[type[BaseModel]]:
     return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
 
 
-def _section_fields(loc: tuple) -> list[str]:
-    """The field names of the spec section at ``loc`` (its last part is the unknown key)."""
+def _walk(loc: tuple) -> tuple[tuple, list[type[BaseModel]]]:
+    """An error location without its union tags (a source's ``kind`` sits in the location:
+    ``sources.0.url.sha256``), and the spec sections the value at that location can be."""
     models: list[type[BaseModel]] = [Spec]
-    for part in loc[:-1]:
+    path: list = []
+    for part in loc:
         if isinstance(part, int):
+            path.append(part)
             continue
-        # a tagged union (sources: kind) puts the tag in the location ("url" is a tag and a field)
+        # "url" is both a tag and a field: a tag only where the section is still a union
         tagged = [m for m in models if "kind" in m.model_fields
                   and part in typing.get_args(m.model_fields["kind"].annotation)] if len(models) > 1 else []
-        owner = next((m for m in models if part in m.model_fields), None)
         if tagged:
             models = tagged
-        elif owner is not None:
-            models = _models_in(owner.model_fields[part].annotation)
-        else:
-            return []
-    return [f for m in models for f in m.model_fields if f != "base_dir"]
+            continue
+        path.append(part)
+        owner = next((m for m in models if part in m.model_fields), None)
+        models = _models_in(owner.model_fields[part].annotation) if owner is not None else []
+    return tuple(path), models
 
 
 def _unknown_field(loc: tuple) -> str:
-    near = difflib.get_close_matches(str(loc[-1]), _section_fields(loc), n=1)
+    fields = [f for m in _walk(loc[:-1])[1] for f in m.model_fields if f != "base_dir"]
+    near = difflib.get_close_matches(str(loc[-1]), fields, n=1)
     hint = f"did you mean {near[0]!r}?" if near else "check the spelling;"
     return f"unknown field ({hint} every field of each section is in docs/spec.md)"
 
 
-def _overlaps(a: str, b: str) -> bool:
-    """Whether dotted paths ``a`` and ``b`` name the same field or one lies inside the other."""
-    return (a + ".").startswith(b + ".") or (b + ".").startswith(a + ".")
+def _given_by(assignment: str, field: str) -> bool:
+    """Whether the value at ``field`` came from this ``--set``: it set that field or a section
+    around it.  A --set inside a section is not blamed for the section's own error."""
+    path = assignment.split("=", 1)[0].strip()
+    return field == path or field.startswith(path + ".")
 
 
 def _format_validation_error(exc: ValidationError, source: str, overrides: tuple[str, ...] = ()) -> XylentError:
     lines, from_set = [], []
     for err in exc.errors():
         parts = tuple(p for p in err["loc"] if not str(p).startswith("function-"))
-        loc = ".".join(map(str, parts))
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = _unknown_field(parts)
-        given = [ov for ov in overrides if loc and _overlaps(ov.split("=", 1)[0].strip(), loc)]
+        loc = ".".join(map(str, _walk(parts)[0]))
+        given = [ov for ov in overrides if loc and _given_by(ov, loc)]
         from_set += given
         lines.append(f"  - {loc or '(top level)'}: {msg}" + (f" (from --set {given[-1]})" if given else ""))
     where = source + "".join(f", --set {ov}" for ov in dict.fromkeys(from_set))
@@ -136,6 +141,27 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+MAX_VALUES = 100_000  # the largest shipped spec has ~350; an alias bomb has billions
+
+
+def _too_big(data: Any) -> bool:
+    """Whether the YAML, its aliases (``&a`` / ``*a``) expanded, holds more than MAX_VALUES values.
+    The loader shares an alias's object, so the file is small; merging it under ``extends:``
+    or validating it walks every copy (gigabytes at depth 8)."""
+    seen, stack = 0, [data]
+    while stack:
+        node = stack.pop()
+        seen += 1
+        if seen > MAX_VALUES:
+            return True
+        if isinstance(node, dict):
+            stack.extend(node.values())
+            seen += len(node)  # the keys
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
 def _read_yaml(p: Path) -> dict:
     if not p.is_file():
         raise XylentError(f"spec file not found: {p}", fix="pass --spec with a YAML file, e.g. data_specs/demo.yaml")
@@ -148,6 +174,10 @@ def _read_yaml(p: Path) -> dict:
         raise XylentError(f"the spec is not valid YAML: {exc}", where=str(p)) from None
     if not isinstance(data, dict):
         raise XylentError("the spec must be a YAML mapping", where=str(p))
+    if _too_big(data):
+        raise XylentError(f"the spec holds more than {MAX_VALUES:,} values once its YAML aliases (*name) are "
+                          "expanded (an alias bomb?)", where=str(p),
+                          fix="write the values out or use fewer nested aliases; a spec holds a few hundred values")
     return data
 
 
