@@ -182,3 +182,21 @@ def test_total_timeout_stops_a_trickling_server_and_keeps_its_bytes(http_corpus,
         _fetch(http_corpus.base + "/slow.bin", tmp_path, timeout_s=5, total_timeout_s=1)
     assert time.monotonic() - started < 4
     assert "resumes" in str(err.value) and 0 < (tmp_path / "x.part").stat().st_size < 100_000
+
+
+def test_size_caps_stop_an_endless_or_oversized_file_and_a_nearly_full_disk(http_corpus, tmp_path):
+    http_corpus.files["/big.bin"] = BODY
+    with pytest.raises(XylentError, match="announces 300,000 bytes, more than download.max_file_bytes = 100,000"):
+        _fetch(http_corpus.base + "/big.bin", tmp_path, max_file_bytes=100_000)
+    assert not (tmp_path / "x.part").exists() or (tmp_path / "x.part").stat().st_size == 0, "refused before a byte"
+    http_corpus.files["/endless.bin"] = BODY  # no length: only the bytes themselves can tell
+    http_corpus.no_length.add("/endless.bin")
+    with pytest.raises(XylentError, match="passed 100,000 bytes, more than download.max_file_bytes") as err:
+        _fetch(http_corpus.base + "/endless.bin", tmp_path / "endless", max_file_bytes=100_000)
+    assert "max_bytes to fetch a prefix" in err.value.render()
+    with pytest.raises(XylentError, match="the disk is nearly full") as err:
+        _fetch(http_corpus.base + "/big.bin", tmp_path / "full", min_free_bytes=1 << 60)
+    assert "download.min_free_bytes" in str(err.value) and "resumes" in err.value.render()
+    from xylent.spec.download import DownloadConfig
+
+    assert DownloadConfig().max_file_bytes == 1 << 38 and DownloadConfig().min_free_bytes == 1 << 30, "on by default"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Callable
@@ -33,15 +34,24 @@ def _load_meta(meta_path: Path) -> dict:
         return {}
 
 
-class _Deadline:
-    """``download.total_timeout_s`` for one file, across its attempts."""
+class _Limits:
+    """What one file may take, across its attempts: ``download.total_timeout_s``, ``download.max_file_bytes``
+    and ``download.min_free_bytes`` (a runaway server or a stream without end cannot fill the disk)."""
 
-    def __init__(self, seconds: float | None, url: str):
+    def __init__(self, seconds: float | None, url: str, *, max_file_bytes: int | None = None,
+                 min_free_bytes: int = 0, folder: Path | None = None):
         self.seconds, self.url = seconds, url
         self.at = None if seconds is None else time.monotonic() + seconds
+        self.max_file_bytes, self.min_free_bytes, self.folder = max_file_bytes, min_free_bytes, folder
 
     def timeout(self, per_read: float) -> float:
         return per_read if self.at is None else max(0.01, min(per_read, self.at - time.monotonic()))
+
+    def announced(self, total: int | None, have: int) -> None:
+        """Refuse a file whose announced length breaks a limit before a byte of it is written."""
+        if total is not None:
+            self._size(total, announced=True)
+            self._disk(total - have)
 
     def check(self, fetched: int, total: int | None = None) -> None:
         if self.at is not None and time.monotonic() > self.at:
@@ -49,6 +59,26 @@ class _Deadline:
             raise XylentError(f"the download took longer than download.total_timeout_s = {self.seconds:g} s "
                               f"({fetched:,}{of} bytes fetched)", where=self.url,
                               fix="raise download.total_timeout_s (or unset it) or use a faster mirror; the bytes "
+                              "fetched are kept and the next run resumes from them")
+        self._size(fetched, announced=False)
+        self._disk(0)
+
+    def _size(self, n: int, *, announced: bool) -> None:
+        if self.max_file_bytes is not None and n > self.max_file_bytes:
+            what = f"the server announces {n:,} bytes" if announced else f"the file passed {self.max_file_bytes:,} bytes"
+            raise XylentError(f"{what}, more than download.max_file_bytes = {self.max_file_bytes:,}", where=self.url,
+                              fix="raise download.max_file_bytes (null: no cap) if the file really is this big, or "
+                              "set the source's max_bytes to fetch a prefix")
+
+    def _disk(self, more: int) -> None:
+        if self.folder is None or not self.min_free_bytes:
+            return
+        free = shutil.disk_usage(self.folder).free
+        if free - more < self.min_free_bytes:
+            need = f"{more:,} more bytes would leave" if more else "only"
+            raise XylentError(f"the disk is nearly full: {need} {max(0, free - more):,} bytes free, under "
+                              f"download.min_free_bytes = {self.min_free_bytes:,}", where=f"{self.url} -> {self.folder}",
+                              fix="free space on that disk or point the workspace at a larger one; the bytes "
                               "fetched are kept and the next run resumes from them")
 
 
@@ -81,7 +111,7 @@ def _stream_http(
     timeout: float,
     chunk: int,
     on_bytes: Callable[[int], None],
-    deadline: _Deadline,
+    limits: _Limits,
 ) -> dict:
     have = part.stat().st_size if part.exists() else 0
     meta = _load_meta(meta_path)
@@ -98,7 +128,7 @@ def _stream_http(
         if have and meta.get("etag"):
             headers["If-Range"] = meta["etag"]
     try:
-        resp = session.get(url, headers=headers, stream=True, timeout=deadline.timeout(timeout))
+        resp = session.get(url, headers=headers, stream=True, timeout=limits.timeout(timeout))
     except requests.TooManyRedirects:
         raise XylentError("the server redirects in a loop (more than 30 redirects)", where=url,
                           fix="open the URL in a browser to see where it leads, and put the final URL in the spec"
@@ -155,6 +185,8 @@ def _stream_http(
                    and "chunked" not in resp.headers.get("Transfer-Encoding", "").lower())
         meta = {"url": url, "etag": resp.headers.get("ETag"), "total": total, "encoded": encoded}
         meta_path.write_text(json.dumps(meta))
+        if max_bytes is None:  # a prefix is capped already
+            limits.announced(total if total is not None else expected, have)
         got = 0
         try:
             with open(part, mode) as f:
@@ -168,7 +200,7 @@ def _stream_http(
                     on_bytes(len(block))
                     if max_bytes is not None and have + got >= max_bytes:
                         break
-                    deadline.check(have + got, total)
+                    limits.check(have + got, total)
                     interrupt.check()  # Ctrl-C / SIGTERM: the .part stays for a resume, nothing is published
         except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, requests.Timeout,
                 urllib3.exceptions.HTTPError) as exc:
@@ -176,7 +208,7 @@ def _stream_http(
         if expected is not None and got < expected and not (max_bytes is not None and have + got >= max_bytes):
             raise _Retry(f"connection dropped after {have + got} bytes")
     if unsized and not (max_bytes is not None and have + got >= max_bytes):
-        whole = _confirm_end(session, url, have + got, meta["etag"], deadline.timeout(timeout))
+        whole = _confirm_end(session, url, have + got, meta["etag"], limits.timeout(timeout))
         if whole is False:
             raise _Retry(f"the body (sent without a length) ended after {have + got} bytes but the server has more")
         meta["length_verified"] = bool(whole)
@@ -184,7 +216,7 @@ def _stream_http(
     return meta
 
 
-def _stream_fsspec(url: str, part: Path, *, max_bytes: int | None, chunk: int, on_bytes, deadline: _Deadline) -> dict:
+def _stream_fsspec(url: str, part: Path, *, max_bytes: int | None, chunk: int, on_bytes, limits: _Limits) -> dict:
     import fsspec
 
     protocol = url.split("://", 1)[0] if "://" in url else "file"
@@ -219,7 +251,7 @@ def _stream_fsspec(url: str, part: Path, *, max_bytes: int | None, chunk: int, o
                 interrupt.check()
                 have += len(block)
                 on_bytes(len(block))
-                deadline.check(have)
+                limits.check(have)
     except FileNotFoundError:
         raise XylentError("file not found", where=url, fix="check the URL or path in the spec") from None
     except IsADirectoryError:
@@ -243,6 +275,8 @@ def fetch(
     backoff_s: float = 0.5,
     timeout_s: float = 60.0,
     total_timeout_s: float | None = None,
+    max_file_bytes: int | None = None,
+    min_free_bytes: int = 0,
     chunk_bytes: int = 1 << 20,
     on_bytes: Callable[[int], None] = lambda n: None,
 ) -> dict:
@@ -258,17 +292,18 @@ def fetch(
     is_http = url.startswith(("http://", "https://"))
     session = requests.Session() if is_http else None
     attempt = 0
-    deadline = _Deadline(total_timeout_s, url)
+    limits = _Limits(total_timeout_s, url, max_file_bytes=max_file_bytes, min_free_bytes=min_free_bytes,
+                       folder=part.parent)
     while True:
         try:
             if is_http:
                 meta = _stream_http(
                     session, url, part, meta_path,
-                    max_bytes=max_bytes, timeout=timeout_s, chunk=chunk_bytes, on_bytes=on_bytes, deadline=deadline,
+                    max_bytes=max_bytes, timeout=timeout_s, chunk=chunk_bytes, on_bytes=on_bytes, limits=limits,
                 )
             else:
                 meta = _stream_fsspec(url, part, max_bytes=max_bytes, chunk=chunk_bytes, on_bytes=on_bytes,
-                                      deadline=deadline)
+                                      limits=limits)
             break
         except _Retry as exc:
             attempt += 1
@@ -278,7 +313,7 @@ def fetch(
                     where=url,
                     fix="check the network and the server; rerunning resumes from the bytes already fetched",
                 ) from None
-            deadline.check(part.stat().st_size if part.exists() else 0)
+            limits.check(part.stat().st_size if part.exists() else 0)
             time.sleep(backoff_s * 2 ** (attempt - 1))
     if not part.exists():
         part.touch()

@@ -52,8 +52,8 @@ def materialise(item: FetchItem, ws: Workspace, cfg: DownloadConfig, on_bytes=la
             got = fetch(
                 item.url, part, sha256=item.sha256, size=item.size, max_bytes=item.max_bytes,
                 retries=cfg.retries, backoff_s=cfg.backoff_s, timeout_s=cfg.timeout_s,
-                total_timeout_s=cfg.total_timeout_s,
-                chunk_bytes=cfg.chunk_bytes, on_bytes=on_bytes,
+                total_timeout_s=cfg.total_timeout_s, max_file_bytes=cfg.max_file_bytes,
+                min_free_bytes=cfg.min_free_bytes, chunk_bytes=cfg.chunk_bytes, on_bytes=on_bytes,
             )
             dest = tmp / Path(item.filename).name
             shutil.move(str(part), dest)  # out of _partial: a wrong file is not resumed either
