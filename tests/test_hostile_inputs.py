@@ -491,6 +491,36 @@ def test_a_local_source_that_is_not_a_regular_file_is_one_clear_message(tmp_path
         assert rc == 2 and what in err and str(path) in err and "Traceback" not in err, err
 
 
+def test_stopping_a_launch_signals_its_launcher_and_ranks_by_identity_and_no_other_process():
+    """xylent.launch.stop_launched (SIGTERM, Ctrl-C) finds the launcher and its ranks by the
+    pid:start-time mark they inherit, and signals each through the process object found alive."""
+    import os
+    import subprocess
+    import sys
+
+    from xylent.launch import _parent_mark, stop_launched
+
+    rank = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
+           "print('up', flush=True); time.sleep(60)"
+    launched = subprocess.Popen([sys.executable, "-c", rank], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, "XYLENT_PARENT": _parent_mark()})
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],  # ours, not a launch
+                             env={k: v for k, v in os.environ.items() if k != "XYLENT_PARENT"})
+    try:
+        assert launched.stdout.readline().strip() == "up"
+        import psutil
+
+        ranks = psutil.Process(launched.pid).children()
+        assert len(ranks) == 1
+        assert stop_launched() == 2, "the launcher and its rank"
+        assert launched.wait(timeout=10) == -15 and psutil.wait_procs(ranks, timeout=10)[1] == []
+        assert other.poll() is None, "a process this one started but did not launch is left alone"
+    finally:
+        for p in (launched, other):
+            p.kill()
+            p.wait()
+
+
 def test_the_server_watchdog_stops_only_the_server_it_was_given_never_a_process_that_took_its_number():
     """PIDs wrap within minutes on a busy machine: the watchdog knows its CLI and its server by
     PID and start time, so a reused number, for the parent or the server, is not them."""

@@ -171,18 +171,22 @@ def _parent_mark(proc: psutil.Process | None = None) -> str:
 
 
 def stop_launched() -> int:
-    """SIGTERM the process group of every launch this process started (the direct children whose
-    XYLENT_PARENT names it); returns how many.  A rerun resumes from their last checkpoint."""
+    """SIGTERM every process of the launches this process started: each descendant whose XYLENT_PARENT
+    names this process (the launcher and its ranks inherit it); returns how many were signalled.  Each is
+    signalled through the psutil.Process taken while it was found alive, which refuses a pid that a
+    new process took meanwhile; a bare pid or process-group id could name a stranger.  A rerun resumes
+    from their last checkpoint."""
     me = psutil.Process()
-    mark, stopped = _parent_mark(me), 0
-    for child in me.children():
+    mark, signalled = _parent_mark(me), 0
+    for proc in me.children(recursive=True):
         try:
-            if child.environ().get("XYLENT_PARENT") == mark:
-                os.killpg(child.pid, signal.SIGTERM)
-                stopped += 1
+            if proc.environ().get("XYLENT_PARENT") != mark:
+                continue
+            proc.send_signal(signal.SIGTERM)
+            signalled += 1
         except (psutil.Error, OSError):
             continue  # gone already, or not ours to signal
-    return stopped
+    return signalled
 
 
 def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None = None,
