@@ -63,11 +63,20 @@ def _model_params(model) -> dict:
     return {"model": model.name, "kind": model.kind, "path": model.path}
 
 
+def _tag_registered_version(ctx: StageContext, tags: dict[str, str]) -> None:
+    """The encoder's registered version (pretrain's manifest names it) carries its headline evaluation."""
+    pre = ctx.ws.manifest(ctx.upstream["pretrain"]) or {}
+    if pre.get("registered_model") is None:
+        return
+    for key, value in tags.items():
+        ctx.tracker.client.set_model_version_tag(pre["registered_model"], str(pre["registered_version"]), key, value)
+
+
 @stage_flow(STAGE_BY_NAME["evaluate"])
 def evaluate(ctx: StageContext) -> StageOutcome:
     from tasks.evaluate.encoders import check_layers
     from tasks.evaluate.run import FINETUNED, sentences_to_embed
-    from tasks.evaluate.scorecard import PRIMARY, mlflow_metrics, references, write_scorecard
+    from tasks.evaluate.scorecard import PRIMARY, headline_tags, mlflow_metrics, references, write_scorecard
     from tasks.evaluate.sources import EXCLUDED_FILE, task_dirs
     from tasks.evaluate.finetune.task import TaskData
 
@@ -109,6 +118,8 @@ def evaluate(ctx: StageContext) -> StageOutcome:
     finally:
         progress.close()
     write_scorecard(ctx.out, scores)
+    if "pipeline" in scores["models"]:
+        _tag_registered_version(ctx, {**headline_tags(scores), "eval.output": ctx.fingerprint})
     metrics, table = {}, []
     for name, result in scores["models"].items():
         # the stage run too: the pipeline's under eval/, the others under vs/<model>/, which MLflow's UI lists

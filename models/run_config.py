@@ -9,6 +9,7 @@ place defaults live, and a train.json that lacks a field is refused.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -101,3 +102,14 @@ def task_plan(cfg: TrainConfig, step: int) -> list[str]:
     r = cfg.trtd_ratio
     is_trtd = int((step + 1) * r + 1e-9) > int(step * r + 1e-9)
     return [("trtd" if is_trtd else "mrtd")] * cfg.grad_accum
+
+
+def first_trtd_step(cfg: TrainConfig) -> int | None:
+    """The first optimizer step whose plan (task_plan) trains TRTD, in closed form; None: no step ever does."""
+    if "trtd" not in cfg.tasks:
+        return None
+    if len(cfg.tasks) == 1 or cfg.task_schedule == "mix":
+        return 0
+    if cfg.trtd_ratio <= 0:
+        return None
+    return max(0, math.ceil((1 - 1e-9) / cfg.trtd_ratio) - 1)  # the first s with int((s + 1) * r + 1e-9) >= 1

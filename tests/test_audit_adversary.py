@@ -272,3 +272,21 @@ def test_the_baselines_are_measured_on_the_first_trtd_step_of_each_period():
     assert [s for s in range(20) if baseline_due(cfg, s)] == [0, 5, 10, 15]
     cfg.dro.baseline = None  # the paper's form: nothing to measure
     assert not any(baseline_due(cfg, s) for s in range(20))
+
+
+def test_the_first_trtd_step_in_closed_form_is_the_schedules():
+    import dataclasses
+
+    from models.run_config import first_trtd_step, task_plan
+
+    cfg = TrainConfig(**{f.name: None for f in dataclasses.fields(TrainConfig)})
+    cfg.tasks, cfg.grad_accum = ["mrtd", "trtd"], 1
+    for schedule in ("alternate", "mix"):
+        for ratio in (0.5, 1 / 3, 0.25, 0.3, 0.1, 0.07, 1 / 7, 0.99, 1.0):
+            cfg.task_schedule, cfg.trtd_ratio = schedule, ratio
+            want = next(s for s in range(1000) if "trtd" in task_plan(cfg, s))
+            assert first_trtd_step(cfg) == want, (schedule, ratio)
+    cfg.task_schedule, cfg.trtd_ratio = "alternate", 0.0
+    assert first_trtd_step(cfg) is None
+    cfg.tasks = ["mrtd"]
+    assert first_trtd_step(cfg) is None

@@ -117,6 +117,17 @@ def test_demo_evaluate_in_mlflow_one_nested_run_per_model(demo_run):
     assert stage_run.data.metrics["eval/allauth/avg"] == pytest.approx(scores["models"]["pipeline"]["allauth"]["avg"])
     assert stage_run.data.metrics["vs/random-init/eval/allauth/avg"] == pytest.approx(
         scores["models"]["random-init"]["allauth"]["avg"]), "the peers after the encoder's own sections"
+    # the registered encoder carries its headline evaluation and a link to its logged model
+    pre = json.loads((Path(res["stages"]["pretrain"]["output_dir"]) / "_manifest.json").read_text())
+    version = client.get_model_version(pre["registered_model"], str(pre["registered_version"]))
+    r, peers = scores["models"]["pipeline"]["allauth"], scores["models"]
+    assert version.tags["eval.allauth"] == (f"{r['avg']:.1f} (random-init {peers['random-init']['allauth']['avg']:.1f}"
+                                            f", bag-of-subwords {peers['bag-of-subwords']['allauth']['avg']:.1f})")
+    assert "majority class" in version.tags["eval.django-topics"] and version.tags["eval.verdict"]
+    assert version.tags["eval.output"] == Path(res["stages"]["evaluate"]["output_dir"]).name
+    logged = client.search_logged_models([stage_run.info.experiment_id])
+    assert version.tags["logged_model_id"] in {m.model_id for m in logged}
+    assert f"/models/{version.tags['logged_model_id']})" in version.description
 
 
 def _arrow_rows(path: Path, column: str) -> list[list[int]]:

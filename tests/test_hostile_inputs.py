@@ -262,6 +262,15 @@ def test_a_published_output_changed_afterwards_is_never_a_cache_hit(tmp_path, ru
         f.write("a line nobody downloaded\n")
     rc, _, err = run_cli("run", "prepare", "--spec", spec, "--force")
     assert rc == 2 and "download output was changed" in err, err
+    # ... or edited keeping its size: its modification time moved, so it is hashed and refused
+    rc, _, err = run_cli("run", "download", "--spec", spec, "--force")
+    assert rc == 0, err
+    fetched = next(p for p in Path(stages["download"]["output_dir"]).rglob("*.txt"))
+    body = fetched.read_bytes()
+    fetched.write_bytes(body.replace(b"sentence 7 of", b"sentence 9 of"))
+    assert fetched.stat().st_size == len(body)
+    rc, _, err = run_cli("run", "prepare", "--spec", spec, "--force")
+    assert rc == 2 and "download output was changed" in err and "content changed" in err, err
 
 
 def test_runs_of_a_killed_invocation_are_marked_killed_by_the_next_run(tmp_path, run_cli):

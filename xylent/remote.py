@@ -174,6 +174,8 @@ class ObjectStore:
                 raise XylentError(f"{e['path']}: its bytes in the bucket differ from the manifest's sha256",
                                   where=self.url_of(f"{rel_dir}/{e['path']}"),
                                   fix="rebuild that stage with --force (its output was changed after publishing)")
+            if e.get("mtime_ns") is not None:  # checked just now: the local copy is the published file
+                os.utime(t, ns=(e["mtime_ns"], e["mtime_ns"]))
         (local / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True, default=str))
 
     def open(self, rel: str):

@@ -51,10 +51,12 @@ def sha256_file(path: Path, bufsize: int = 1 << 20) -> str:
 
 def describe_file(path: Path, root: Path) -> dict[str, Any]:
     """Manifest entry for one output file: size, checksum and, for tables, rows."""
+    st = path.stat()
     entry: dict[str, Any] = {
         "path": path.relative_to(root).as_posix(),
-        "bytes": path.stat().st_size,
+        "bytes": st.st_size,
         "sha256": sha256_file(path),
+        "mtime_ns": st.st_mtime_ns,  # a same-size edit moves it: that file is hashed again on a cache hit
     }
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
@@ -74,7 +76,8 @@ def read_manifest(directory: Path) -> dict[str, Any] | None:
 def check_files(directory: Path, manifest: dict[str, Any], *, full: bool = False) -> list[str]:
     """What differs between a published output and its manifest: files it does not list
     (stages read folders whole: an added file would be read under an unchanged fingerprint),
-    missing files and sizes (cheap: every cache hit), checksums too with ``full`` (``xylent verify``)."""
+    missing files and sizes (cheap: every cache hit), and the checksum of every file whose modification
+    time is not the published one (an edit that kept the size); every checksum with ``full`` (``xylent verify``)."""
     listed = {entry["path"] for entry in manifest.get("files", [])} | {MANIFEST}
     root = Path(directory)
     # hidden files are an editor's or a file system's (.report.md.swp, .DS_Store, .nfs*), never a stage's
@@ -84,13 +87,14 @@ def check_files(directory: Path, manifest: dict[str, Any], *, full: bool = False
     for entry in manifest.get("files", []):
         path = Path(directory) / entry["path"]
         try:
-            size = path.stat().st_size
+            st = path.stat()
         except FileNotFoundError:
             problems.append(f"{entry['path']}: missing")
             continue
-        if size != entry["bytes"]:
-            problems.append(f"{entry['path']}: {size} bytes, published with {entry['bytes']}")
-        elif full and sha256_file(path) != entry["sha256"]:
+        touched = entry.get("mtime_ns") is not None and st.st_mtime_ns != entry["mtime_ns"]
+        if st.st_size != entry["bytes"]:
+            problems.append(f"{entry['path']}: {st.st_size} bytes, published with {entry['bytes']}")
+        elif (full or touched) and sha256_file(path) != entry["sha256"]:
             problems.append(f"{entry['path']}: content changed (sha256 differs from the manifest's)")
     return problems
 
@@ -242,8 +246,8 @@ class Workspace:
             rel = path.relative_to(tmp).as_posix()
             if rel == MANIFEST:
                 continue
-            if rel in known_files:
-                files.append({**known_files[rel], "path": rel})
+            if rel in known_files:  # a unit's file, checked when the unit was reused: its time now is the one
+                files.append({"mtime_ns": path.stat().st_mtime_ns, **known_files[rel], "path": rel})
             else:
                 files.append(describe_file(path, tmp))
         manifest = redact({**manifest, "files": files})

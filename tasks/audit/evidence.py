@@ -231,7 +231,7 @@ def reading(row: dict, side: str) -> str:
                if rate is not None and rate > limit]
     if trivial:
         return "trivial: " + " and ".join(trivial) + " (TRTD is easy on it, as §6.6 explains its down-sampling)"
-    # the demo's measured case: no link between a pair's size and its w (Spearman -0.02 over 190 pairs),
-    # so nothing more specific than "unexplained" is claimed
+    # measured on the demo's 190 pairs: a pair's size and its w are unrelated (Spearman 0.14 in the acceptance
+    # run, -0.02 in make test's shorter audit; docs/stages/audit.md), so nothing more specific is claimed
     return ("easy: no copy or hub in the evidence, which does not explain why the model finds it easy; "
             "with a small audit, check the rank stability before reading more into it")

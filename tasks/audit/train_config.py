@@ -3,11 +3,10 @@ plus the DRO adversary's (models.adversary), from the spec's ``audit`` section."
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 from models.adversary import STATE_FILE
-from models.run_config import DroConfig, TrainConfig, task_plan
+from models.run_config import DroConfig, TrainConfig, first_trtd_step
 from tasks.pretrain.train_json import train_config
 from tasks.shards.index import has_rows, read_index
 from xylent.errors import XylentError
@@ -46,10 +45,12 @@ def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_i
     cfg.checkpoint_every = min(cfg.checkpoint_every, cfg.steps)
     if cfg.objective_options.get("freeze_body_steps"):  # VECO's two-phase start is pretraining's, not the audit's
         cfg.objective_options = {**cfg.objective_options, "freeze_body_steps": 0}
-    if not any("trtd" in task_plan(cfg, s) for s in range(cfg.steps)):
+    first = first_trtd_step(cfg)
+    if first is None or first >= cfg.steps:
         raise XylentError(f"the audit's {cfg.steps} step(s) of pretrain.task_schedule {cfg.task_schedule!r} train no "
                           "TRTD step: no language pair would be seen", where="spec field audit.steps",
-                          fix=f"raise audit.steps to at least {_first_trtd_step(cfg) + 1}")
+                          fix=f"raise audit.steps to at least {first + 1}" if first is not None
+                          else "set pretrain.trtd_ratio above 0")
     cfg.dro = DroConfig(rho=a.rho, min_ratio=a.min_ratio, ema=a.ema, resamples=a.resamples,
                         weights=pair_loss_weights(a.pair_loss, p.objective, p.disc_weight),
                         baseline=a.baseline if a.pair_loss == "excess" else None, baseline_every=a.baseline_every,
@@ -62,6 +63,3 @@ def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_i
         cfg.init_from = str(weights)
     return cfg
 
-
-def _first_trtd_step(cfg: TrainConfig) -> int:
-    return next(s for s in itertools.count() if "trtd" in task_plan(cfg, s))  # trtd_ratio > 0: one comes

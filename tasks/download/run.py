@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from xylent.spec import DownloadConfig
-from xylent.workspace import Workspace, fingerprint, sha256_file
+from xylent.workspace import Workspace, check_files, fingerprint, sha256_file
 
 from tasks import versions
 from tasks.download.content import check_content
@@ -42,7 +42,8 @@ def materialise(item: FetchItem, ws: Workspace, cfg: DownloadConfig, on_bytes=la
     fp = unit_fingerprint(item)
     unit = ws.unit_dir("download", fp)
     manifest = ws.manifest(unit)
-    if manifest is not None:
+    # the stage's output links the unit's file: an edit there edits the unit, which is then fetched again
+    if manifest is not None and not check_files(unit, manifest):
         return manifest["record"], True
     started = time.time()
     with ws.building(unit) as tmp:

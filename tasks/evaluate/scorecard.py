@@ -126,6 +126,24 @@ def verdict(scores: dict) -> list[str]:
                                        if collapsed else []), ""]
 
 
+def headline_tags(scores: dict, model: str = "pipeline") -> dict[str, str]:
+    """The registered version's evaluation, as the registry's page shows it: per task the model's
+    average beside its trivial peers' (``eval.<task>``), and the verdict's line (``eval.verdict``)."""
+    tags = {}
+    for task, r in scores["models"][model].items():
+        if r.get("avg") is None:
+            continue
+        peers = [f"{p} {scores['models'][p][task]['avg']:.1f}" for p in PEERS
+                 if scores["models"].get(p, {}).get(task, {}).get("avg") is not None]
+        if r.get("majority_baseline") is not None:
+            peers.append(f"majority class {r['majority_baseline']:.1f}")
+        tags[f"eval.{task}"] = f"{r['avg']:.1f}" + (f" ({', '.join(peers)})" if peers else "")
+    line = next((ln for ln in verdict(scores) if ln.startswith(f"- **{model}**: ")), None)
+    if line is not None:
+        tags["eval.verdict"] = line.removeprefix(f"- **{model}**: ")
+    return tags
+
+
 def _recipe(scores: dict) -> list[str]:
     """What `pipeline` was trained with: its objective, and where it departs from the paper's settings."""
     if "pipeline" not in scores:  # scores written before 2026-11-27

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from xylent.errors import XylentError
 from xylent.spec import PrepareConfig
-from xylent.workspace import Workspace, fingerprint
+from xylent.workspace import Workspace, check_files, fingerprint
 
 from tasks import versions
 from tasks.prepare.clean import clean_array, decode_lines, length_mask
@@ -355,7 +355,7 @@ def prepare_unit(records: list[dict], ws: Workspace, cfg: PrepareConfig, source_
     fp = unit_fingerprint(records, cfg, source_cfg)
     unit = ws.unit_dir("prepare", fp)
     manifest = ws.manifest(unit, fetch=not force)
-    if manifest is not None and not force:
+    if manifest is not None and not force and not check_files(unit, manifest):  # an edited unit is rebuilt
         return manifest, True
     started = time.time()
     key = unit_key(records)

@@ -116,10 +116,13 @@ def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Pa
     except MlflowException as exc:
         if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
             raise
-    # the logged model's own location: a models:/<id> source would be looked up in the process-global store
+    # the logged model's own location: a models:/<id> source would be looked up in the process-global store.
+    # MLflow's SQL registry keeps no model_id (the version reads model_id=None), so the link is a tag and a
+    # line of the description, relative to the UI it is read in
+    link = f"[{logged.model_id}](#/experiments/{tracker.experiment_id}/models/{logged.model_id})"
     version = client.create_model_version(name, logged.artifact_location, run_id=run_id, model_id=logged.model_id,
-                                          description=version_description(model_dir),
-                                          tags=version_tags(model_dir))
+                                          description=f"{version_description(model_dir)}\n\nLogged model: {link}",
+                                          tags={**version_tags(model_dir), "logged_model_id": logged.model_id})
     return f"models:/{name}/{version.version}", int(version.version)
 
 
