@@ -77,12 +77,14 @@ def evaluate(ctx: StageContext) -> StageOutcome:
     from tasks.evaluate.encoders import check_layers
     from tasks.evaluate.run import FINETUNED, sentences_to_embed
     from tasks.evaluate.scorecard import PRIMARY, headline_tags, mlflow_metrics, references, write_scorecard
+    from tasks.evaluate.data import probe_warnings
     from tasks.evaluate.sources import EXCLUDED_FILE, task_dirs
     from tasks.evaluate.finetune.task import TaskData
 
     cfg, tracker = ctx.spec.evaluate, ctx.tracker
     cache = ctx.ws.stage_dir("evaluate") / "_cache"  # fetched archives outlive a failed run
     data_dirs = {t.name: task_dirs(t, ctx.spec, ctx.upstream, ctx.out / "data", cache) for t in cfg.tasks}
+    warnings = [w for t in cfg.tasks if t.kind == "probe" for w in probe_warnings(data_dirs[t.name][0], t)]
     per_model = sum(sentences_to_embed(t, *data_dirs[t.name]) for t in cfg.tasks)
     # fine-tuned tasks' files are read (and so checked) before any model is trained
     finetune_data = {t.name: TaskData(t, data_dirs[t.name][0]) for t in cfg.tasks if t.kind in FINETUNED}
@@ -135,4 +137,5 @@ def evaluate(ctx: StageContext) -> StageOutcome:
                                                    for m, r in scores["models"].items()) for t in scores["tasks"])
     return StageOutcome(metrics={k: v for k, v in metrics.items() if v is not None}, table=table,
                         summary="Average score per task (0–100; details in scorecard.md):\n\n" + summary,
+                        warnings=warnings,
                         manifest={"models": cfg.model_names(), "tasks": list(scores["tasks"])})

@@ -147,3 +147,27 @@ def test_a_probe_with_fewer_than_two_learnable_labels_is_a_user_error():
     texts = [f"t{i}" for i in range(12)]
     with pytest.raises(XylentError, match="a classifier needs two"):
         evaluate_probe(_embedder(vectors), (labels, texts), {"en": (labels, texts)}, "en")
+
+
+def test_a_probe_file_with_an_ignored_column_or_in_another_language_is_warned_about(tmp_path):
+    from types import SimpleNamespace
+
+    from tasks.evaluate.data import probe_warnings
+
+    pairs = package_pairs("django", ["de", "fr"])  # real catalog text
+    long = {lang: [t for t in pairs[lang][0] if len(t) >= 30][:60] for lang in ("de", "fr")}
+    long["en"] = [t for t in pairs["de"][1] if len(t) >= 30][:60]
+    write = lambda name, texts, extra="": (tmp_path / name).write_text(  # noqa: E731
+        "".join(f"lab{i % 3}\t{t}{extra}\n" for i, t in enumerate(texts)))
+    write("train-en.tsv", long["en"])
+    write("test-de.tsv", long["de"])
+    write("test-fr.tsv", long["fr"])
+    task = SimpleNamespace(name="t", languages=["de", "en", "fr"], train_language="en", plug_in=False)
+    assert probe_warnings(tmp_path, task) == [], "each file in its own language, two columns"
+    write("test-de.tsv", long["fr"])  # the French file copied over the German one
+    write("test-fr.tsv", long["fr"], extra="\tsomething else")
+    got = probe_warnings(tmp_path, task)
+    assert len(got) == 2, got
+    language, column = got
+    assert "test-de.tsv read as 'fr', 0 as 'de' (lingua)" in language.replace(str(tmp_path) + "/", ""), got
+    assert "60 line(s)" in column and "test-fr.tsv" in column and "plug_in: true" in column, got
