@@ -188,6 +188,32 @@ def test_gettext_catalogs_give_multiway_pairs(tmp_path):
     assert de_fr_all["%d Elemente"] == "%d éléments"
 
 
+def test_a_gettext_source_of_its_source_language_alone_gives_the_msgids_as_monolingual_text(tmp_path,
+                                                                                          catalog_package):
+    """MetaXLM's phase 1 is an English model: spec languages [en] read the msgids of the package's
+    own en catalogs (Django ships them, every msgid, no msgstr), or of the locale that locales names."""
+    from tasks.download.plan import plan_source
+    from xylent.spec import spec_from_dict
+
+    entries = [{"msgid": "Save", "msgstr": ""}, {"msgid": "Delete the file", "msgstr": ""}]
+    catalog_package("enpkg", {"en": {"app.po": entries}, "de": {"app.po": [{"msgid": "Save", "msgstr": "Speichern"}]}})
+    src = {"name": "cat", "kind": "gettext", "package": "enpkg"}
+    spec = spec_from_dict({"name": "en-only", "languages": ["en"], "sources": [src]})
+    items = plan_source(spec, spec.sources[0])
+    assert [(i.lang, i.filename) for i in items] == [("en", "en/locale/en/LC_MESSAGES/app.po")]
+    recs = [record(Path(i.path), "gettext", lang=i.lang, catalog=i.catalog) for i in items]
+    unit, _ = run(tmp_path, recs, source_language="en", plurals="singular")
+    assert sorted(p.name for p in (unit / "mono").iterdir()) == ["lang=en"] and not (unit / "bitext").exists()
+    assert sorted(mono(unit, "en")["text"]) == ["Delete the file", "Save"]
+    spec = spec_from_dict({"name": "en-only", "languages": ["en"], "sources": [{**src, "locales": {"en": "de"}}]})
+    assert [i.filename for i in plan_source(spec, spec.sources[0])] == ["de/locale/de/LC_MESSAGES/app.po"]
+    catalog_package("nopkg", {"de": {"app.po": entries}})
+    spec = spec_from_dict({"name": "en-only", "languages": ["en"], "sources": [{**src, "package": "nopkg"}]})
+    with pytest.raises(XylentError, match="no catalogs of locale 'en' to read the 'en' msgids from") as err:
+        plan_source(spec, spec.sources[0])
+    assert "locales: {en: de}" in err.value.render()
+
+
 def test_a_local_file_changed_after_download_is_not_trusted(tmp_path):
     f = tmp_path / "x.txt"
     f.write_text("eins\n")

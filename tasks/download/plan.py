@@ -87,14 +87,26 @@ def _catalog_dirs(package: str) -> Path:
 
 
 def plan_gettext(spec: Spec, source) -> list[FetchItem]:
+    """One item per catalog and language.  The msgids are the source language's text: read beside
+    every other language's catalogs, or, for a source of the source language alone (MetaXLM's English
+    phase 1), from its own locale's catalogs (Django ships ``en``: every msgid, no msgstr) or the one
+    that ``locales`` names for it."""
     root = _catalog_dirs(source.package)
     items = []
     table = {**DJANGO_LOCALES, **source.locales}
-    for lang in spec.source_languages(source):
-        if lang == source.source_language:
-            continue  # the msgids are this language's text
+    langs = spec.source_languages(source)
+    for lang in langs:
+        if lang == source.source_language and langs != [lang]:
+            continue  # the msgids beside the other languages' catalogs are this language's text
         locale = table.get(lang, lang)
         found = sorted(root.glob(f"**/locale/{locale}/LC_MESSAGES/*.po"))
+        if not found and lang == source.source_language:
+            raise XylentError(
+                f"package {source.package!r} has no catalogs of locale {locale!r} to read the {lang!r} msgids from",
+                where=f"source {source.name!r}",
+                fix=f"name a locale the package has whose catalogs hold every msgid, e.g. sources[].locales: "
+                f"{{{lang}: de}} (only their msgids are read)",
+            )
         if not found:
             raise XylentError(
                 f"package {source.package!r} has no catalogs for language {lang!r} (locale {locale!r})",
