@@ -17,21 +17,21 @@ from xylent.spec import ShardsConfig
 
 @task(name="tokenize", cache_policy=NO_CACHE)
 def tokenize_task(items: list[dict], model: Path, out: Path, cfg: ShardsConfig) -> list[dict]:
-    from tasks.shards.build import tokenize_items
+    from tasks.shards.run import tokenize_items
 
     return tokenize_items(items, model, out, cfg.seq_len, cfg.shard_mb << 20)
 
 
 @task(name="pack", task_run_name="pack {name}", cache_policy=NO_CACHE)
 def pack_task(name: str, tokenized: list[dict], out: Path, cfg: ShardsConfig, specials: dict) -> dict:
-    from tasks.shards.build import pack_part
+    from tasks.shards.run import pack_part
 
     return pack_part(name, tokenized, out, cfg.seq_len, cfg.shard_mb << 20, specials)
 
 
 @stage_flow(STAGE_BY_NAME["shards"])
 def shards(ctx: StageContext) -> StageOutcome:
-    from tasks.shards.assemble import assemble, work_items
+    from tasks.shards.run import assemble, work_items
     from tasks.vocab.output import load_tokenizer, tokenizer_path
     from tasks.vocab.specials import special_ids
 

@@ -15,17 +15,16 @@ from xylent.spec import VocabConfig
 
 @task(name="vocab-grid", task_run_name="grid {lang}", cache_policy=NO_CACHE)
 def grid_task(lang: str, parts: list[Path], out: Path, cfg: VocabConfig, seed: int) -> dict:
-    from tasks.vocab.train import sample_language, train_grid
+    from tasks.vocab.run import language_grid
 
-    train, held = sample_language(parts, cfg, seed)
-    return {**train_grid(lang, train, held, out, cfg, seed), "held": held, "train_sample": train}
+    return language_grid(lang, parts, out, cfg, seed)
 
 
 @stage_flow(STAGE_BY_NAME["vocab"])
 def vocab(ctx: StageContext) -> StageOutcome:
     from tasks.dedup.stats import read_counts
     from tasks.prepare import layout
-    from tasks.vocab.compose import compose, no_text_error
+    from tasks.vocab.run import compose, no_text_error
 
     dedup_dir, cfg, grid = ctx.upstream["dedup"], ctx.spec.vocab, ctx.out / "_grid"
     langs = layout.group_names(dedup_dir, layout.MONO)

@@ -25,7 +25,6 @@ import sentencepiece as spm
 
 from xylent.workspace import sha256_file
 
-from tasks.shards.index import MRTD_DIR, TRTD_DIR
 
 MRTD_SCHEMA = pa.schema([("input_ids", pa.list_(pa.int32()))])
 TRTD_SCHEMA = pa.schema([("src_ids", pa.list_(pa.int32())), ("tgt_ids", pa.list_(pa.int32()))])
@@ -228,27 +227,3 @@ def encode_pairs(parts: list[Path], sp: spm.SentencePieceProcessor, out: Path, s
         stats["text_tokens"] += sum(map(len, srcs)) + sum(map(len, tgts))
         writer.write(pa.record_batch([_list_array(srcs), _list_array(tgts)], schema=TRTD_SCHEMA))
     return {**stats, "shards": writer}
-
-
-def tokenize_items(items: list[dict], model: Path, out: Path, seq_len: int, max_bytes: int) -> list[dict]:
-    """A batch of Parquet parts (see :func:`tasks.shards.assemble.work_items`): MRTD parts
-    become token files to pack (``<out>/_tokens``); TRTD parts become shards directly."""
-    sp = spm.SentencePieceProcessor(model_file=str(model))
-    results = []
-    for it in items:
-        kind, name, idx, part = it["kind"], it["name"], it["idx"], Path(it["part"])
-        if kind == "mrtd":
-            results.append({"kind": kind, "name": name, "idx": idx,
-                            **tokenize_part(part, sp, Path(out) / "_tokens" / name / f"p{idx:05d}.npz")})
-            continue
-        dest = Path(out) / TRTD_DIR.format(name=name)
-        r = encode_pairs([part], sp, dest, seq_len, max_bytes, prefix=f"shard-{idx:05d}")
-        results.append({"kind": kind, "name": name, "idx": idx, **r, "shards": r["shards"].finish(Path(out))})
-    return results
-
-
-def pack_part(name: str, tokenized: list[dict], out: Path, seq_len: int, max_bytes: int, specials: dict) -> dict:
-    """One language's token files (in part order) packed into MRTD shards."""
-    dest = Path(out) / MRTD_DIR.format(name=name)
-    r = pack_tokens(tokenized, dest, seq_len, max_bytes, specials["bos"], specials["eos"])
-    return {"kind": "mrtd", "name": name, **r, "shards": r["shards"].finish(Path(out))}

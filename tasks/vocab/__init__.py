@@ -1,31 +1,24 @@
 """vocab stage: VoCAP (Zheng et al. 2021) — per-language capacity measured by
 ALP, allocated under one budget, merged into one SentencePiece unigram model.
 
-Public API: :func:`average_log_probability`, :func:`allocate_vocabulary`,
-:func:`concave_curve`, :func:`evaluate_tokenizer`.
+    run.py       what the flow calls: :func:`language_grid` (one language's SentencePiece grid),
+                 :func:`compose` (VoCAP's allocation, the merged tokenizer, the report), :func:`no_text_error`
+    train.py     SentencePiece training: a language's sample, its grid, the joint baseline
+    alp.py       ALP (:func:`average_log_probability`), :func:`concave_curve`, :func:`evaluate_tokenizer`
+    allocate.py  :func:`allocate_vocabulary`, the budget split across languages
+    merge.py     the merged model's pieces and scores
+    output.py    the output contract: file names and the tokenizer's readers
+    specials.py  the special tokens' ids
+
+Names are re-exported on first use: importing the package (as the training ranks do, for
+output.py's readers) loads neither sentencepiece nor polars.
 """
 
 from __future__ import annotations
 
-import numpy as np
-import sentencepiece as spm
+from xylent.reexport import on_first_use
 
-from tasks.vocab.allocate import allocate_vocabulary
-from tasks.vocab.alp import alp_from_ids, average_log_probability, concave_curve
-
-__all__ = ["allocate_vocabulary", "average_log_probability", "concave_curve", "evaluate_tokenizer"]
-
-
-def evaluate_tokenizer(model_file: str, held: dict[str, list[str]]) -> dict[str, dict[str, float]]:
-    """Per language: tokens per sentence, ALP (own segmentation), unknown rate, characters per token."""
-    sp = spm.SentencePieceProcessor(model_file=str(model_file))
-    unk = sp.unk_id()
-    out = {}
-    for lang, sents in held.items():
-        ids = sp.encode(sents)
-        n_tok = sum(len(x) for x in ids)
-        n_unk = sum(int(np.count_nonzero(np.asarray(x) == unk)) for x in ids if x)
-        chars = sum(len(s) for s in sents)
-        out[lang] = {"tokens_per_sentence": n_tok / max(len(sents), 1), "alp": alp_from_ids(ids),
-                     "unk_rate": n_unk / max(n_tok, 1), "chars_per_token": chars / max(n_tok, 1)}
-    return out
+_HOME = {"allocate_vocabulary": "tasks.vocab.allocate", "average_log_probability": "tasks.vocab.alp",
+         "concave_curve": "tasks.vocab.alp", "evaluate_tokenizer": "tasks.vocab.alp",
+         "compose": "tasks.vocab.run", "language_grid": "tasks.vocab.run"}
+__getattr__, __all__ = on_first_use(__name__, _HOME)

@@ -61,3 +61,18 @@ def concave_curve(sizes: list[int], alps: list[float]) -> list[float]:
     slopes = np.diff(y) / steps
     fitted = isotonic_regression(slopes, weights=steps, increasing=False).x
     return list(np.concatenate([[y[0]], y[0] + np.cumsum(fitted * steps)]))
+
+
+def evaluate_tokenizer(model_file: str, held: dict[str, list[str]]) -> dict[str, dict[str, float]]:
+    """Per language: tokens per sentence, ALP (own segmentation), unknown rate, characters per token."""
+    sp = spm.SentencePieceProcessor(model_file=str(model_file))
+    unk = sp.unk_id()
+    out = {}
+    for lang, sents in held.items():
+        ids = sp.encode(sents)
+        n_tok = sum(len(x) for x in ids)
+        n_unk = sum(int(np.count_nonzero(np.asarray(x) == unk)) for x in ids if x)
+        chars = sum(len(s) for s in sents)
+        out[lang] = {"tokens_per_sentence": n_tok / max(len(sents), 1), "alp": alp_from_ids(ids),
+                     "unk_rate": n_unk / max(n_tok, 1), "chars_per_token": chars / max(n_tok, 1)}
+    return out

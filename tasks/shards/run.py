@@ -1,11 +1,13 @@
-"""The shards stage around its tokenise/pack work: which Parquet parts become
-which work items, and the index, statistics, plot and report once they are done."""
+"""What the shards flow calls: which Parquet parts become which work items
+(:func:`work_items`), each batch's tokenising (:func:`tokenize_items`), each language's
+packing (:func:`pack_part`), then the index, statistics, plot and report (:func:`assemble`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import polars as pl
+import sentencepiece as spm
 
 from xylent.markdown import markdown_table
 from xylent.spec import ShardsConfig
@@ -13,7 +15,8 @@ from xylent.stage import StageOutcome
 from xylent.workspace import sha256_file
 
 from tasks.prepare import layout
-from tasks.shards.index import STATS_FILE, write_index
+from tasks.shards.build import encode_pairs, pack_tokens, tokenize_part
+from tasks.shards.index import MRTD_DIR, STATS_FILE, TRTD_DIR, write_index
 from tasks.shards.plots import tokens_per_language
 
 TASK_OF = {layout.MONO: "mrtd", layout.BITEXT: "trtd"}
@@ -63,3 +66,27 @@ def assemble(packed: list[dict], tokenized: list[dict], model: Path, specials: d
                f"{metrics['trtd.pairs']:.0f} TRTD pairs ({metrics['trtd.truncated']:.0f} truncated).\n\n"
                + markdown_table(mrtd.to_dicts()))
     return StageOutcome(metrics=metrics, table=stats.to_dicts(), summary=summary)
+
+
+def tokenize_items(items: list[dict], model: Path, out: Path, seq_len: int, max_bytes: int) -> list[dict]:
+    """A batch of Parquet parts (see :func:`work_items`): MRTD parts
+    become token files to pack (``<out>/_tokens``); TRTD parts become shards directly."""
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    results = []
+    for it in items:
+        kind, name, idx, part = it["kind"], it["name"], it["idx"], Path(it["part"])
+        if kind == "mrtd":
+            results.append({"kind": kind, "name": name, "idx": idx,
+                            **tokenize_part(part, sp, Path(out) / "_tokens" / name / f"p{idx:05d}.npz")})
+            continue
+        dest = Path(out) / TRTD_DIR.format(name=name)
+        r = encode_pairs([part], sp, dest, seq_len, max_bytes, prefix=f"shard-{idx:05d}")
+        results.append({"kind": kind, "name": name, "idx": idx, **r, "shards": r["shards"].finish(Path(out))})
+    return results
+
+
+def pack_part(name: str, tokenized: list[dict], out: Path, seq_len: int, max_bytes: int, specials: dict) -> dict:
+    """One language's token files (in part order) packed into MRTD shards."""
+    dest = Path(out) / MRTD_DIR.format(name=name)
+    r = pack_tokens(tokenized, dest, seq_len, max_bytes, specials["bos"], specials["eos"])
+    return {"kind": "mrtd", "name": name, **r, "shards": r["shards"].finish(Path(out))}

@@ -1,6 +1,7 @@
-"""VoCAP's composition, once every language's grid is trained: α-smoothed
-language weights, the allocation under the budget, the merged tokenizer, the
-joint baseline, the comparison table, plots and report (METHODS.md steps 3–5)."""
+"""What the vocab flow calls: one language's SentencePiece grid (:func:`language_grid`, in
+parallel), then VoCAP's composition once every grid is trained (:func:`compose`): α-smoothed
+language weights, the allocation under the budget, the merged tokenizer, the joint baseline,
+the comparison table, plots and report (METHODS.md steps 3–5)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,18 @@ from xylent.markdown import markdown_table
 from xylent.spec import VocabConfig
 from xylent.stage import StageOutcome
 
-from tasks.vocab import allocate_vocabulary, evaluate_tokenizer
+from tasks.vocab.allocate import allocate_vocabulary
+from tasks.vocab.alp import evaluate_tokenizer
 from tasks.vocab.merge import merge_vocab_model
 from tasks.vocab.output import ALLOCATION_FILE, COMPARISON_FILE, JOINT_MODEL_FILE, MODEL_FILE, VOCAB_FILE
 from tasks.vocab.plots import allocation_bars, alp_curves, tokens_per_sentence
-from tasks.vocab.train import model_pieces, train_joint
+from tasks.vocab.train import model_pieces, sample_language, train_grid, train_joint
+
+
+def language_grid(lang: str, parts: list[Path], out: Path, cfg: VocabConfig, seed: int) -> dict:
+    """One language's grid of SentencePiece models on its sample, with the sample and held-out sentences."""
+    train, held = sample_language(parts, cfg, seed)
+    return {**train_grid(lang, train, held, out, cfg, seed), "held": held, "train_sample": train}
 
 
 def no_text_error(where: Path) -> XylentError:
