@@ -63,13 +63,21 @@ def _model_params(model) -> dict:
     return {"model": model.name, "kind": model.kind, "path": model.path}
 
 
-def _tag_registered_version(ctx: StageContext, tags: dict[str, str]) -> None:
-    """The encoder's registered version (pretrain's manifest names it) carries its headline evaluation."""
+def _tag_registered_version(ctx: StageContext, tags: dict[str, str]) -> list[str]:
+    """The encoder's registered version (pretrain's manifest names it) carries its headline evaluation;
+    a version this store cannot tag (deleted, another server) is a warning, not a lost evaluation."""
+    from mlflow.exceptions import MlflowException
+
     pre = ctx.ws.manifest(ctx.upstream["pretrain"]) or {}
     if pre.get("registered_model") is None:
-        return
-    for key, value in tags.items():
-        ctx.tracker.client.set_model_version_tag(pre["registered_model"], str(pre["registered_version"]), key, value)
+        return []
+    name, version = pre["registered_model"], str(pre["registered_version"])
+    try:
+        for key, value in tags.items():
+            ctx.tracker.client.set_model_version_tag(name, version, key, value)
+    except MlflowException as exc:
+        return [f"the registered encoder {name} v{version} was not tagged with its evaluation: {exc.message}"]
+    return []
 
 
 @stage_flow(STAGE_BY_NAME["evaluate"])
@@ -84,8 +92,8 @@ def evaluate(ctx: StageContext) -> StageOutcome:
     cfg, tracker = ctx.spec.evaluate, ctx.tracker
     cache = ctx.ws.stage_dir("evaluate") / "_cache"  # fetched archives outlive a failed run
     data_dirs = {t.name: task_dirs(t, ctx.spec, ctx.upstream, ctx.out / "data", cache) for t in cfg.tasks}
+    per_model = sum(sentences_to_embed(t, *data_dirs[t.name]) for t in cfg.tasks)  # reads (checks) every file
     warnings = [w for t in cfg.tasks if t.kind == "probe" for w in probe_warnings(data_dirs[t.name][0], t)]
-    per_model = sum(sentences_to_embed(t, *data_dirs[t.name]) for t in cfg.tasks)
     # fine-tuned tasks' files are read (and so checked) before any model is trained
     finetune_data = {t.name: TaskData(t, data_dirs[t.name][0]) for t in cfg.tasks if t.kind in FINETUNED}
     checkpoints = checkpoint_dir(ctx) if finetune_data else ctx.out / "_unused"
@@ -121,7 +129,7 @@ def evaluate(ctx: StageContext) -> StageOutcome:
         progress.close()
     write_scorecard(ctx.out, scores)
     if "pipeline" in scores["models"]:
-        _tag_registered_version(ctx, {**headline_tags(scores), "eval.output": ctx.fingerprint})
+        warnings += _tag_registered_version(ctx, {**headline_tags(scores), "eval.output": ctx.fingerprint})
     metrics, table = {}, []
     for name, result in scores["models"].items():
         # the stage run too: the pipeline's under eval/, the others under vs/<model>/, which MLflow's UI lists

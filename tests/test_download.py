@@ -193,7 +193,12 @@ def test_size_caps_stop_an_endless_or_oversized_file_and_a_nearly_full_disk(http
     http_corpus.no_length.add("/endless.bin")
     with pytest.raises(XylentError, match="passed 100,000 bytes, more than download.max_file_bytes") as err:
         _fetch(http_corpus.base + "/endless.bin", tmp_path / "endless", max_file_bytes=100_000)
-    assert "max_bytes to fetch a prefix" in err.value.render()
+    assert "max_bytes (below it) to fetch a prefix" in err.value.render()
+    local = tmp_path / "local.bin"
+    local.write_bytes(BODY)
+    with pytest.raises(XylentError, match="announces 300,000 bytes"):  # file:// and fsspec: its size, up front
+        _fetch(local.as_uri(), tmp_path / "local", max_file_bytes=100_000)
+    assert (tmp_path / "local" / "x.part").stat().st_size == 0
     with pytest.raises(XylentError, match="the disk is nearly full") as err:
         _fetch(http_corpus.base + "/big.bin", tmp_path / "full", min_free_bytes=1 << 60)
     assert "download.min_free_bytes" in str(err.value) and "resumes" in err.value.render()

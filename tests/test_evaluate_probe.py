@@ -169,5 +169,8 @@ def test_a_probe_file_with_an_ignored_column_or_in_another_language_is_warned_ab
     got = probe_warnings(tmp_path, task)
     assert len(got) == 2, got
     language, column = got
+    write("test-xx.tsv", long["fr"])  # a language lingua does not know is not judged (its lines have no own vote)
+    task.languages.append("xx")
+    assert len(probe_warnings(tmp_path, task)) == 2
     assert "test-de.tsv read as 'fr', 0 as 'de' (lingua)" in language.replace(str(tmp_path) + "/", ""), got
     assert "60 line(s)" in column and "test-fr.tsv" in column and "plug_in: true" in column, got

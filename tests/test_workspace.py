@@ -41,6 +41,24 @@ def test_publish_writes_manifest_last_and_describes_files(tmp_path):
     assert sorted(p.name for p in final.parent.iterdir()) == ["abc"], "the temporary folder was renamed into place"
 
 
+def test_a_file_whose_time_moved_is_hashed_once_and_a_same_size_edit_is_found(tmp_path):
+    from xylent.workspace import check_files
+
+    ws = Workspace(tmp_path)
+    final = ws.output_dir("prepare", "abc")
+    with ws.building(final) as tmp:
+        (tmp / "note.txt").write_text("hello")
+        ws.publish(tmp, final, {"stage": "prepare"})
+    m = read_manifest(final)
+    note = final / "note.txt"
+    published = note.stat().st_mtime_ns
+    assert m["files"][0]["mtime_ns"] == published
+    os.utime(note, ns=(published, published + 10**9))  # touched, or copied without -p: the same bytes
+    assert check_files(final, m) == [] and note.stat().st_mtime_ns == published, "hashed once, its time set back"
+    note.write_text("jello")  # the same size, other bytes
+    assert check_files(final, m) == ["note.txt: content changed (sha256 differs from the manifest's)"]
+
+
 def test_a_failed_build_leaves_nothing(tmp_path):
     ws = Workspace(tmp_path)
     final = ws.output_dir("prepare", "abc")

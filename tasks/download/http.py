@@ -48,10 +48,11 @@ class _Limits:
         return per_read if self.at is None else max(0.01, min(per_read, self.at - time.monotonic()))
 
     def announced(self, total: int | None, have: int) -> None:
-        """Refuse a file whose announced length breaks a limit before a byte of it is written."""
+        """Refuse a file whose announced length (``total``, the whole file; ``have`` of it on disk) breaks
+        a limit before a byte more is written."""
         if total is not None:
             self._size(total, announced=True)
-            self._disk(total - have)
+            self._disk(max(0, total - have))
 
     def check(self, fetched: int, total: int | None = None) -> None:
         if self.at is not None and time.monotonic() > self.at:
@@ -68,7 +69,7 @@ class _Limits:
             what = f"the server announces {n:,} bytes" if announced else f"the file passed {self.max_file_bytes:,} bytes"
             raise XylentError(f"{what}, more than download.max_file_bytes = {self.max_file_bytes:,}", where=self.url,
                               fix="raise download.max_file_bytes (null: no cap) if the file really is this big, or "
-                              "set the source's max_bytes to fetch a prefix")
+                              "set the source's max_bytes (below it) to fetch a prefix")
 
     def _disk(self, more: int) -> None:
         if self.folder is None or not self.min_free_bytes:
@@ -186,7 +187,8 @@ def _stream_http(
         meta = {"url": url, "etag": resp.headers.get("ETag"), "total": total, "encoded": encoded}
         meta_path.write_text(json.dumps(meta))
         if max_bytes is None:  # a prefix is capped already
-            limits.announced(total if total is not None else expected, have)
+            # no total: a 200's length is the whole file (have is 0 then), a 206's is what follows have
+            limits.announced(total if total is not None else None if expected is None else have + expected, have)
         got = 0
         try:
             with open(part, mode) as f:
@@ -238,6 +240,8 @@ def _stream_fsspec(url: str, part: Path, *, max_bytes: int | None, chunk: int, o
     have = part.stat().st_size if part.exists() else 0
     try:
         with fsspec.open(url, "rb") as src, open(part, "ab") as dst:
+            if max_bytes is None:
+                limits.announced(getattr(src, "size", None), have)
             if have:
                 src.seek(have)
             while True:

@@ -207,43 +207,43 @@ def probe_warnings(root: Path, task) -> list[str]:
     out = []
     files = {f"train-{task.train_language}.tsv": task.train_language,
              **{f"test-{lang}.tsv": lang for lang in task.languages}}
-    detect = _language_of(tuple(sorted({*task.languages, task.train_language})))
+    detect, known = _language_of(tuple(sorted({*task.languages, task.train_language})))
     for name, lang in files.items():
         path = Path(root) / name
         if not path.is_file():
             continue
-        rows = [line.split("\t") for line in path.read_text(encoding="utf-8").splitlines() if line]
+        rows = [line.split("\t") for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line]
         extra = sum(len(cols) == 3 for cols in rows)
         if extra and not task.plug_in:
             out.append(f"evaluate task {task.name!r}: {extra} line(s) of {path} have a third column, which this "
                        "task ignores (plug_in: false reads label<TAB>text); set plug_in: true to read it as the "
                        "text's translation, or drop it")
         long = [cols[1] for cols in rows if len(cols) > 1 and len(cols[1]) >= LANG_CHECK_MIN_CHARS][:LANG_CHECK_LINES]
-        if detect is None or len(long) < 20:
-            continue
+        if detect is None or lang not in known or len(long) < 20:
+            continue  # a language lingua does not know could only be voted into the others
         votes = collections.Counter(detect(long))
-        other, n = next(((code, k) for code, k in votes.most_common() if code != lang), (None, 0))
-        if other is not None and n >= 0.7 * len(long) and votes[lang] <= 0.1 * len(long):
+        own = votes.pop(known[lang], 0)  # zh and zh_Hant are one ISO code: either is "its own"
+        other, n = votes.most_common(1)[0] if votes else (None, 0)
+        if other is not None and n >= 0.7 * len(long) and own <= 0.1 * len(long):
             out.append(f"evaluate task {task.name!r}: {n} of {len(long)} long lines of {path} read as {other!r}, "
-                       f"{votes[lang]} as {lang!r} (lingua): is it the right language's file?")
+                       f"{own} as {lang!r} (lingua): is it the right language's file?")
     return out
 
 
 def _language_of(codes: tuple[str, ...]):
-    """texts -> the ISO 639-1 code lingua finds most likely for each, among ``codes``; None when lingua is
-    missing or knows fewer than two of them."""
+    """(texts -> the lowercase ISO 639-1 code lingua finds most likely for each, among ``codes``'s;
+    each code lingua knows -> its ISO code); (None, {}) when lingua is missing or knows fewer than two."""
     try:
         from lingua import IsoCode639_1, LanguageDetectorBuilder
     except ImportError:
-        return None
-    known = {c: getattr(IsoCode639_1, c.split("_")[0].upper()) for c in codes
-             if hasattr(IsoCode639_1, c.split("_")[0].upper())}
-    if len(known) < 2:
-        return None
-    detector = LanguageDetectorBuilder.from_iso_codes_639_1(*known.values()).with_low_accuracy_mode().build()
-    back = {iso.name.lower(): c for c, iso in known.items()}
+        return None, {}
+    isos = {c: getattr(IsoCode639_1, c.split("_")[0].upper()) for c in codes
+            if hasattr(IsoCode639_1, c.split("_")[0].upper())}
+    if len(set(isos.values())) < 2:
+        return None, {}
+    detector = LanguageDetectorBuilder.from_iso_codes_639_1(*set(isos.values())).with_low_accuracy_mode().build()
 
     def detect(texts: list[str]) -> list[str | None]:
-        return [None if found is None else back.get(found.iso_code_639_1.name.lower())
+        return [None if found is None else found.iso_code_639_1.name.lower()
                 for found in detector.detect_languages_in_parallel_of(texts)]
-    return detect
+    return detect, {c: iso.name.lower() for c, iso in isos.items()}
