@@ -75,7 +75,9 @@ def test_a_worker_elsewhere_runs_deployments_and_two_runs_on_one_workspace_queue
     from conftest import write_spec
 
     http_corpus.files["/slow/en.txt"] = "".join(f"line {i} of a slow corpus\n" for i in range(1500)).encode()
-    http_corpus.slow["/slow/en.txt"] = 8000  # ~5 s: the second run arrives while the first holds the workspace
+    # ~16 s: the second run arrives while the first holds the workspace, even when a loaded machine starts the
+    # two flow runs seconds apart (at ~5 s, CI once saw the later run begin after the first had let go)
+    http_corpus.slow["/slow/en.txt"] = 2500
     ws = tmp_path / "shared-ws"
     runs = []
     for n in (1, 2):

@@ -47,15 +47,17 @@ def workspace_slot(root: str):
     from prefect.exceptions import ObjectAlreadyExists
 
     name = "xylent-workspace-" + hashlib.sha256(str(root).encode()).hexdigest()[:16]
-    with get_client(sync_client=True) as client, contextlib.suppress(ObjectAlreadyExists):
-        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+    with get_client(sync_client=True) as client:
+        with contextlib.suppress(ObjectAlreadyExists):
+            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+        # asked, not timed: on a loaded machine taking a free slot can outlast any short timeout
+        busy = client.read_global_concurrency_limit_by_name(name).active_slots >= 1
     with contextlib.ExitStack() as held:
-        try:  # a free workspace is taken at once, without a word
-            held.enter_context(concurrency(name, occupy=1, strict=True, lease_duration=60, timeout_seconds=1))
-        except TimeoutError:
-            log = get_run_logger()
-            log.info("waiting for the workspace %s: another run holds it (concurrency slot %s)", root, name)
-            started = time.monotonic()
-            held.enter_context(concurrency(name, occupy=1, strict=True, lease_duration=60))
-            log.info("got the workspace %s after %.0f s", root, time.monotonic() - started)
+        if busy:  # a free workspace is taken without a word
+            get_run_logger().info("waiting for the workspace %s: another run holds it (concurrency slot %s)",
+                                  root, name)
+        started = time.monotonic()
+        held.enter_context(concurrency(name, occupy=1, strict=True, lease_duration=60))
+        if busy or time.monotonic() - started > 5:  # it was taken between the question and the queue
+            get_run_logger().info("got the workspace %s after %.0f s", root, time.monotonic() - started)
         yield
