@@ -501,6 +501,7 @@ def test_a_local_source_that_is_not_a_regular_file_is_one_clear_message(tmp_path
         assert rc == 2 and what in err and str(path) in err and "Traceback" not in err, err
 
 
+@pytest.mark.costs(deepspeed=1)  # a stand-in launch: a child with the launch mark, as the guard counts launches
 def test_stopping_a_launch_signals_its_launcher_and_ranks_by_identity_and_no_other_process():
     """xylent.launch.stop_launched (SIGTERM, Ctrl-C) finds the launcher and its ranks by the
     pid:start-time mark they inherit, and signals each through the process object found alive."""
