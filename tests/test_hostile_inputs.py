@@ -509,12 +509,13 @@ def test_stopping_a_launch_signals_its_launcher_and_ranks_by_identity_and_no_oth
     import subprocess
     import sys
 
-    from xylent.launch import _parent_mark, stop_launched
+    from xylent.launch import stop_launched
+    from xylent.process_identity import mark
 
     rank = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
            "print('up', flush=True); time.sleep(60)"
     launched = subprocess.Popen([sys.executable, "-c", rank], stdout=subprocess.PIPE, text=True,
-                                env={**os.environ, "XYLENT_PARENT": _parent_mark()})
+                                env={**os.environ, "XYLENT_PARENT": mark()})
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],  # ours, not a launch
                              env={k: v for k, v in os.environ.items() if k != "XYLENT_PARENT"})
     try:
@@ -523,7 +524,8 @@ def test_stopping_a_launch_signals_its_launcher_and_ranks_by_identity_and_no_oth
 
         ranks = psutil.Process(launched.pid).children()
         assert len(ranks) == 1
-        assert stop_launched() == 2, "the launcher and its rank"
+        seen = {p.pid: p.environ().get("XYLENT_PARENT") for p in psutil.Process().children(recursive=True)}
+        assert stop_launched() == 2, f"the launcher and its rank (this process {mark()}; marks: {seen})"
         assert launched.wait(timeout=10) == -15 and psutil.wait_procs(ranks, timeout=10)[1] == []
         assert other.poll() is None, "a process this one started but did not launch is left alone"
     finally:
@@ -539,26 +541,26 @@ def test_the_server_watchdog_stops_only_the_server_it_was_given_never_a_process_
     import sys
     import time
 
-    import psutil
-
     from flows.kit.processes import _WATCHDOG
+    from xylent.process_identity import started
 
-    def watchdog(parent: psutil.Process, server: psutil.Process, server_started: float) -> None:
-        subprocess.run([sys.executable, "-c", _WATCHDOG, str(parent.pid), repr(parent.create_time()), str(server.pid),
+    def watchdog(parent: int, parent_started: float, server: int, server_started: float) -> None:
+        subprocess.run([sys.executable, "-c", _WATCHDOG, str(parent), repr(parent_started), str(server),
                         repr(server_started)], timeout=60, check=True)
 
     stand_in = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        holder = psutil.Process(stand_in.pid)
         gone = subprocess.Popen([sys.executable, "-c", "pass"])
-        parent = psutil.Process(gone.pid)
+        gone_started = started(gone.pid)
         gone.wait()  # the CLI is gone: the watchdog goes on at once
-        watchdog(parent, holder, holder.create_time() - 5.0)  # the server's number, now another process's
+        # the server's number, now another process's
+        watchdog(gone.pid, gone_started, stand_in.pid, started(stand_in.pid) - 5.0)
         assert stand_in.poll() is None, "a process that took the server's number was stopped"
         alive_parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
-        started = time.time()
-        watchdog(psutil.Process(alive_parent.pid), holder, holder.create_time())  # the real server, once its CLI ends
-        assert time.time() - started >= 1.0, "it waited for its CLI"
+        t0 = time.time()
+        # the real server, once its CLI ends
+        watchdog(alive_parent.pid, started(alive_parent.pid), stand_in.pid, started(stand_in.pid))
+        assert time.time() - t0 >= 1.0, "it waited for its CLI"
         assert stand_in.wait(timeout=10) is not None, "the server itself is stopped"
     finally:
         stand_in.kill()

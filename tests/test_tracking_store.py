@@ -124,14 +124,19 @@ def test_a_runs_owner_is_its_process_not_its_pid(tmp_path):
 
     import psutil
 
+    from xylent.process_identity import mark
+
     me = tracking.owner()
+    since_boot = psutil.Process().create_time() - psutil.boot_time()  # a clock step moves the boot time, not this
+    assert abs(float(me.rsplit(":", 1)[1]) - since_boot) < 0.05, me
     assert me.startswith(f"{socket.gethostname()}:") and not tracking.owner_is_gone(me)
     host, pid, start = me.rsplit(":", 2)
     assert tracking.owner_is_gone(f"{host}:{pid}:{float(start) - 5:.3f}"), "the same pid, started earlier: reused"
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    tag = f"{host}:{child.pid}:{psutil.Process(child.pid).create_time():.3f}"
-    assert not tracking.owner_is_gone(tag)
+    tag = f"{host}:{mark(child.pid)}"
+    written_before = f"{host}:{child.pid}:{psutil.Process(child.pid).create_time():.3f}"  # the wall-clock form
+    assert not tracking.owner_is_gone(tag) and not tracking.owner_is_gone(written_before)
     child.wait()
-    assert tracking.owner_is_gone(tag), "its process has ended"
+    assert tracking.owner_is_gone(tag) and tracking.owner_is_gone(written_before), "its process has ended"
     assert not tracking.owner_is_gone(f"elsewhere.example:{child.pid}:0.000"), "another host: unknowable, kept"
     assert not tracking.owner_is_gone("not a tag")

@@ -94,10 +94,9 @@ def owner() -> str:
     """``host:pid:start``: this process, told apart from a later one with the same pid."""
     import socket
 
-    import psutil
+    from xylent.process_identity import mark
 
-    me = psutil.Process()
-    return f"{socket.gethostname()}:{me.pid}:{me.create_time():.3f}"
+    return f"{socket.gethostname()}:{mark()}"
 
 
 def owner_is_gone(tag: str) -> bool:
@@ -106,6 +105,8 @@ def owner_is_gone(tag: str) -> bool:
 
     import psutil
 
+    from xylent.process_identity import same_process
+
     try:
         host, pid, start = tag.rsplit(":", 2)
         pid, start = int(pid), float(start)
@@ -113,10 +114,12 @@ def owner_is_gone(tag: str) -> bool:
         return False
     if host != socket.gethostname():
         return False
-    try:
-        return abs(psutil.Process(pid).create_time() - start) > 0.01
-    except psutil.NoSuchProcess:
-        return True
+    if start > 1e8:  # a tag written before 2026-11-27 holds the wall-clock start (seconds since 1970)
+        try:
+            return abs(psutil.Process(pid).create_time() - start) > 0.01
+        except psutil.NoSuchProcess:
+            return True
+    return not same_process(pid, start)
 
 
 # MLflow's UI opens an experiment without this tag in its GenAI view; ours train models.

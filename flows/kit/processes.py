@@ -31,21 +31,15 @@ from xylent.errors import XylentError, environment_error
 _WATCHDOG = """
 import sys, time
 import psutil
+from xylent.process_identity import same_process  # that process, not one that got its number since
 parent, parent_started, server, server_started = (int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]),
                                                   float(sys.argv[4]))
 
-def alive(pid, started):  # that process, not one that got its number since (PIDs wrap within minutes)
-    try:
-        p = psutil.Process(pid)
-        return abs(p.create_time() - started) < 1e-3 and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-while alive(parent, parent_started):
+while same_process(parent, parent_started):
     time.sleep(0.5)
 try:
     proc = psutil.Process(server)
-    if abs(proc.create_time() - server_started) < 1e-3:  # still the server: not one that took its number
+    if same_process(server, server_started):  # still the server: not one that took its number
         proc.terminate()
         proc.wait(10)
 except psutil.TimeoutExpired:
@@ -222,13 +216,14 @@ class _TemporaryServer:
         self.process = subprocess.Popen([*self._args, "--port", str(self.port)], env=self._env)
         import psutil
 
+        from xylent.process_identity import started
+
         try:
-            started = psutil.Process(self.process.pid).create_time()
+            server_started = started(self.process.pid)
         except psutil.NoSuchProcess:  # it exited at once (its port taken): wait() starts another
             return
-        me = psutil.Process()
-        subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(me.pid), repr(me.create_time()), str(self.process.pid),
-                          repr(started)],
+        subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(os.getpid()), repr(started(os.getpid())),
+                          str(self.process.pid), repr(server_started)],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)  # not in our process group: a Ctrl-C reaches us, not it
 
