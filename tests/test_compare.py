@@ -56,6 +56,51 @@ def test_compare_marks_a_tie_at_the_precision_it_shows():
     assert ["12.4 = (12.4)" in rows[0], "12.5 ▲ (12.4)" in rows[1], "12.3 ▼ (12.4)" in rows[2]] == [True] * 3
 
 
+def test_a_claim_over_seeds_is_shown_only_when_its_paired_interval_excludes_zero():
+    """tasks/evaluate/paired.py on toy scores: differences paired per seed and language, a two-stage
+    bootstrap interval (seeds, then languages), the sign test, and "shown" only over >= 3 seeds."""
+    from scipy.stats import binomtest
+
+    from tasks.evaluate.compare import seed_table
+    from tasks.evaluate.paired import difference
+
+    base = {s: {"de": 10.0 + s, "fr": 20.0, "ja": 30.0 - s} for s in range(3)}
+    better = {s: {lang: v + 1.0 + 0.5 * (lang == "de") for lang, v in langs.items()} for s, langs in base.items()}
+    d = difference(better, base)
+    assert (d["units"], d["seeds"], d["above"], d["below"]) == (9, 3, 9, 0)
+    assert abs(d["mean"] - 3.5 / 3) < 1e-9, "de +1.5, fr and ja +1.0 on every seed"
+    assert 1.0 <= d["low"] <= d["mean"] <= d["high"] <= 1.5, "every resample's mean lies between the unit extremes"
+    assert d["sign_p"] == binomtest(9, 9).pvalue and d["verdict"] == "shown: above"
+    assert difference(better, base) == d, "a fixed resampling seed: the same numbers every time"
+    # one seed reverses: the interval, which resamples seeds, now spans zero
+    mixed = {**better, 2: {lang: v - 3.0 for lang, v in base[2].items()}}
+    assert difference(mixed, base)["verdict"] == "not shown at this scale"
+    two = {s: better[s] for s in (0, 1)}
+    assert difference(two, base)["verdict"] == "not shown: 2 seeds (at least 3 measure the spread)"
+    assert difference(better, {5: base[0]}) is None, "no shared seed: nothing to pair"
+
+    def run(scores_by_model):
+        return {"label": "r", "objective": "electra", "pretrain": {}, "kinds": {"t": "tatoeba"},
+                "scores": {m: {"t": {"avg": sum(v.values()) / len(v), "languages": {k: {"accuracy": x}
+                                                                                    for k, x in v.items()}}}
+                           for m, v in scores_by_model.items()}}
+
+    groups = [{"label": "a", "objective": "electra", "runs": {s: run({"pipeline": base[s], "random-init": base[s]})
+                                                            for s in range(3)}},
+              {"label": "b", "objective": "mlm", "runs": {s: run({"pipeline": better[s], "random-init": base[s]})
+                                                          for s in range(3)}}]
+    markdown, numbers = seed_table(groups)
+    rows = markdown.splitlines()
+    assert rows[0] == "| run | objective | seeds | t: pipeline | t: random-init |"
+    assert rows[2] == "| a | electra | 0 1 2 | 20.0 ± 0.0 | 20.0 ± 0.0 |"
+    assert numbers["t"]["b - a"] == d and numbers["t"]["b - random-init"] == d
+    assert numbers["t"]["a - random-init"]["verdict"] == "not shown at this scale"
+    assert "| b − a | +1.2 [" in markdown and ": shown: above |" in markdown
+    assert seed_table(groups, [("a", "b")])[1]["t"]["a - b"]["verdict"] == "shown: below", "a named claim"
+    with pytest.raises(XylentError, match="--claim names \\['c'\\]"):
+        seed_table(groups, [("c", "a")])
+
+
 def test_every_recipe_loads_and_changes_only_what_it_names():
     demo = load_spec(DEMO)
     expected = {"electra": ("electra", ["mrtd", "trtd"], None), "mlm": ("mlm", ["mrtd", "trtd"], None),
@@ -81,6 +126,13 @@ def test_compare_puts_runs_side_by_side_with_their_peers(run_cli, demo_run, tmp_
     assert cells[1] == "electra" and ("▲" in lines[0] or "▼" in lines[0])
     rc, _, err = run_cli("compare", "--spec", DEMO, "--workspace", tmp_path / "empty")
     assert rc == 2 and "xylent run evaluate" in err
+    # over seeds: the session demo's run is seed 0 (the spec's); one seed measures no spread
+    rc, stdout, err = run_cli("compare", "--spec", DEMO_SHORT, "--workspace", ws, "--seeds", "0")
+    assert rc == 0, err
+    assert "| demo-short | electra | 0 |" in stdout and "demo-short − random-init" in stdout
+    assert "not shown: 1 seed (at least 3 measure the spread)" in stdout and "shown: above" not in stdout
+    rc, _, err = run_cli("compare", "--spec", DEMO_SHORT, "--workspace", ws, "--seeds", "0", "7")
+    assert rc == 2 and f"xylent run evaluate --spec {DEMO_SHORT} --set seed=7" in err, err
 
 
 def test_recipe_knobs_out_of_range_are_caught_before_anything_trains(tmp_path):

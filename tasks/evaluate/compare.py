@@ -5,6 +5,13 @@ plus how the run's pretraining losses ended against their own trivial peers.
 Input: each spec's published evaluate ``scores.json`` and pretrain
 ``metrics.jsonl`` (found by fingerprint, like ``xylent status``).  Output: a
 Markdown table (``xylent compare``) and the same numbers as JSON.
+
+Over several seeds (``xylent compare --seeds 0 1 2``, each run of a spec under
+``--set seed=N``) a table gives every task's mean ± sd over seeds for the
+encoder and its trivial peers, and each difference that a reader would state
+as a claim (each run against its peers and against the first spec) is measured
+on the paired per-language scores (tasks/evaluate/paired.py): a claim is
+"shown" only where its 95 % interval excludes zero.
 """
 
 from __future__ import annotations
@@ -33,10 +40,11 @@ def final_metrics(metrics_file: Path, last: int = 50) -> dict[str, float]:
     return out
 
 
-def read_run(label: str, evaluate_dir: Path | None, pretrain_dir: Path | None) -> dict:
+def read_run(label: str, evaluate_dir: Path | None, pretrain_dir: Path | None,
+             rerun: str = "xylent run evaluate --spec <the same spec>") -> dict:
     if evaluate_dir is None or not (evaluate_dir / "scores.json").is_file():
         raise XylentError(f"{label}: the evaluate stage has no published scores for this spec",
-                          where=str(evaluate_dir), fix="run it first: xylent run evaluate --spec <the same spec>")
+                          where=str(evaluate_dir), fix=f"run it first: {rerun}")
     scores = json.loads((evaluate_dir / "scores.json").read_text())
     pretrain = {}
     if pretrain_dir is not None and (pretrain_dir / "metrics.jsonl").is_file():
@@ -44,7 +52,8 @@ def read_run(label: str, evaluate_dir: Path | None, pretrain_dir: Path | None) -
     objective = None
     if pretrain_dir is not None and (pretrain_dir / "model" / "config.json").is_file():
         objective = json.loads((pretrain_dir / "model" / "config.json").read_text()).get("objective")
-    return {"label": label, "objective": objective, "scores": scores["models"], "pretrain": pretrain}
+    return {"label": label, "objective": objective, "scores": scores["models"], "pretrain": pretrain,
+            "kinds": {name: t["kind"] for name, t in scores.get("tasks", {}).items()}}
 
 
 def task_columns(runs: list[dict]) -> list[str]:
@@ -86,3 +95,78 @@ def table(runs: list[dict]) -> str:
               "untrained weights (= a tie at the precision shown).  Pretraining columns: the mean of the last 50 logged steps, with its trivial "
               "peer in brackets (chance contrast, unigram generator, base-rate discriminator)."]
     return "\n".join(lines) + "\n"
+
+
+PEER_MODELS = ("random-init", "bag-of-subwords")  # the trivial peers a claim is read against
+
+
+def language_scores(run: dict, model: str, task: str) -> dict[str, float]:
+    """One run's per-language primary score of ``model`` on ``task`` (0–100)."""
+    from tasks.evaluate.scorecard import PRIMARY
+
+    metric = PRIMARY.get(run["kinds"].get(task, ""), "accuracy")
+    langs = run["scores"].get(model, {}).get(task, {}).get("languages", {})
+    return {lang: float(v[metric]) for lang, v in langs.items() if isinstance(v, dict) and v.get(metric) is not None}
+
+
+def _mean_sd(values: list[float]) -> str:
+    if not values:
+        return "–"
+    m = sum(values) / len(values)
+    if len(values) < 2:
+        return f"{m:.1f}"
+    sd = (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    return f"{m:.1f} ± {sd:.1f}"
+
+
+def seed_table(groups: list[dict], claims: list[tuple[str, str]] = ()) -> tuple[str, dict]:
+    """Several recipes over several seeds: ``groups`` = [{"label", "objective", "runs": {seed: run}}].
+    The Markdown (mean ± sd per task for the encoder and its peers, then every claim's paired
+    difference) and the differences as numbers.  Claims: each run against its peers and against
+    the first run, plus each ``(a, b)`` of ``claims`` (labels: a's encoder minus b's)."""
+    from tasks.evaluate.paired import MIN_SEEDS, describe, difference
+
+    if not groups:
+        raise XylentError("nothing to compare", fix="name at least one spec: xylent compare --spec A --seeds 0 1 2")
+    runs = [r for g in groups for r in g["runs"].values()]
+    tasks = task_columns(runs)
+    peers = [p for p in PEER_MODELS if any(p in r["scores"] for r in runs)]
+    head = ["run", "objective", "seeds", *(f"{t}: {m}" for t in tasks for m in ("pipeline", *peers))]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for g in groups:
+        cells = [g["label"], g["objective"] or "?", " ".join(str(s) for s in sorted(g["runs"]))]
+        for t in tasks:
+            for m in ("pipeline", *peers):
+                vals = [v for v in (_avg(r["scores"].get(m, {}).get(t)) for r in g["runs"].values()) if v is not None]
+                cells.append(_mean_sd(vals))
+        lines.append("| " + " | ".join(cells) + " |")
+    numbers: dict = {}
+    lines += ["", "Scores are averages over languages (0–100), mean ± sd over the pretraining seeds (each seed a "
+              "run of the spec under `--set seed=N`: its vocabulary, sampling order and initial weights).", "",
+              "## Differences", "",
+              "Each row pairs the two sides' scores per seed and language: the mean difference, its 95 % two-stage "
+              f"bootstrap interval (seeds, then languages within a seed), how many units go up and down, the sign "
+              f"test, and the verdict: **shown** only where the interval over at least {MIN_SEEDS} seeds excludes "
+              "zero, otherwise not shown at this scale.", ""]
+    by_label = {g["label"]: g for g in groups}
+    unknown = [x for pair in claims for x in pair if x not in by_label]
+    if unknown:
+        raise XylentError(f"--claim names {unknown}, which is not a compared run", where="xylent compare --claim",
+                          fix=f"name two of {sorted(by_label)} (each spec's file name without .yaml)")
+    pairs = [(g, p) for g in groups for p in peers] + [(g, groups[0]) for g in groups[1:]]
+    pairs += [(by_label[a], by_label[b]) for a, b in claims if (by_label[a], by_label[b]) not in pairs]
+    for t in tasks:
+        rows = []
+        for g, other in pairs:
+            ours = {s: language_scores(r, "pipeline", t) for s, r in g["runs"].items()}
+            if isinstance(other, str):  # a peer of the same runs
+                name, theirs = other, {s: language_scores(r, other, t) for s, r in g["runs"].items()}
+            else:
+                name, theirs = other["label"], {s: language_scores(r, "pipeline", t) for s, r in other["runs"].items()}
+            d = difference(ours, theirs)
+            if d is not None:
+                numbers.setdefault(t, {})[f"{g['label']} - {name}"] = d
+                rows.append(f"| {g['label']} − {name} | {describe(d)} |")
+        if rows:
+            lines += [f"### {t}", "", "| claim | difference |", "|---|---|", *rows, ""]
+    return "\n".join(lines) + "\n", numbers

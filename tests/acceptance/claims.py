@@ -47,7 +47,8 @@ CLAIMS: dict[str, dict] = {
         "test": "tests/acceptance/test_infoxlm_retrieval.py",
         "fast_form": "tests/test_pretrain_objectives.py::test_the_objective_learns_and_its_encoder_loads "
                      "(XLCo's loss below chance in 40 steps)",
-        "code": [*_LEARNING, "tasks/evaluate/", "data_specs/demo.yaml", "data_specs/recipes/infoxlm.yaml"],
+        "code": [*_LEARNING, "tasks/evaluate/", "data_specs/demo.yaml", "data_specs/recipes/base.yaml",
+                 "data_specs/recipes/infoxlm.yaml"],
     },
     "planted-audit": {
         "what": "the DRO audit on a corpus with planted defects ranks them as XY-LENT §6.6 reads them, on three "
