@@ -57,7 +57,9 @@ CLAIMS: dict[str, dict] = {
         "test": "tests/acceptance/test_planted_audit.py",
         "fast_form": "tests/test_audit_planted.py (a short run: the evidence names all three defects, "
                      "the report and table are complete)",
-        "code": [*_LEARNING, "tasks/audit/", "tests/audit_planted.py"],
+        # it never runs the evaluate stage: its settings and fine-tuning defaults are not its code
+        "code": [*_LEARNING, "tasks/audit/", "tests/audit_planted.py", ":(exclude)xylent/spec/evaluate.py",
+                 ":(exclude)xylent/spec/finetune_hparams.yaml"],
     },
 }
 
