@@ -131,12 +131,17 @@ def _prepare_text(path: Path, rec: dict, out: Path, cfg: PrepareConfig, max_line
         st.add(blank=blank.sum(), too_short=too_short.sum(), too_long=too_long.sum(), rows_out=len(text),
                chars_out=pc.sum(pc.utf8_length(text)).as_py() or 0)
         if len(text):
-            writer.write(pa.table({"doc_id": _doc_ids(f"{key}:", kept_docs), "text": text,
-                                   "source": pa.array([rec["source"]] * len(text), pa.string())}))
+            writer.write(_mono_rows(key, kept_docs, text, rec["source"]))
         if max_lines is not None and seen >= max_lines:
             break
     writer.close()
     return [st.row]
+
+
+def _mono_rows(key: str, ids: np.ndarray, text: pa.Array, source: str) -> pa.Table:
+    """Monolingual rows of one unit: their doc ids (``<unit key>:<n>``), text and source."""
+    return pa.table({"doc_id": _doc_ids(f"{key}:", ids), "text": text,
+                     "source": pa.array([source] * len(text), pa.string())})
 
 
 class _PairWriter:
@@ -283,8 +288,7 @@ def _prepare_parquet(path: Path, rec: dict, out: Path, cfg: PrepareConfig, max_l
             st.add(lines_in=len(arr), too_short=too_short.sum(), too_long=too_long.sum(), rows_out=len(text),
                    docs=len(text), chars_out=pc.sum(pc.utf8_length(text)).as_py() or 0)
             if len(text):
-                writer.write(pa.table({"doc_id": _doc_ids(f"{key}:", ids), "text": text,
-                                       "source": pa.array([rec["source"]] * len(text), pa.string())}))
+                writer.write(_mono_rows(key, ids, text, rec["source"]))
             if max_lines is not None and seen >= max_lines:
                 break
         writer.close()
