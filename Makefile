@@ -58,7 +58,7 @@ acceptance: $(STAMP)
 # every pretraining recipe of the family on the demo corpus, once per seed (each seed its own
 # vocabulary, sampling order and initial weights), evaluated beside random-init and bag-of-subwords,
 # then one table with every claim's paired difference over the seeds: docs/recipes-scorecard.md
-# (~25 min per seed on 2 CPU cores).  MetaXLM runs at the first seed only: phase 2's fingerprint
+# (~25 min per seed on 2 CPU cores).  MetaXLM runs at the first of SEEDS only: phase 2's fingerprint
 # holds the phase-1 version it started from (docs/recipes.md).  `make recipes SEEDS=0` for one seed.
 RECIPES := electra mlm infoxlm infoxlm-mixup veco electra-mrtd-only electra-en-x
 SEEDS ?= 0 1 2
@@ -66,12 +66,12 @@ CLAIMS := infoxlm:mlm infoxlm-mixup:infoxlm electra:electra-mrtd-only electra:el
 recipes: $(STAMP)
 	for s in $(SEEDS); do for r in $(RECIPES); do \
 		$(BIN)/xylent run evaluate --spec data_specs/recipes/$$r.yaml --set seed=$$s || exit 1; done; done
-	$(BIN)/xylent run pretrain --spec data_specs/recipes/metaxlm-phase1.yaml
-	$(BIN)/xylent run evaluate --spec data_specs/recipes/metaxlm-phase2.yaml
+	$(BIN)/xylent run pretrain --spec data_specs/recipes/metaxlm-phase1.yaml --set seed=$(firstword $(SEEDS))
+	$(BIN)/xylent run evaluate --spec data_specs/recipes/metaxlm-phase2.yaml --set seed=$(firstword $(SEEDS))
 	$(BIN)/xylent compare $(foreach r,$(RECIPES),--spec data_specs/recipes/$(r).yaml) --seeds $(SEEDS) \
 		$(foreach c,$(CLAIMS),--claim $(c)) --out docs/recipes-scorecard.md
 	$(BIN)/xylent compare --spec data_specs/recipes/electra.yaml --spec data_specs/recipes/metaxlm-phase2.yaml \
-		--out docs/recipes-scorecard-metaxlm.md
+		--seeds $(firstword $(SEEDS)) --out docs/recipes-scorecard-metaxlm.md
 
 # every benchmark at full size (about an hour on 2 cores; run it on a quiet machine), then the
 # measured parts of docs/benchmarks.md are rewritten from benchmarks/results/*.json.

@@ -57,27 +57,31 @@ def test_compare_marks_a_tie_at_the_precision_it_shows():
 
 
 def test_a_claim_over_seeds_is_shown_only_when_its_paired_interval_excludes_zero():
-    """tasks/evaluate/paired.py on toy scores: differences paired per seed and language, a two-stage
-    bootstrap interval (seeds, then languages), the sign test, and "shown" only over >= 3 seeds."""
-    from scipy.stats import binomtest
+    """tasks/evaluate/paired.py on toy scores: paired per seed and language, the seed as the unit
+    (Student's t over the per-seed mean differences), and "shown" only over >= 3 seeds."""
+    import math
+
+    from scipy.stats import t as student_t
 
     from tasks.evaluate.compare import seed_table
     from tasks.evaluate.paired import difference
 
     base = {s: {"de": 10.0 + s, "fr": 20.0, "ja": 30.0 - s} for s in range(3)}
-    better = {s: {lang: v + 1.0 + 0.5 * (lang == "de") for lang, v in langs.items()} for s, langs in base.items()}
+    better = {s: {lang: v + 1.0 + 0.5 * (lang == "de") + 0.1 * s for lang, v in langs.items()}
+              for s, langs in base.items()}  # per seed: +1.5 (de), +1.0, +1.0, and 0.1 more each seed
     d = difference(better, base)
-    assert (d["units"], d["seeds"], d["above"], d["below"]) == (9, 3, 9, 0)
-    assert abs(d["mean"] - 3.5 / 3) < 1e-9, "de +1.5, fr and ja +1.0 on every seed"
-    assert 1.0 <= d["low"] <= d["mean"] <= d["high"] <= 1.5, "every resample's mean lies between the unit extremes"
-    assert d["sign_p"] == binomtest(9, 9).pvalue and d["verdict"] == "shown: above"
-    assert difference(better, base) == d, "a fixed resampling seed: the same numbers every time"
-    # one seed reverses: the interval, which resamples seeds, now spans zero
+    seed_means = [3.5 / 3 + 0.1 * s for s in range(3)]
+    half = student_t.ppf(0.975, 2) * 0.1 / math.sqrt(3)
+    assert d["mean"] == pytest.approx(sum(seed_means) / 3) and d["low"] == pytest.approx(d["mean"] - half)
+    assert (d["seeds"], d["seeds_up"], d["languages"], d["languages_up"]) == (3, 3, 3, 3)
+    assert d["verdict"] == "shown: above"
+    # one seed reverses: its languages all agree, but the seeds do not
     mixed = {**better, 2: {lang: v - 3.0 for lang, v in base[2].items()}}
     assert difference(mixed, base)["verdict"] == "not shown at this scale"
     two = {s: better[s] for s in (0, 1)}
     assert difference(two, base)["verdict"] == "not shown: 2 seeds (at least 3 measure the spread)"
     assert difference(better, {5: base[0]}) is None, "no shared seed: nothing to pair"
+    assert difference({0: {"de": math.nan}}, {0: {"de": 1.0}}) is None, "a missing score is not a difference"
 
     def run(scores_by_model):
         return {"label": "r", "objective": "electra", "pretrain": {}, "kinds": {"t": "tatoeba"},
@@ -95,8 +99,9 @@ def test_a_claim_over_seeds_is_shown_only_when_its_paired_interval_excludes_zero
     assert rows[2] == "| a | electra | 0 1 2 | 20.0 ± 0.0 | 20.0 ± 0.0 |"
     assert numbers["t"]["b - a"] == d and numbers["t"]["b - random-init"] == d
     assert numbers["t"]["a - random-init"]["verdict"] == "not shown at this scale"
-    assert "| b − a | +1.2 [" in markdown and ": shown: above |" in markdown
-    assert seed_table(groups, [("a", "b")])[1]["t"]["a - b"]["verdict"] == "shown: below", "a named claim"
+    assert "| b − a | +1.3 [" in markdown and ": shown: above |" in markdown
+    named = seed_table(groups, [("a", "b")])[1]["t"]
+    assert named["a - b"]["verdict"] == "shown: below" and "b - a" not in named, "a named claim reads as named"
     with pytest.raises(XylentError, match="--claim names \\['c'\\]"):
         seed_table(groups, [("c", "a")])
 

@@ -12,23 +12,26 @@ a live process would read as gone.  Elsewhere it falls back to ``create_time()``
 from __future__ import annotations
 
 import os
+import sys
 
 import psutil
 
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_LINUX = sys.platform.startswith("linux")  # /proc/<pid>/stat as Linux lays it out (Solaris has a /proc too)
+_TICKS = os.sysconf("SC_CLK_TCK") if _LINUX else 100
 
 
 def started(pid: int) -> float:
-    """When ``pid`` started, in seconds (since boot on Linux); psutil.NoSuchProcess once it is gone."""
+    """When ``pid`` started, in seconds (since boot on Linux); psutil.NoSuchProcess once it is gone,
+    psutil.AccessDenied where its record cannot be read (``/proc`` mounted with hidepid)."""
+    if not _LINUX:
+        return psutil.Process(pid).create_time()
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-    except FileNotFoundError as e:
-        if os.path.isdir("/proc/self"):
-            raise psutil.NoSuchProcess(pid) from e
-        return psutil.Process(pid).create_time()
-    except ProcessLookupError as e:
+    except (FileNotFoundError, ProcessLookupError) as e:
         raise psutil.NoSuchProcess(pid) from e
+    except OSError as e:
+        raise psutil.AccessDenied(pid) from e
     # the name in parentheses may hold spaces and ')': the fields start after the last one
     return int(data[data.rfind(b")") + 2:].split()[19]) / _TICKS
 

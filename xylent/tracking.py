@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -114,7 +115,9 @@ def owner_is_gone(tag: str) -> bool:
         return False
     if host != socket.gethostname():
         return False
-    if start > 1e8:  # a tag written before 2026-11-27 holds the wall-clock start (seconds since 1970)
+    # a tag written before 2026-11-27 holds the wall-clock start (seconds since 1970, ~1.8e9): no
+    # process started more seconds after boot than the machine has been up
+    if start > time.time() - psutil.boot_time() + 60:
         try:
             return abs(psutil.Process(pid).create_time() - start) > 0.01
         except psutil.NoSuchProcess:

@@ -10,13 +10,14 @@ Over several seeds (``xylent compare --seeds 0 1 2``, each run of a spec under
 ``--set seed=N``) a table gives every task's mean ± sd over seeds for the
 encoder and its trivial peers, and each difference that a reader would state
 as a claim (each run against its peers and against the first spec) is measured
-on the paired per-language scores (tasks/evaluate/paired.py): a claim is
-"shown" only where its 95 % interval excludes zero.
+on the scores paired per seed and language (tasks/evaluate/paired.py): a claim
+is "shown" only where its 95 % interval over the seeds excludes zero.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from xylent.errors import XylentError
@@ -106,7 +107,8 @@ def language_scores(run: dict, model: str, task: str) -> dict[str, float]:
 
     metric = PRIMARY.get(run["kinds"].get(task, ""), "accuracy")
     langs = run["scores"].get(model, {}).get(task, {}).get("languages", {})
-    return {lang: float(v[metric]) for lang, v in langs.items() if isinstance(v, dict) and v.get(metric) is not None}
+    return {lang: float(v[metric]) for lang, v in langs.items()
+            if isinstance(v, dict) and isinstance(v.get(metric), (int, float)) and math.isfinite(v[metric])}
 
 
 def _mean_sd(values: list[float]) -> str:
@@ -144,29 +146,39 @@ def seed_table(groups: list[dict], claims: list[tuple[str, str]] = ()) -> tuple[
     lines += ["", "Scores are averages over languages (0–100), mean ± sd over the pretraining seeds (each seed a "
               "run of the spec under `--set seed=N`: its vocabulary, sampling order and initial weights).", "",
               "## Differences", "",
-              "Each row pairs the two sides' scores per seed and language: the mean difference, its 95 % two-stage "
-              f"bootstrap interval (seeds, then languages within a seed), how many units go up and down, the sign "
-              f"test, and the verdict: **shown** only where the interval over at least {MIN_SEEDS} seeds excludes "
-              "zero, otherwise not shown at this scale.", ""]
+              "Each row pairs the two sides' scores per seed and language. Its difference is the mean over the "
+              "seeds of each seed's mean difference over the languages; the interval is Student's t over those "
+              "per-seed means (95 %; the seed is the unit: its languages share one model); then how many seeds, "
+              f"and how many languages (by their mean over the seeds), go up and down; and the verdict: **shown** "
+              f"only where the interval over at least {MIN_SEEDS} seeds excludes zero, otherwise not shown at this "
+              "scale (tasks/evaluate/paired.py).", ""]
     by_label = {g["label"]: g for g in groups}
+    if len(by_label) != len(groups):
+        raise XylentError("two compared specs have the same file name", where="xylent compare --spec",
+                          fix="give each run's spec its own file name: the name is the run's label")
     unknown = [x for pair in claims for x in pair if x not in by_label]
     if unknown:
         raise XylentError(f"--claim names {unknown}, which is not a compared run", where="xylent compare --claim",
                           fix=f"name two of {sorted(by_label)} (each spec's file name without .yaml)")
-    pairs = [(g, p) for g in groups for p in peers] + [(g, groups[0]) for g in groups[1:]]
-    pairs += [(by_label[a], by_label[b]) for a, b in claims if (by_label[a], by_label[b]) not in pairs]
+    pairs = [(g["label"], p) for g in groups for p in peers] + [(g["label"], groups[0]["label"]) for g in groups[1:]]
+    for a, b in claims:  # a named claim reads as named: it replaces the same pair the other way round
+        if (b, a) in pairs:
+            pairs[pairs.index((b, a))] = (a, b)
+        elif (a, b) not in pairs:
+            pairs.append((a, b))
     for t in tasks:
         rows = []
-        for g, other in pairs:
+        for label, name in pairs:
+            g = by_label[label]
             ours = {s: language_scores(r, "pipeline", t) for s, r in g["runs"].items()}
-            if isinstance(other, str):  # a peer of the same runs
-                name, theirs = other, {s: language_scores(r, other, t) for s, r in g["runs"].items()}
+            if name in peers:  # a trivial peer scored beside the same runs
+                theirs = {s: language_scores(r, name, t) for s, r in g["runs"].items()}
             else:
-                name, theirs = other["label"], {s: language_scores(r, "pipeline", t) for s, r in other["runs"].items()}
+                theirs = {s: language_scores(r, "pipeline", t) for s, r in by_label[name]["runs"].items()}
             d = difference(ours, theirs)
             if d is not None:
-                numbers.setdefault(t, {})[f"{g['label']} - {name}"] = d
-                rows.append(f"| {g['label']} − {name} | {describe(d)} |")
+                numbers.setdefault(t, {})[f"{label} - {name}"] = d
+                rows.append(f"| {label} − {name} | {describe(d)} |")
         if rows:
             lines += [f"### {t}", "", "| claim | difference |", "|---|---|", *rows, ""]
     return "\n".join(lines) + "\n", numbers

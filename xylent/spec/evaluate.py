@@ -6,6 +6,8 @@ Other tools read these names (``evaluate.models``, ``evaluate.tasks`` with
 
 from __future__ import annotations
 
+import copy
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import ClassVar, Literal, Union
@@ -110,7 +112,7 @@ class FineTune(Strict):
         points = v if isinstance(v, list) else [] if v is None else [v]
         if isinstance(v, list) and not v:
             raise ValueError(f"finetune.{info.field_name}: an empty grid; give a value or a list of values")
-        if any(p <= 0 for p in points):
+        if any(not math.isfinite(p) or p <= 0 for p in points):
             raise ValueError(f"finetune.{info.field_name} must be > 0, got {v}")
         if len(set(points)) != len(points):
             raise ValueError(f"finetune.{info.field_name}: the grid {v} repeats a value")
@@ -209,7 +211,8 @@ class EvalTask(Strict):
             raise ValueError(f"evaluate task {self.name!r}: format holdout gives labelled sentences, a "
                              "classification task; use kind: classification")
         table, ft = hparams_table(), self.finetune or FineTune()
-        row = dict(table["tables"][ft.defaults]["tasks"][self.xtreme_task or table["kinds"][self.kind]])
+        # a deep copy: the grids are lists, and the table is cached for every task
+        row = copy.deepcopy(table["tables"][ft.defaults]["tasks"][self.xtreme_task or table["kinds"][self.kind]])
         self.finetune = ft.resolve(row, self.kind)
 
     @property

@@ -158,7 +158,7 @@ def finetune_task(data: TaskData, make_model: Callable[[int, int], tuple], ckroo
         return summarise(data, per_seed)
     tried = {}
     for lr, epochs in points:
-        tag = f"lr{lr:g}-epochs{epochs}"
+        tag = f"lr{lr!r}-epochs{epochs}"  # repr: two learning rates never share a folder
         log(f"grid point {tag} ({len(tried) + 1}/{len(points)})")
         task = data.task.model_copy(update={"finetune": data.task.finetune.model_copy(
             update={"lr": lr, "epochs": epochs})})
@@ -166,7 +166,8 @@ def finetune_task(data: TaskData, make_model: Callable[[int, int], tuple], ckroo
                                 labels_root, log, model_ref, task=task) for s in seeds}
         tried[tag] = {"lr": lr, "epochs": epochs, "task": task, "per_seed": per_seed,
                       "dev": float(np.mean([r["dev"] for r in per_seed.values()]))}
-    kept = max(tried, key=lambda tag: tried[tag]["dev"])  # a tie keeps the earlier point
+    # a tie keeps the earlier point; a point whose dev score is not a number is never kept over one that is
+    kept = max(tried, key=lambda tag: tried[tag]["dev"] if np.isfinite(tried[tag]["dev"]) else -np.inf)
     for s in seeds:  # the kept point's predictions are the submission
         shutil.copytree(ckroot / kept / "predictions" / f"seed-{s}", preds_root / f"seed-{s}", dirs_exist_ok=True)
     out = summarise(data, tried[kept]["per_seed"], tried[kept]["task"])
