@@ -237,8 +237,9 @@ class _TemporaryServer:
         ui_unset = PREFECT_UI_URL.value() is None  # it would follow the API URL: a link to a server gone at exit
         deadline = time.monotonic() + PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
         while True:
-            if self.process.poll() == 3:  # the port was taken meanwhile: another one
-                self._spawn()
+            if self.process.poll() == 3:  # startup failed (its port taken meanwhile; or, under load, another
+                self._spawn()             # CLI's server migrating the shared database): another, with its own time
+                deadline = time.monotonic() + PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
             elif self.process.poll() is not None:
                 raise RuntimeError(f"the temporary Prefect server exited with code {self.process.returncode}")
             try:
