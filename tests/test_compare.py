@@ -56,6 +56,56 @@ def test_compare_marks_a_tie_at_the_precision_it_shows():
     assert ["12.4 = (12.4)" in rows[0], "12.5 ▲ (12.4)" in rows[1], "12.3 ▼ (12.4)" in rows[2]] == [True] * 3
 
 
+def test_a_claim_over_seeds_is_shown_only_when_its_paired_interval_excludes_zero():
+    """tasks/evaluate/paired.py on toy scores: paired per seed and language, the seed as the unit
+    (Student's t over the per-seed mean differences), and "shown" only over >= 3 seeds."""
+    import math
+
+    from scipy.stats import t as student_t
+
+    from tasks.evaluate.compare import seed_table
+    from tasks.evaluate.paired import difference
+
+    base = {s: {"de": 10.0 + s, "fr": 20.0, "ja": 30.0 - s} for s in range(3)}
+    better = {s: {lang: v + 1.0 + 0.5 * (lang == "de") + 0.1 * s for lang, v in langs.items()}
+              for s, langs in base.items()}  # per seed: +1.5 (de), +1.0, +1.0, and 0.1 more each seed
+    d = difference(better, base)
+    seed_means = [3.5 / 3 + 0.1 * s for s in range(3)]
+    half = student_t.ppf(0.975, 2) * 0.1 / math.sqrt(3)
+    assert d["mean"] == pytest.approx(sum(seed_means) / 3) and d["low"] == pytest.approx(d["mean"] - half)
+    assert (d["seeds"], d["seeds_up"], d["languages"], d["languages_up"]) == (3, 3, 3, 3)
+    assert d["verdict"] == "shown: above"
+    # one seed reverses: its languages all agree, but the seeds do not
+    mixed = {**better, 2: {lang: v - 3.0 for lang, v in base[2].items()}}
+    assert difference(mixed, base)["verdict"] == "not shown at this scale"
+    two = {s: better[s] for s in (0, 1)}
+    assert difference(two, base)["verdict"] == "not shown: 2 seeds (at least 3 measure the spread)"
+    assert difference(better, {5: base[0]}) is None, "no shared seed: nothing to pair"
+    assert difference({0: {"de": math.nan}}, {0: {"de": 1.0}}) is None, "a missing score is not a difference"
+
+    def run(scores_by_model):
+        return {"label": "r", "objective": "electra", "pretrain": {}, "kinds": {"t": "tatoeba"},
+                "scores": {m: {"t": {"avg": sum(v.values()) / len(v), "languages": {k: {"accuracy": x}
+                                                                                    for k, x in v.items()}}}
+                           for m, v in scores_by_model.items()}}
+
+    groups = [{"label": "a", "objective": "electra", "runs": {s: run({"pipeline": base[s], "random-init": base[s]})
+                                                            for s in range(3)}},
+              {"label": "b", "objective": "mlm", "runs": {s: run({"pipeline": better[s], "random-init": base[s]})
+                                                          for s in range(3)}}]
+    markdown, numbers = seed_table(groups)
+    rows = markdown.splitlines()
+    assert rows[0] == "| run | objective | seeds | t: pipeline | t: random-init |"
+    assert rows[2] == "| a | electra | 0 1 2 | 20.0 ± 0.0 | 20.0 ± 0.0 |"
+    assert numbers["t"]["b - a"] == d and numbers["t"]["b - random-init"] == d
+    assert numbers["t"]["a - random-init"]["verdict"] == "not shown at this scale"
+    assert "| b − a | +1.3 [" in markdown and ": shown: above |" in markdown
+    named = seed_table(groups, [("a", "b")])[1]["t"]
+    assert named["a - b"]["verdict"] == "shown: below" and "b - a" not in named, "a named claim reads as named"
+    with pytest.raises(XylentError, match="--claim names \\['c'\\]"):
+        seed_table(groups, [("c", "a")])
+
+
 def test_every_recipe_loads_and_changes_only_what_it_names():
     demo = load_spec(DEMO)
     expected = {"electra": ("electra", ["mrtd", "trtd"], None), "mlm": ("mlm", ["mrtd", "trtd"], None),
@@ -81,6 +131,13 @@ def test_compare_puts_runs_side_by_side_with_their_peers(run_cli, demo_run, tmp_
     assert cells[1] == "electra" and ("▲" in lines[0] or "▼" in lines[0])
     rc, _, err = run_cli("compare", "--spec", DEMO, "--workspace", tmp_path / "empty")
     assert rc == 2 and "xylent run evaluate" in err
+    # over seeds: the session demo's run is seed 0 (the spec's); one seed measures no spread
+    rc, stdout, err = run_cli("compare", "--spec", DEMO_SHORT, "--workspace", ws, "--seeds", "0")
+    assert rc == 0, err
+    assert "| demo-short | electra | 0 |" in stdout and "demo-short − random-init" in stdout
+    assert "not shown: 1 seed (at least 3 measure the spread)" in stdout and "shown: above" not in stdout
+    rc, _, err = run_cli("compare", "--spec", DEMO_SHORT, "--workspace", ws, "--seeds", "0", "7")
+    assert rc == 2 and f"xylent run evaluate --spec {DEMO_SHORT} --set seed=7" in err, err
 
 
 def test_recipe_knobs_out_of_range_are_caught_before_anything_trains(tmp_path):

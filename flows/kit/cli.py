@@ -58,6 +58,12 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--spec", dest="specs", action="append", required=True, metavar="SPEC",
                      help="a spec whose evaluate stage has run (repeat for each run to compare)")
     cmp.add_argument("--workspace", help="for every spec (default: each spec's own 'workspace')")
+    cmp.add_argument("--seeds", type=int, nargs="+", metavar="N",
+                     help="compare over these seeds: each spec's runs under --set seed=N; mean ± sd per task and "
+                     "every claim's paired difference with its interval (tasks/evaluate/paired.py)")
+    cmp.add_argument("--claim", dest="claims", action="append", default=[], metavar="A:B",
+                     help="with --seeds: also measure run A's encoder minus run B's (names: the spec files "
+                     "without .yaml); each run is always measured against its peers and the first --spec")
     cmp.add_argument("--out", help="also write the table to this file")
     cmp.add_argument("--json", action="store_true", help="print the numbers as JSON instead")
     worker = sub.add_parser("worker", help="Prefect's process worker for the deployments (checks PREFECT_API_URL "
@@ -106,17 +112,41 @@ def _outputs(spec_file: str, overrides: list[str], workspace: str | None, fetch:
 
 
 def _compare(args) -> dict:
-    from tasks.evaluate.compare import read_run, table
+    from tasks.evaluate.compare import read_run, seed_table, table
 
-    runs = []
-    for spec in args.specs:
-        published = {name: out if manifest is not None else None
-                     for name, _, out, manifest in _outputs(spec, [], args.workspace)}
-        runs.append(read_run(Path(spec).stem, published.get("evaluate"), published.get("pretrain")))
-    markdown = table(runs)
+    def run_of(spec: str, overrides: list[str], label: str, rerun: str) -> dict:
+        outputs = {name: (out, manifest) for name, _, out, manifest in _outputs(spec, overrides, args.workspace)}
+        if outputs["evaluate"][1] is None:  # not published (absent, or never finished): not read
+            raise XylentError(f"{label}: the evaluate stage has no published scores for this spec",
+                              where=str(outputs["evaluate"][0]), fix=f"run it first: {rerun}")
+        published = {name: out if manifest is not None else None for name, (out, manifest) in outputs.items()}
+        return read_run(label, published["evaluate"], published.get("pretrain"), rerun)
+
+    if args.claims and not args.seeds:
+        raise XylentError("--claim needs --seeds: a claim is measured over seeds", fix="add --seeds 0 1 2")
+    if args.seeds:
+        if len(set(args.seeds)) != len(args.seeds):
+            raise XylentError(f"--seeds must be distinct, got {args.seeds}", fix="name each seed once")
+        groups = []
+        for spec in args.specs:
+            runs = {s: run_of(spec, [f"seed={s}"], f"{Path(spec).stem} (seed {s})",
+                              f"xylent run evaluate --spec {spec} --set seed={s}") for s in args.seeds}
+            groups.append({"label": Path(spec).stem, "objective": next(iter(runs.values()))["objective"],
+                           "runs": runs})
+        claims = []
+        for claim in args.claims:
+            a, sep, b = claim.partition(":")
+            if not (sep and a and b):
+                raise XylentError(f"--claim {claim!r} is not A:B", fix="e.g. --claim infoxlm:mlm (A minus B)")
+            claims.append((a, b))
+        markdown, differences = seed_table(groups, claims)
+        result = {"groups": groups, "differences": differences, "markdown": markdown}
+    else:
+        runs = [run_of(spec, [], Path(spec).stem, f"xylent run evaluate --spec {spec}") for spec in args.specs]
+        result = {"runs": runs, "markdown": table(runs)}
     if args.out:
-        Path(args.out).write_text(markdown, encoding="utf-8")
-    return {"runs": runs, "markdown": markdown}
+        Path(args.out).write_text(result["markdown"], encoding="utf-8")
+    return result
 
 
 def _status(args) -> dict:
@@ -276,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "compare":
             result = _compare(args)
-            print(json.dumps(result["runs"], indent=2) if args.json else result["markdown"], end="")
+            numbers = result.get("runs") or {k: v for k, v in result.items() if k != "markdown"}
+            print(json.dumps(numbers, indent=2) + "\n" if args.json else result["markdown"], end="")
             return 0
         if args.command == "worker":
             from flows.kit.worker import start_worker

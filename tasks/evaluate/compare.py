@@ -5,11 +5,19 @@ plus how the run's pretraining losses ended against their own trivial peers.
 Input: each spec's published evaluate ``scores.json`` and pretrain
 ``metrics.jsonl`` (found by fingerprint, like ``xylent status``).  Output: a
 Markdown table (``xylent compare``) and the same numbers as JSON.
+
+Over several seeds (``xylent compare --seeds 0 1 2``, each run of a spec under
+``--set seed=N``) a table gives every task's mean ± sd over seeds for the
+encoder and its trivial peers, and each difference that a reader would state
+as a claim (each run against its peers and against the first spec) is measured
+on the scores paired per seed and language (tasks/evaluate/paired.py): a claim
+is "shown" only where its 95 % interval over the seeds excludes zero.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from xylent.errors import XylentError
@@ -33,10 +41,11 @@ def final_metrics(metrics_file: Path, last: int = 50) -> dict[str, float]:
     return out
 
 
-def read_run(label: str, evaluate_dir: Path | None, pretrain_dir: Path | None) -> dict:
+def read_run(label: str, evaluate_dir: Path | None, pretrain_dir: Path | None,
+             rerun: str = "xylent run evaluate --spec <the same spec>") -> dict:
     if evaluate_dir is None or not (evaluate_dir / "scores.json").is_file():
         raise XylentError(f"{label}: the evaluate stage has no published scores for this spec",
-                          where=str(evaluate_dir), fix="run it first: xylent run evaluate --spec <the same spec>")
+                          where=str(evaluate_dir), fix=f"run it first: {rerun}")
     scores = json.loads((evaluate_dir / "scores.json").read_text())
     pretrain = {}
     if pretrain_dir is not None and (pretrain_dir / "metrics.jsonl").is_file():
@@ -44,7 +53,8 @@ def read_run(label: str, evaluate_dir: Path | None, pretrain_dir: Path | None) -
     objective = None
     if pretrain_dir is not None and (pretrain_dir / "model" / "config.json").is_file():
         objective = json.loads((pretrain_dir / "model" / "config.json").read_text()).get("objective")
-    return {"label": label, "objective": objective, "scores": scores["models"], "pretrain": pretrain}
+    return {"label": label, "objective": objective, "scores": scores["models"], "pretrain": pretrain,
+            "kinds": {name: t["kind"] for name, t in scores.get("tasks", {}).items()}}
 
 
 def task_columns(runs: list[dict]) -> list[str]:
@@ -86,3 +96,89 @@ def table(runs: list[dict]) -> str:
               "untrained weights (= a tie at the precision shown).  Pretraining columns: the mean of the last 50 logged steps, with its trivial "
               "peer in brackets (chance contrast, unigram generator, base-rate discriminator)."]
     return "\n".join(lines) + "\n"
+
+
+PEER_MODELS = ("random-init", "bag-of-subwords")  # the trivial peers a claim is read against
+
+
+def language_scores(run: dict, model: str, task: str) -> dict[str, float]:
+    """One run's per-language primary score of ``model`` on ``task`` (0–100)."""
+    from tasks.evaluate.scorecard import PRIMARY
+
+    metric = PRIMARY.get(run["kinds"].get(task, ""), "accuracy")
+    langs = run["scores"].get(model, {}).get(task, {}).get("languages", {})
+    return {lang: float(v[metric]) for lang, v in langs.items()
+            if isinstance(v, dict) and isinstance(v.get(metric), (int, float)) and math.isfinite(v[metric])}
+
+
+def _mean_sd(values: list[float]) -> str:
+    if not values:
+        return "–"
+    m = sum(values) / len(values)
+    if len(values) < 2:
+        return f"{m:.1f}"
+    sd = (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    return f"{m:.1f} ± {sd:.1f}"
+
+
+def seed_table(groups: list[dict], claims: list[tuple[str, str]] = ()) -> tuple[str, dict]:
+    """Several recipes over several seeds: ``groups`` = [{"label", "objective", "runs": {seed: run}}].
+    The Markdown (mean ± sd per task for the encoder and its peers, then every claim's paired
+    difference) and the differences as numbers.  Claims: each run against its peers and against
+    the first run, plus each ``(a, b)`` of ``claims`` (labels: a's encoder minus b's)."""
+    from tasks.evaluate.paired import MIN_SEEDS, describe, difference
+
+    if not groups:
+        raise XylentError("nothing to compare", fix="name at least one spec: xylent compare --spec A --seeds 0 1 2")
+    runs = [r for g in groups for r in g["runs"].values()]
+    tasks = task_columns(runs)
+    peers = [p for p in PEER_MODELS if any(p in r["scores"] for r in runs)]
+    head = ["run", "objective", "seeds", *(f"{t}: {m}" for t in tasks for m in ("pipeline", *peers))]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for g in groups:
+        cells = [g["label"], g["objective"] or "?", " ".join(str(s) for s in sorted(g["runs"]))]
+        for t in tasks:
+            for m in ("pipeline", *peers):
+                vals = [v for v in (_avg(r["scores"].get(m, {}).get(t)) for r in g["runs"].values()) if v is not None]
+                cells.append(_mean_sd(vals))
+        lines.append("| " + " | ".join(cells) + " |")
+    numbers: dict = {}
+    lines += ["", "Scores are averages over languages (0–100), mean ± sd over the pretraining seeds (each seed a "
+              "run of the spec under `--set seed=N`: its vocabulary, sampling order and initial weights).", "",
+              "## Differences", "",
+              "Each row pairs the two sides' scores per seed and language. Its difference is the mean over the "
+              "seeds of each seed's mean difference over the languages; the interval is Student's t over those "
+              "per-seed means (95 %; the seed is the unit: its languages share one model); then how many seeds, "
+              f"and how many languages (by their mean over the seeds), go up and down; and the verdict: **shown** "
+              f"only where the interval over at least {MIN_SEEDS} seeds excludes zero, otherwise not shown at this "
+              "scale (tasks/evaluate/paired.py).", ""]
+    by_label = {g["label"]: g for g in groups}
+    if len(by_label) != len(groups):
+        raise XylentError("two compared specs have the same file name", where="xylent compare --spec",
+                          fix="give each run's spec its own file name: the name is the run's label")
+    unknown = [x for pair in claims for x in pair if x not in by_label]
+    if unknown:
+        raise XylentError(f"--claim names {unknown}, which is not a compared run", where="xylent compare --claim",
+                          fix=f"name two of {sorted(by_label)} (each spec's file name without .yaml)")
+    pairs = [(g["label"], p) for g in groups for p in peers] + [(g["label"], groups[0]["label"]) for g in groups[1:]]
+    for a, b in claims:  # a named claim reads as named: it replaces the same pair the other way round
+        if (b, a) in pairs:
+            pairs[pairs.index((b, a))] = (a, b)
+        elif (a, b) not in pairs:
+            pairs.append((a, b))
+    for t in tasks:
+        rows = []
+        for label, name in pairs:
+            g = by_label[label]
+            ours = {s: language_scores(r, "pipeline", t) for s, r in g["runs"].items()}
+            if name in peers:  # a trivial peer scored beside the same runs
+                theirs = {s: language_scores(r, name, t) for s, r in g["runs"].items()}
+            else:
+                theirs = {s: language_scores(r, "pipeline", t) for s, r in by_label[name]["runs"].items()}
+            d = difference(ours, theirs)
+            if d is not None:
+                numbers.setdefault(t, {})[f"{label} - {name}"] = d
+                rows.append(f"| {label} − {name} | {describe(d)} |")
+        if rows:
+            lines += [f"### {t}", "", "| claim | difference |", "|---|---|", *rows, ""]
+    return "\n".join(lines) + "\n", numbers

@@ -32,6 +32,7 @@ DOC = ROOT / "docs" / "acceptance.md"
 # the code every learning claim runs through: the model, its training, the loader that feeds it
 _LEARNING = ["models/", "tasks/pretrain/", "tasks/shards/loader.py", "xylent/spec/", "xylent/launch.py",
              "xylent/atomic.py"]  # the spec, and how the ranks are launched and write their files
+# (not xylent/process_identity.py: it decides when a rank stops with its parent, never what a run computes)
 
 CLAIMS: dict[str, dict] = {
     "demo-learns": {
@@ -47,7 +48,8 @@ CLAIMS: dict[str, dict] = {
         "test": "tests/acceptance/test_infoxlm_retrieval.py",
         "fast_form": "tests/test_pretrain_objectives.py::test_the_objective_learns_and_its_encoder_loads "
                      "(XLCo's loss below chance in 40 steps)",
-        "code": [*_LEARNING, "tasks/evaluate/", "data_specs/demo.yaml", "data_specs/recipes/infoxlm.yaml"],
+        "code": [*_LEARNING, "tasks/evaluate/", "data_specs/demo.yaml", "data_specs/recipes/base.yaml",
+                 "data_specs/recipes/infoxlm.yaml"],
     },
     "planted-audit": {
         "what": "the DRO audit on a corpus with planted defects ranks them as XY-LENT §6.6 reads them, on three "
@@ -56,7 +58,9 @@ CLAIMS: dict[str, dict] = {
         "test": "tests/acceptance/test_planted_audit.py",
         "fast_form": "tests/test_audit_planted.py (a short run: the evidence names all three defects, "
                      "the report and table are complete)",
-        "code": [*_LEARNING, "tasks/audit/", "tests/audit_planted.py"],
+        # it never runs the evaluate stage: its settings and fine-tuning defaults are not its code
+        "code": [*_LEARNING, "tasks/audit/", "tests/audit_planted.py", ":(exclude)xylent/spec/evaluate.py",
+                 ":(exclude)xylent/spec/finetune_hparams.yaml"],
     },
 }
 
