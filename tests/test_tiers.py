@@ -39,6 +39,15 @@ def test_a_changed_learning_file_makes_its_claim_stale_naming_the_file(tmp_path,
     (repo / "models" / "loss.py").write_text("WEIGHT = 1.0\n")
     (repo / "models" / "new.py").write_text("")  # an added file counts too
     assert "models/new.py" in claims.problems("toy")[0]
+    # a failed run is on record with what failed; it stands for the tree only under an open issue's name
+    (repo / "models" / "new.py").unlink()
+    claims.record("toy", {"loss": 0.5}, {"loss": "< 0.3"}, seconds=1.0, failed=["loss 0.5, not < 0.3"])
+    (found,) = claims.problems("toy")
+    assert "failed (loss 0.5, not < 0.3)" in found and "open_failure" in found
+    claims.CLAIMS["toy"]["open_failure"] = "issue 1"
+    assert claims.problems("toy") == [] and "**FAILED** (loss 0.5, not < 0.3; open: issue 1)" in claims.render()
+    claims.record("toy", {"loss": 0.25}, {"loss": "< 0.3"}, seconds=1.0)
+    assert "remove it" in claims.problems("toy")[0]
 
 
 def test_every_test_a_doc_names_exists():
