@@ -9,9 +9,6 @@ same q trajectory, when the same command runs again.
 
 from __future__ import annotations
 
-import json
-import shutil
-
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -30,29 +27,12 @@ def evidence_task(dedup_dir, pairs, spec):
 
 @stage_flow(STAGE_BY_NAME["audit"])
 def audit(ctx: StageContext) -> StageOutcome:
-    from models.adversary import STATE_FILE
-    from tasks.audit.report import write_output
-    from tasks.pretrain import publish
-    from tasks.audit.train_config import audit_train_config
+    from tasks.audit import run
 
-    spec, p, tracker = ctx.spec, ctx.spec.pretrain, ctx.tracker
     ckdir = checkpoint_dir(ctx)
-    cfg = audit_train_config(spec, ctx.upstream, ckdir, ctx.run_id, tracker.uri,
-                             shards_source=shards_source(ctx))
-    result = run_training(ctx, cfg, ckdir)
-
-    name = f"{p.register_name or f'xylent-{spec.name}'}-audit"
-    rows, enc_state, enc_cfg, n_params = publish.export_run(cfg, ckdir, ctx.upstream, ctx.out, {
-        "objective": p.objective, "steps": cfg.steps, "fingerprint": ctx.fingerprint, "registered_model": name,
-        "audit": spec.audit.model_dump(mode="json")})
-    if result.resumed_from_step:
-        publish.backfill(tracker.client, ctx.run_id, rows, result.resumed_from_step)
-    model_uri, version = publish.register_model(tracker, ctx.run_id, ctx.out / publish.MODEL_DIR, name, ckdir)
-    state = json.loads((ckdir / STATE_FILE).read_text())
-    shutil.copy2(ckdir / STATE_FILE, ctx.out / STATE_FILE)
-    evidence = evidence_task.submit(ctx.upstream["dedup"], state["pairs"], spec).result()
-    train_metrics = publish.summary_metrics(rows, n_params, sum(v.numel() for v in enc_state.values()))
-    outcome = write_output(state, evidence, ctx.upstream["dedup"], spec, train_metrics, ctx.out)
-    outcome.manifest.update({"checkpoints": str(ckdir), "registered_model": name, "model_uri": model_uri,
-                             "registered_version": version, "resumed_from_step": result.resumed_from_step})
-    return outcome
+    cfg = run.configure(ctx.spec, ctx.upstream, ckdir, ctx.run_id, ctx.tracker.uri, shards_source(ctx))
+    resumed = run_training(ctx, cfg, ckdir).resumed_from_step
+    state, done = run.export(ctx.spec, cfg, resumed, ckdir, ctx.upstream, ctx.out, ctx.tracker, ctx.run_id,
+                             ctx.fingerprint)
+    evidence = evidence_task.submit(ctx.upstream["dedup"], state["pairs"], ctx.spec).result()
+    return run.assemble(state, evidence, done, ctx.spec, resumed, ckdir, ctx.upstream, ctx.out)

@@ -28,6 +28,11 @@ def resample_steps(steps: int, resamples: int) -> list[int]:
     return sorted({min(steps - 1, max(1, round(k * steps / (resamples + 1)))) for k in range(1, resamples + 1)})
 
 
+BASELINES = (None, "language", "sides", "larger", "partner", "partner-larger")
+USES_LANGUAGES = ("language", "larger", "partner-larger")  # need each language's monolingual loss
+PARTNER = ("partner", "partner-larger")  # need the partner-swapped pass
+
+
 def binary_entropy(p: np.ndarray) -> np.ndarray:
     """The loss of always answering the base rate p (nats)."""
     p = np.clip(p, 1e-12, 1 - 1e-12)
@@ -49,13 +54,17 @@ class PairAdversary:
           translation does not explain, pair by pair.
         - ``larger``: the larger of the two, the language's put on the sides' scale first (see
           :func:`excess_baselines`): a pair whose own sentences are far easier than its languages'
-          text (memorised repeats, a copy) is held to its languages' difficulty."""
-        if baseline not in (None, "language", "sides", "larger"):
+          text (memorised repeats, a copy) is held to its languages' difficulty.
+        - ``partner``: the same loss of the same tokens under the same masks, each sentence beside
+          another row's partner of the same pair (``base``), against the training pass's loss of those
+          very rows (``paired``): the translation's help alone, paired token by token.
+        - ``partner-larger``: ``larger`` with ``partner`` in place of ``sides``."""
+        if baseline not in BASELINES:
             raise ValueError(f"unknown baseline {baseline!r}")
         self.baseline = baseline
         self.languages = list(languages or [])
         self.pairs = list(pairs)
-        if baseline in ("language", "larger"):
+        if baseline in USES_LANGUAGES:
             lang = {x: i for i, x in enumerate(self.languages)}
             missing = sorted({x for p in self.pairs for x in p.split("-")} - set(lang))
             if missing:
@@ -68,7 +77,7 @@ class PairAdversary:
         self.schedule = resample_steps(steps, resamples)
         n = len(self.pairs)
         # EMAs stay NaN until a pair is first seen: an unseen pair has no loss, not a made-up one
-        self.ema = {k: np.full(n, np.nan) for k in ("loss", "g", "d", "d_base", "base")}
+        self.ema = {k: np.full(n, np.nan) for k in ("loss", "g", "d", "d_base", "base", "paired")}
         self.lang_ema = np.full(len(self.languages), np.nan)  # baseline language: each language's own loss
         self.rows = np.zeros(n, dtype=np.int64)
         self.last_step = np.full(n, -1, dtype=np.int64)
@@ -97,10 +106,12 @@ class PairAdversary:
         old[later] = (1 - self.ema_rate) * old[later] + self.ema_rate * x[later]
 
     def observe(self, step: int, sums: np.ndarray, base: np.ndarray | None = None,
-                lang: np.ndarray | None = None) -> None:
+                lang: np.ndarray | None = None, paired: np.ndarray | None = None) -> None:
         """Fold one optimizer step's per-pair sums (n_pairs × SUM_FIELDS, all ranks) into the EMAs;
-        ``base``: the same sums of the pairs' sides run alone, ``lang``: of each language's
-        monolingual rows (n_languages × SUM_FIELDS), on the steps that computed them."""
+        ``base``: the same sums of the pairs' sides run alone (or beside another row's partner),
+        ``paired``: the training pass's sums of exactly the rows ``base`` ran with another partner,
+        ``lang``: of each language's monolingual rows (n_languages × SUM_FIELDS), on the steps that
+        computed them."""
         loss, g, d, d_base, seen = self._weighted(sums)
         for key, x in (("loss", loss), ("g", g), ("d", d), ("d_base", d_base)):
             self._fold(key, x, seen)
@@ -110,13 +121,16 @@ class PairAdversary:
         if lang is not None:
             own, *_, lang_seen = self._weighted(lang)
             self._fold("lang", own, lang_seen)
+        if paired is not None:
+            same, *_, paired_seen = self._weighted(paired)
+            self._fold("paired", same, paired_seen)
         self.rows += np.asarray(sums, dtype=np.float64)[:, -1].astype(np.int64)
         self.last_step[seen] = step
 
     def baselines(self) -> np.ndarray:
         """Each pair's baseline (NaN until seen; all NaN without one)."""
-        own = self.lang_ema[self.sides].mean(axis=1) if self.baseline in ("language", "larger") else None
-        return excess_baselines(self.baseline, self.ema["base"], own)
+        own = self.lang_ema[self.sides].mean(axis=1) if self.baseline in USES_LANGUAGES else None
+        return excess_baselines(self.baseline, near_baseline(self.baseline, self.ema), own)
         return np.full(len(self.pairs), np.nan)
 
     def pair_losses(self) -> np.ndarray:
@@ -178,6 +192,15 @@ class PairAdversary:
         self.trajectory = list(state["trajectory"])
 
 
+def near_baseline(kind: str | None, ema: dict[str, np.ndarray]) -> np.ndarray:
+    """The pair-by-pair part of a baseline on the loss EMA's own scale: the sides run alone, or
+    (partner kinds) the loss EMA less the translation's measured help, i.e. less the training
+    pass's loss of the partner-measured rows minus their loss beside another partner."""
+    if kind in ("partner", "partner-larger"):
+        return ema["loss"] - (ema["paired"] - ema["base"])
+    return ema["base"]
+
+
 def excess_baselines(kind: str | None, sides: np.ndarray, languages: np.ndarray | None) -> np.ndarray:
     """Each pair's baseline for pair_loss excess (NaN until measured), from the EMAs of its sides
     run alone and of its two languages' monolingual text (the mean of the two).
@@ -192,7 +215,7 @@ def excess_baselines(kind: str | None, sides: np.ndarray, languages: np.ndarray 
     against its languages."""
     if kind is None:
         return np.full(len(sides), np.nan)
-    if kind == "sides":
+    if kind in ("sides", "partner"):
         return sides
     if kind == "language":
         return languages

@@ -5,8 +5,9 @@ The trainer holds one object, :class:`PairAudit` in an audit run and :data:`NO_A
 plain pretrain run (every hook does nothing), and calls the same hooks either way:
 
     resample before a step → a baseline pass over monolingual sentences (baseline language,
-    larger) → per TRTD micro-batch: its sides alone (baseline sides, larger) and the per-row
-    losses of the training pass → fold the step into the EMAs
+    larger, partner-larger) → per TRTD micro-batch: its sides alone (baseline sides, larger) or
+    its rows beside other rows' partners (partner, partner-larger), and the per-row losses of the
+    training pass → fold the step into the EMAs
 
 Every per-pair or per-language sum is all-reduced, so all ranks hold the same state; each
 measurement draws its masking noise from a stream of its own, so the training passes' masks
@@ -17,11 +18,13 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
+from models.adversary import PARTNER, USES_LANGUAGES
 from models.masking import row_noise
 from models.pairs import split_pair
 from models.run_config import TrainConfig, task_plan
-from models.stats import ROW_FIELDS
+from models.stats import ROW_FIELDS, gather_rows
 from tasks.shards.loader import TrainingLoader  # the shard contract: all models take from tasks
 
 LANGUAGE_BASELINE = "language-baseline"  # its loader's key among the trainer's loaders (and in a checkpoint)
@@ -80,14 +83,13 @@ class PairAudit(NoAudit):
 
         self.cfg, self.dro, self.engine = cfg, cfg.dro, engine
         self.rank, self.world, self.device = rank, world, device
-        self.mono = language_baseline_loader(cfg, rank, world) if self.dro.baseline in ("language", "larger") \
-            else None
+        self.mono = language_baseline_loader(cfg, rank, world) if self.dro.baseline in USES_LANGUAGES else None
         self.adversary = PairAdversary(trtd.names, trtd.prior, rho=self.dro.rho, min_ratio=self.dro.min_ratio,
                                        ema=self.dro.ema, weights=tuple(self.dro.weights), steps=cfg.steps,
                                        resamples=self.dro.resamples, baseline=self.dro.baseline,
                                        languages=self.mono.names if self.mono is not None else None)
         self.schedule = self.adversary.schedule
-        self._pair = self._base = self._lang = None
+        self._pair = self._base = self._lang = self._paired = self._kept = None
 
     def loaders(self) -> dict:
         """Loaders whose state a checkpoint keeps beside the training ones."""
@@ -111,7 +113,9 @@ class PairAudit(NoAudit):
     def begin(self, step: int, iters: dict) -> None:
         n, due = len(self.adversary.pairs), baseline_due(self.cfg, step)
         self._pair = torch.zeros(n, len(ROW_FIELDS) + 1, dtype=torch.float64, device=self.device)
-        self._base = torch.zeros_like(self._pair) if due and self.dro.baseline in ("sides", "larger") else None
+        near = due and self.dro.baseline not in (None, "language")
+        self._base = torch.zeros_like(self._pair) if near else None
+        self._paired = torch.zeros_like(self._pair) if near and self.dro.baseline in PARTNER else None
         self._lang = None
         if due and self.mono is not None:
             self._lang = languages_alone(self.engine, next(iters[LANGUAGE_BASELINE]), self.mono,
@@ -121,19 +125,31 @@ class PairAudit(NoAudit):
     def wants_rows(self, task: str) -> bool:
         return task == "trtd"
 
-    def before_pass(self, ids, pad, seg, batch: dict, step: int, micro: int, rows: list[int]) -> None:
-        """Before the pair's own pass: a model may keep state from it."""
-        if self._base is not None:
+    def before_pass(self, ids, pad, seg, noise, batch: dict, step: int, micro: int, rows: list[int]) -> None:
+        """Before the pair's own pass: a model may keep state from it.  ``noise``: the training pass's."""
+        if self._base is None:
+            return
+        if self._paired is None:
             self._base += pair_totals(sides_alone(self.engine, ids, pad, seg, self.cfg.seed, step, micro, rows),
                                       batch["pairs"], self.adversary.index, self.world)
+            return
+        swapped, self._kept = partners_swapped(self.engine, ids, pad, seg, noise,
+                                               [self.adversary.index[p] for p in batch["pairs"]], self.rank,
+                                               self.world)
+        self._base += pair_totals(swapped, [batch["pairs"][i] for i in self._kept], self.adversary.index, self.world)
 
     def after_pass(self, st, batch: dict) -> None:
         self._pair += pair_totals(st.rows, batch["pairs"], self.adversary.index, self.world)
+        if self._kept is not None:
+            self._paired += pair_totals(st.rows[:, self._kept], [batch["pairs"][i] for i in self._kept],
+                                        self.adversary.index, self.world)
+            self._kept = None
 
     def end(self, step: int) -> None:
         self.adversary.observe(step, self._pair.cpu().numpy(),
                                None if self._base is None else self._base.cpu().numpy(),
-                               None if self._lang is None else self._lang.cpu().numpy())
+                               None if self._lang is None else self._lang.cpu().numpy(),
+                               None if self._paired is None else self._paired.cpu().numpy())
 
     def state(self) -> dict:
         return {"adversary": self.adversary.state_dict()}
@@ -238,6 +254,60 @@ def sides_alone(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Tensor,
     st = engine(alone, alone_pad, None, noise, per_row=True)
     b = ids.shape[0]
     return st.rows[:, :b] + st.rows[:, b:]
+
+
+def partner_rotation(pairs: list[int]) -> dict[int, int]:
+    """Row -> the row whose second sentence it borrows: the next row of the same pair in the
+    global micro-batch, cyclically, so no row keeps its own.  A row alone of its pair has none."""
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(pairs):
+        groups.setdefault(p, []).append(i)
+    partner = {}
+    for rows in groups.values():
+        if len(rows) > 1:
+            partner.update(zip(rows, rows[1:] + rows[:1]))
+    return partner
+
+
+@torch.no_grad()
+def partners_swapped(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Tensor, noise: torch.Tensor,
+                     pair_ids: list[int], rank: int, world: int) -> tuple[torch.Tensor, list[int]]:
+    """The partner baseline: each TRTD row ``<s> x_i </s> y_i </s>`` rebuilt as
+    ``<s> x_i </s> y_j </s>``, y_j the second sentence of another row of the same pair
+    (:func:`partner_rotation` over the global micro-batch, so any world size pairs the same rows),
+    every token keeping the noise it had in the training pass (the same tokens are masked and
+    sampled, segment by segment), run forward (no backward).  Returns the per-row losses and counts
+    (ROW_FIELDS × kept rows) and this rank's kept rows: summed over a pair, the very tokens of the
+    training pass's rows, each beside another translation.  A row without a partner runs as it is
+    (every rank runs one forward of its own size) and is not kept."""
+    width = torch.tensor([ids.shape[1]], device=ids.device)
+    if world > 1:
+        dist.all_reduce(width, op=dist.ReduceOp.MAX)
+    grow = int(width[0]) - ids.shape[1]
+    pad_id = engine.module.cfg.special("pad")
+    all_ids, all_seg, all_noise, all_pairs = (gather_rows(t) for t in (
+        F.pad(ids, (0, grow), value=pad_id), F.pad(seg.long(), (0, grow)),
+        F.pad(noise, (0, grow), value=2.0).transpose(0, 1).contiguous(),
+        torch.as_tensor(pair_ids, dtype=torch.long, device=ids.device)))
+    partner = partner_rotation(all_pairs.tolist())
+    real = all_ids != pad_id
+    first, second = real & (all_seg == 0), real & (all_seg == 1)
+    mine = [rank + world * k for k in range(ids.shape[0])]
+    rows = []
+    for g in mine:
+        j = partner.get(g, g)
+        rows.append((torch.cat([all_ids[g][first[g]], all_ids[j][second[j]]]), int(first[g].sum()),
+                     torch.cat([all_noise[g][:, first[g]], all_noise[j][:, second[j]]], 1)))
+    width = max(len(r[0]) for r in rows)
+    out = torch.full((len(rows), width), pad_id, dtype=ids.dtype, device=ids.device)
+    out_seg = torch.zeros((len(rows), width), dtype=seg.dtype, device=ids.device)
+    out_noise = torch.full((noise.shape[0], len(rows), width), 2.0, dtype=noise.dtype, device=noise.device)
+    for k, (row, nx, rn) in enumerate(rows):
+        out[k, : len(row)] = row
+        out_seg[k, nx: len(row)] = 1
+        out_noise[:, k, : len(row)] = rn
+    kept = [k for k, g in enumerate(mine) if g in partner]
+    return engine(out, out == pad_id, out_seg, out_noise, per_row=True).rows[:, kept], kept
 
 
 def pair_totals(rows: torch.Tensor, names: list[str], index: dict[str, int], world: int) -> torch.Tensor:

@@ -46,7 +46,7 @@ from torch import nn
 from models.config import EncoderConfig
 from models.electra import MaskedLMModel
 from models.pairs import split_pair
-from models.stats import Norms, Stats, distributed
+from models.stats import Norms, Stats, distributed, gather_rows, gather_uneven
 
 
 @dataclass(frozen=True)
@@ -258,32 +258,6 @@ class InfoXLMModel(MaskedLMModel):
         return st.g_loss / norms.g + self.xlco.weight * st.c_loss / norms.c
 
 
-def gather_rows(x: torch.Tensor) -> torch.Tensor:
-    """Every rank's rows of ``x`` in global row order.  Rank r holds global rows r, r + W,
-    r + 2W, … (the loaders deal rows out that way), possibly one fewer than rank 0."""
-    if not distributed():
-        return x.detach()
-    parts, sizes = _gather_uneven(x.detach())
-    out = []
-    for k in range(max(sizes)):
-        out += [part[k] for part, size in zip(parts, sizes) if k < size]
-    return torch.stack(out) if out else x.detach()[:0]
-
-
-def _gather_uneven(x: torch.Tensor) -> tuple[list[torch.Tensor], list[int]]:
-    """(each rank's ``x``, padded to the longest; each rank's row count): all_gather needs one shape."""
-    world = dist.get_world_size()
-    n = torch.tensor([x.shape[0]], device=x.device)
-    counts = [torch.zeros_like(n) for _ in range(world)]
-    dist.all_gather(counts, n)
-    sizes = [int(c.item()) for c in counts]
-    padded = x.new_zeros((max(1, *sizes), *x.shape[1:]))
-    padded[: x.shape[0]] = x
-    parts = [torch.zeros_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded)
-    return parts, sizes
-
-
 def merge_groups(u: list[list[float]], share: float) -> list[tuple[int, ...]]:
     """The examples of a global batch of ``len(u)`` rows, in order: row ``i`` not yet taken
     starts a merged pair when ``u[i][0] < share`` and a later row is still free, its partner
@@ -308,8 +282,8 @@ def gather_examples(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     examples whose first row it holds, so the pattern of gather_rows does not apply)."""
     if not distributed():
         return x.detach()
-    parts, sizes = _gather_uneven(x.detach())
-    places, _ = _gather_uneven(positions.to(x.device))
+    parts, sizes = gather_uneven(x.detach())
+    places, _ = gather_uneven(positions.to(x.device))
     out = x.new_zeros((sum(sizes), *x.shape[1:]))
     for part, place, size in zip(parts, places, sizes):
         out[place[:size]] = part[:size]

@@ -30,7 +30,7 @@ def restore_rng(path: Path, cuda: bool) -> None:
 
 
 def watch_parent() -> None:
-    """Die with the xylent process that started the launcher (XYLENT_PARENT=pid:start_time).
+    """Die with the xylent process that started the launcher (XYLENT_PARENT=pid:start, xylent/process_identity.py).
 
     A kill -9 of xylent gives its children no chance to stop the ranks (the
     launcher's own parent-death signal reaches only the launcher, which exits
@@ -43,18 +43,12 @@ def watch_parent() -> None:
     import signal
     import threading
 
-    import psutil
+    from xylent.process_identity import is_alive
 
-    pid, started = spec.split(":")
-
-    def alive() -> bool:
-        try:
-            return abs(psutil.Process(int(pid)).create_time() - float(started)) < 1e-3  # not a reused pid
-        except psutil.Error:
-            return False
+    pid = spec.split(":")[0]
 
     def loop() -> None:
-        while alive():
+        while is_alive(spec):
             time.sleep(0.1)  # tiny CPU steps take ~0.1 s: a slower watch lets a kill -9'd run write on
         with contextlib.suppress(OSError):  # the log's reader was that process: the line may have nowhere to go
             print(f"xylent: the process that started this run ({pid}) is gone; stopping the ranks", flush=True)

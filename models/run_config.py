@@ -30,6 +30,9 @@ class DroConfig:
 
 @dataclass
 class TrainConfig:
+    """A training knob (``cfg.steps``, ``cfg.mask_prob``, …) is read from ``resolved`` where this
+    run decided it, else from ``pretrain``, the spec's section as written; setting one records it
+    in ``resolved``.  So a new knob in xylent.spec.PretrainConfig reaches the ranks as it is."""
     # where things are
     shards_dir: str
     sampling_dir: str
@@ -38,37 +41,32 @@ class TrainConfig:
     deepspeed_config: str       # the JSON actually used (xylent's zero<N>.json or the user's)
     zero_stage: int             # read from that JSON: reported, never written back into it
     model: dict                 # models.config.EncoderConfig fields, tokenizer's special ids included
-    # what to train: the spec's pretrain section, with lr / clip resolved for the model size
-    objective: str
-    objective_options: dict     # the objective's own section (pretrain.<objective>, e.g. infoxlm's XLCo knobs)
-    tasks: list[str]
-    task_schedule: str
-    trtd_ratio: float
-    steps: int
-    batch_size: int             # global: all ranks together
-    trtd_max_tokens: int        # global
-    grad_accum: int
-    lr: float
-    warmup_steps: int
-    betas: tuple[float, float]
-    eps: float
-    weight_decay: float
-    clip: float
-    disc_weight: float
-    mask_prob: float
-    precision: str
-    checkpoint_every: int
-    keep_checkpoints: int
-    seed: int
+    # what to train
+    pretrain: dict              # the spec's pretrain section whole (xylent.spec.PretrainConfig, as JSON)
+    resolved: dict              # what the stage decided over it: lr and clip for the model size, the seed, the
+                                # objective's options (objective_options), the audit's steps, warmup, checkpoints
     init_from: str | None       # a safetensors file of every weight to start from (the audit's init: pretrain)
     dro: DroConfig | None       # the audit's adversary; None in a plain pretrain run
     # how it is observed
-    log_every: int
     mlflow_tracking_uri: str | None
     mlflow_run_id: str | None
-    system_metrics: bool
-    system_metrics_interval: float
-    peak_tflops: float | None
+
+    def __getattr__(self, name: str):
+        if not name.startswith("__"):  # copy and pickle probe dunders before __init__ ran
+            for part in ("resolved", "pretrain"):
+                knobs = self.__dict__.get(part) or {}
+                if name in knobs:
+                    return knobs[name]
+        raise AttributeError(f"train.json has no {name!r}: it is neither a field, a resolved value nor a knob of "
+                             "the spec's pretrain section")
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _FIELDS:
+            object.__setattr__(self, name, value)
+            return
+        if self.__dict__.get("resolved") is None:
+            object.__setattr__(self, "resolved", {})
+        self.resolved[name] = value
 
     @classmethod
     def load(cls, path: str | Path) -> "TrainConfig":
@@ -78,7 +76,6 @@ class TrainConfig:
         if unknown or missing:
             raise ValueError(f"{path}: unknown train.json keys {sorted(unknown)}, missing {sorted(missing)}; "
                              "it was written by another xylent version: rerun the pretrain stage to rewrite it")
-        data["betas"] = tuple(data["betas"])
         if data["dro"] is not None:
             known = {f.name for f in fields(DroConfig)}
             if set(data["dro"]) != known:
@@ -89,6 +86,9 @@ class TrainConfig:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2))
+
+
+_FIELDS = frozenset(f.name for f in fields(TrainConfig))
 
 
 def task_plan(cfg: TrainConfig, step: int) -> list[str]:

@@ -100,3 +100,29 @@ def all_ranks_sum(t: torch.Tensor) -> torch.Tensor:
     if distributed():
         dist.all_reduce(t)
     return t
+
+
+def gather_rows(x: torch.Tensor) -> torch.Tensor:
+    """Every rank's rows of ``x`` in global row order.  Rank r holds global rows r, r + W,
+    r + 2W, … (the loaders deal rows out that way), possibly one fewer than rank 0."""
+    if not distributed():
+        return x.detach()
+    parts, sizes = gather_uneven(x.detach())
+    out = []
+    for k in range(max(sizes)):
+        out += [part[k] for part, size in zip(parts, sizes) if k < size]
+    return torch.stack(out) if out else x.detach()[:0]
+
+
+def gather_uneven(x: torch.Tensor) -> tuple[list[torch.Tensor], list[int]]:
+    """(each rank's ``x``, padded to the longest; each rank's row count): all_gather needs one shape."""
+    world = dist.get_world_size()
+    n = torch.tensor([x.shape[0]], device=x.device)
+    counts = [torch.zeros_like(n) for _ in range(world)]
+    dist.all_gather(counts, n)
+    sizes = [int(c.item()) for c in counts]
+    padded = x.new_zeros((max(1, *sizes), *x.shape[1:]))
+    padded[: x.shape[0]] = x
+    parts = [torch.zeros_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded)
+    return parts, sizes

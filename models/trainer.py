@@ -334,7 +334,7 @@ def train(cfg: TrainConfig) -> None:
             unigram_sums[task] = unigram_sums.get(task, 0) + unigram(ids, pad, world).cpu()
             per_row = audit.wants_rows(task)
             if per_row:
-                audit.before_pass(ids, pad, seg, batch, step, micro, rows)
+                audit.before_pass(ids, pad, seg, noise, batch, step, micro, rows)
             st = engine(ids, pad, seg, noise, per_row=per_row)
             if per_row:
                 audit.after_pass(st, batch)

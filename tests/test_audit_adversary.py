@@ -256,6 +256,59 @@ def test_the_baseline_is_each_sentence_run_alone():
     assert set(ROW_FIELDS) == {"g_loss", "g_count", "d_loss", "d_count", "d_pos"} and got[1].sum() > 0
 
 
+def test_the_partner_baseline_reruns_the_same_tokens_beside_another_rows_translation():
+    """models.audit_step.partners_swapped against rows built by hand: x of each row, y of the next
+    row of its pair, every token with its training-pass noise; a row alone of its pair is left out,
+    and summed over a pair the masked and scored tokens are the training pass's own."""
+    from models.audit_step import partner_rotation, partners_swapped
+
+    assert partner_rotation([0, 0, 1, 0, 2, 1]) == {0: 1, 1: 3, 3: 0, 2: 5, 5: 2}
+    cfg = preset("tiny", vocab_size=300, specials=SPECIALS, dropout=0.0)
+    torch.manual_seed(0)
+    model = ElectraModel(cfg).eval()
+    ids, pad, seg, noise = _pair_batch()
+    pairs = [0, 0, 1, 0, 2, 1]
+    engine = type("Engine", (), {"module": model, "__call__": lambda self, *a, **k: model(*a, **k)})()
+    got, kept = partners_swapped(engine, ids, pad, seg, noise, pairs, 0, 1)
+    assert kept == [0, 1, 2, 3, 5]
+    partner = partner_rotation(pairs)
+    want = torch.zeros_like(got)
+    with torch.no_grad():
+        for col, i in enumerate(kept):
+            j = partner[i]
+            x, y = (~pad[i]) & (seg[i] == 0), (~pad[j]) & (seg[j] == 1)
+            one = torch.cat([ids[i][x], ids[j][y]])[None]
+            one_seg = torch.cat([torch.zeros(int(x.sum())), torch.ones(int(y.sum()))]).long()[None]
+            one_noise = torch.cat([noise[:, i][:, x], noise[:, j][:, y]], 1)[:, None]
+            want[:, col] = model(one, one == SPECIALS["pad"], one_seg, one_noise, per_row=True).rows[:, 0]
+        own = model(ids, pad, seg, noise, per_row=True).rows[:, kept]
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+    counts = [ROW_FIELDS.index("g_count"), ROW_FIELDS.index("d_count")]
+    for pair in (0, 1):  # the same tokens masked and scored over each pair, only the partners moved
+        cols = [c for c, i in enumerate(kept) if pairs[i] == pair]
+        assert torch.equal(got[counts][:, cols].sum(1), own[counts][:, cols].sum(1))
+
+
+def test_the_partner_baseline_is_the_loss_less_the_translations_help():
+    """baseline partner: loss EMA − (the training pass's loss of the swapped rows − their loss beside
+    another partner); partner-larger holds a memorised pair to its languages as larger does."""
+    adv = _adversary(baseline="partner", weights=(1.0, 1.0))
+    pair = _sums({0: (30.0, 10, 2.0, 20, 5, 2), 1: (50.0, 10, 2.0, 20, 5, 2)})    # 3.1, 5.1
+    same = _sums({0: (20.0, 10, 2.0, 20, 5, 1), 1: (50.0, 10, 2.0, 20, 5, 1)})    # 2.1, 5.1: the swapped rows
+    other = _sums({0: (25.0, 10, 2.0, 20, 5, 1), 1: (50.0, 10, 2.0, 20, 5, 1)})   # 2.6, 5.1 beside other partners
+    adv.observe(0, pair, other, paired=same)
+    assert adv.baselines()[:2] == pytest.approx([3.6, 5.1]) and np.isnan(adv.baselines()[2:]).all()
+    assert adv.pair_losses()[:2] == pytest.approx([-0.5, 0.0]), "clean: the translation's help; noisy: none"
+    state = json.loads(json.dumps(adv.state_dict()))
+    assert pair_baselines(state)[:2] == pytest.approx([3.6, 5.1])
+    larger = _adversary(baseline="partner-larger", weights=(1.0, 1.0), languages=["a", "b", "c", "d"])
+    own = np.array([(90.0, 10, 2.0, 20, 5, 2), (40.0, 10, 2.0, 20, 5, 2), (60.0, 10, 2.0, 20, 5, 2),
+                    (0.0, 0, 0.0, 0, 0, 0)])  # a 9.1, b 4.1, c 6.1: pairs a-b 6.6, a-c 7.6
+    larger.observe(0, pair, other, own, paired=same)
+    # gaps 3.0 and 2.5, median 2.75: a-b max(3.6, 3.85), a-c max(5.1, 4.85)
+    assert larger.baselines()[:2] == pytest.approx([3.85, 5.1])
+
+
 def test_the_baselines_are_measured_on_the_first_trtd_step_of_each_period():
     """The demo's alternate schedule trains TRTD on odd steps only: a period of 10 starting on
     an MRTD step measures on its first odd step, not never; with mix every period's first step."""

@@ -82,12 +82,13 @@ def test_demo_audit_contract(demo_run):
 
 def test_demo_audit_starts_from_the_pretrained_weights_and_exports_its_model(demo_run):
     from models import load_pretrained
+    from models.run_config import TrainConfig
 
     res, _ = demo_run
     out = _out(res)
-    cfg = json.loads((out / "train.json").read_text())
-    assert cfg["init_from"] == str(_out(res, "pretrain") / "model" / "pretraining.safetensors")
-    assert cfg["steps"] == load_spec(DEMO_SHORT).audit.steps and cfg["dro"]["resamples"] == 5
+    cfg = TrainConfig.load(out / "train.json")  # the audit's steps are what it resolved over pretrain's section
+    assert cfg.init_from == str(_out(res, "pretrain") / "model" / "pretraining.safetensors")
+    assert cfg.steps == load_spec(DEMO_SHORT).audit.steps != cfg.pretrain["steps"] and cfg.dro.resamples == 5
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     pre = [json.loads(x) for x in (_out(res, "pretrain") / "metrics.jsonl").read_text().splitlines()]
 

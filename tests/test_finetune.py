@@ -142,6 +142,56 @@ def test_zero_shot_selects_on_the_train_language_dev_only(sp, tmp_path):
         TaskData(make_task("classification", root, protocol="translate-train"), root)
 
 
+def test_a_grid_keeps_the_point_with_the_best_mean_dev_score_and_submits_its_predictions(sp, tmp_path):
+    """finetune.lr / epochs as lists (XY-LENT's Table 15 grids): every point on every seed, the best
+    mean dev score over the seeds kept; the test scores of each point are reported, its predictions not."""
+    root = task_dir(tmp_path / "data", "classification", 400)
+    data = TaskData(make_task("classification", root, lr=[1e-6, 1e-3], seeds=[1, 2]), root)  # 3 epochs
+    result = finetune_task(data, factory(lambda: tiny_encoder(sp), "classification"), tmp_path / "ck",
+                           tmp_path / "preds", tmp_path / "labels")
+    points = result["grid"]["points"]
+    assert list(points) == ["lr1e-06-epochs3", "lr0.001-epochs3"] and result["grid"]["kept"] == "lr0.001-epochs3"
+    assert points["lr0.001-epochs3"]["dev"] > points["lr1e-06-epochs3"]["dev"] + 20, points
+    kept = points["lr0.001-epochs3"]
+    assert kept["dev"] == pytest.approx(np.mean([v["dev"] for v in result["per_seed"].values()]))
+    assert kept["avg"] == pytest.approx(result["avg"]) and result["hyperparameters"]["lr"] == 1e-3
+    for seed in ("1", "2"):  # the submission is the kept point's
+        ours = submission_file(tmp_path / "preds" / f"seed-{seed}", "xnli", "de", "lines")
+        assert ours.read_bytes() == submission_file(tmp_path / "ck" / "lr0.001-epochs3" / "predictions" /
+                                                    f"seed-{seed}", "xnli", "de", "lines").read_bytes()
+
+
+def test_the_xy_lent_defaults_are_table_15_and_xnli_warms_up_for_12500_steps_at_most_the_run():
+    """defaults: xy-lent resolves each XTREME task to the paper's Table 15 (the shared TSV), grids included."""
+    import csv
+
+    from tasks.evaluate.finetune.train import loop_config
+
+    rows = {r["task"]: r for r in csv.DictReader(open(ROOT.parent / "shared" / "data" / "xylent_paper" /
+                                                      "finetune_hparams.tsv"), delimiter="\t")}
+    assert set(rows) == {"xquad", "mlqa", "tydiqa", "xnli", "pawsx"}
+    for name, row in rows.items():
+        kind = "classification" if name in ("xnli", "pawsx") else "qa"
+        ft = EvalTask(name="t", kind=kind, xtreme_task=name, path="p", languages=["en"],
+                      finetune={"defaults": "xy-lent"}).finetune
+        lrs = [float(x) for x in row["learning_rate"].split(",")]
+        epochs = [int(x) for x in row["epochs"].split(",")]
+        assert (ft.lr if isinstance(ft.lr, list) else [ft.lr]) == lrs, name
+        assert (ft.epochs if isinstance(ft.epochs, list) else [ft.epochs]) == epochs, name
+        assert (ft.batch_size, ft.weight_decay) == (int(row["batch_size"]), float(row["weight_decay"])), name
+        warmup = (ft.warmup_steps, None) if row["warmup"].endswith("steps") else (None, ft.warmup)
+        assert warmup == ((12500, None) if name == "xnli" else (None, 0.1)), name
+    pinned = EvalTask(name="t", kind="classification", xtreme_task="xnli", path="p", languages=["en"],
+                      finetune={"defaults": "xy-lent", "lr": 1e-5, "warmup": 0.0}).finetune
+    assert (pinned.lr, pinned.warmup, pinned.warmup_steps) == (1e-5, 0.0, None), "a pinned warmup wins, either form"
+    assert loop_config(pinned.model_copy(update={"warmup": None, "warmup_steps": 12500}), 1).rising(800) == 800
+    assert loop_config(pinned.model_copy(update={"warmup": 0.1}), 1).rising(800) == 80
+    for bad, what in (({"lr": []}, "an empty grid"), ({"epochs": [2, 2]}, "repeats a value"),
+                      ({"lr": [1e-5, -1.0]}, "must be > 0"), ({"warmup": 0.1, "warmup_steps": 10}, "not both")):
+        with pytest.raises(ValueError, match=what):
+            EvalTask(name="t", kind="classification", xtreme_task="xnli", path="p", languages=["en"], finetune=bad)
+
+
 def test_without_a_dev_file_a_fixed_share_of_train_is_held_out(tmp_path):
     root = task_dir(tmp_path / "data", "classification", 200)
     (root / "dev-en.tsv").unlink()

@@ -509,12 +509,13 @@ def test_stopping_a_launch_signals_its_launcher_and_ranks_by_identity_and_no_oth
     import subprocess
     import sys
 
-    from xylent.launch import _parent_mark, stop_launched
+    from xylent.launch import stop_launched
+    from xylent.process_identity import mark
 
     rank = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
            "print('up', flush=True); time.sleep(60)"
     launched = subprocess.Popen([sys.executable, "-c", rank], stdout=subprocess.PIPE, text=True,
-                                env={**os.environ, "XYLENT_PARENT": _parent_mark()})
+                                env={**os.environ, "XYLENT_PARENT": mark()})
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],  # ours, not a launch
                              env={k: v for k, v in os.environ.items() if k != "XYLENT_PARENT"})
     try:
@@ -524,7 +525,7 @@ def test_stopping_a_launch_signals_its_launcher_and_ranks_by_identity_and_no_oth
         ranks = psutil.Process(launched.pid).children()
         assert len(ranks) == 1
         seen = {p.pid: p.environ().get("XYLENT_PARENT") for p in psutil.Process().children(recursive=True)}
-        assert stop_launched() == 2, f"the launcher and its rank (this process {_parent_mark()}; marks: {seen})"
+        assert stop_launched() == 2, f"the launcher and its rank (this process {mark()}; marks: {seen})"
         assert launched.wait(timeout=10) == -15 and psutil.wait_procs(ranks, timeout=10)[1] == []
         assert other.poll() is None, "a process this one started but did not launch is left alone"
     finally:

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from models.config import preset
-from models.infoxlm import InfoXLMModel, XLCoConfig, gather_rows, merge_groups, xlco_default_layer
+from models.infoxlm import InfoXLMModel, XLCoConfig, merge_groups, xlco_default_layer
+from models.stats import gather_rows
 from models.masking import row_noise
 from models.pairs import split_pair
 from models.stats import Norms

@@ -39,6 +39,8 @@ def test_shipped_specs_validate():
     assert base.model.size == "base" and {s.kind for s in base.sources} == {"cc100", "opus"}
     assert base.pretrain.task_schedule == "mix", "a batch of each task every step (XY-LENT Table 9)"
     assert len(base.languages) >= 100
+    assert [(t.name, t.finetune.defaults, t.finetune.lr[0]) for t in base.evaluate.tasks] == \
+        [("xnli", "xy-lent", 5e-6), ("pawsx", "xy-lent", 8e-6)], "fine-tuned as XY-LENT's Table 15"
 
 
 def test_unknown_fields_are_errors_that_name_the_field(tmp_path):

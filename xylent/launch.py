@@ -37,6 +37,7 @@ from typing import Callable
 import psutil
 
 from xylent.errors import XylentError
+from xylent.process_identity import mark
 
 TRAINER_MODULE = "models.trainer"
 REPO = Path(__file__).resolve().parents[1]  # on every rank's PYTHONPATH, so the module resolves to this checkout
@@ -163,24 +164,16 @@ def sweep_stale_shm_buffers(shm_dir: Path = SHM_DIR, min_age_s: float = SHM_MIN_
     return stale
 
 
-def _parent_mark(proc: psutil.Process | None = None) -> str:
-    """What a launched rank's XYLENT_PARENT holds: the pid and start time of the process that
-    launched it (a pid alone could be reused)."""
-    proc = proc or psutil.Process()
-    return f"{proc.pid}:{proc.create_time()}"
-
-
 def stop_launched() -> int:
     """SIGTERM every process of the launches this process started: each descendant whose XYLENT_PARENT
     names this process (the launcher and its ranks inherit it); returns how many were signalled.  Each is
     signalled through the psutil.Process taken while it was found alive, which refuses a pid that a
     new process took meanwhile; a bare pid or process-group id could name a stranger.  A rerun resumes
     from their last checkpoint."""
-    me = psutil.Process()
-    mark, signalled = _parent_mark(me), 0
-    for proc in me.children(recursive=True):
+    mine, signalled = mark(), 0
+    for proc in psutil.Process().children(recursive=True):
         try:
-            if proc.environ().get("XYLENT_PARENT") != mark:
+            if proc.environ().get("XYLENT_PARENT") != mine:
                 continue
             proc.send_signal(signal.SIGTERM)
             signalled += 1
@@ -194,7 +187,7 @@ def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None
     env = os.environ.copy()
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    env["XYLENT_PARENT"] = _parent_mark()  # local ranks die with us, even after a kill -9
+    env["XYLENT_PARENT"] = mark()  # local ranks die with us, even after a kill -9
     if not gpu_available():
         env["DS_ACCELERATOR"] = "cpu"  # CPU ranks talk over gloo
         env.setdefault("CUDA_VISIBLE_DEVICES", "")

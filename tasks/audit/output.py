@@ -55,16 +55,17 @@ def trajectory_table(state: dict) -> pl.DataFrame:
 def pair_baselines(state: dict) -> np.ndarray:
     """Each pair's excess baseline from an adversary state (models.adversary.excess_baselines);
     all NaN without one."""
-    from models.adversary import excess_baselines
+    from models.adversary import USES_LANGUAGES, excess_baselines, near_baseline
 
     n = len(state["pairs"])
     kind = state.get("baseline", "sides" if state.get("excess") else None)  # "excess": states before baselines
-    sides = np.array([np.nan if x is None else x for x in state["ema"].get("base") or [None] * n], dtype=np.float64)
+    ema = {k: np.array([np.nan if x is None else x for x in state["ema"].get(k) or [None] * n], dtype=np.float64)
+           for k in ("loss", "base", "paired")}
     langs = None
-    if kind in ("language", "larger"):
+    if kind in USES_LANGUAGES:
         own = dict(zip(state["languages"], (np.nan if x is None else x for x in state["lang_ema"])))
         langs = np.array([np.mean([own[x] for x in p.split("-")]) for p in state["pairs"]], dtype=np.float64)
-    return excess_baselines(kind, sides, langs)
+    return excess_baselines(kind, near_baseline(kind, ema), langs)
 
 
 def audit_table(state: dict, evidence: pl.DataFrame | None = None) -> pl.DataFrame:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from models.adversary import STATE_FILE
+from models.adversary import PARTNER, STATE_FILE, USES_LANGUAGES
 from models.run_config import DroConfig, TrainConfig, first_trtd_step
 from tasks.pretrain.train_json import train_config
 from tasks.shards.index import has_rows, read_index
@@ -32,13 +32,18 @@ def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_i
     if not has_rows(index, "trtd"):
         raise XylentError("the shards hold no TRTD (bitext) data: there are no language pairs to audit",
                           where=str(upstream["shards"]), fix="add bitext sources to the spec")
-    if a.pair_loss == "excess" and a.baseline in ("language", "larger"):
+    if a.pair_loss == "excess" and a.baseline in PARTNER and p.objective == "infoxlm":
+        raise XylentError(f"audit.baseline {a.baseline} runs an extra pass over each pair with other partners, "
+                          "which would feed InfoXLM's XLCo key queue", where="spec field audit.baseline",
+                          fix="use audit.baseline: sides or larger with objective infoxlm")
+    if a.pair_loss == "excess" and a.baseline in USES_LANGUAGES:
         pair_langs = {x for pair, g in index["trtd"].items() if g["rows"] for x in pair.split("-")}
         missing = sorted(x for x in pair_langs if not index["mrtd"].get(x, {}).get("rows"))
         if missing:
             raise XylentError(f"audit.baseline language measures each language on its monolingual text, but "
                               f"{', '.join(missing)} has none in the shards", where="spec field audit.baseline",
-                              fix="add monolingual sources for these languages, or set audit.baseline: sides")
+                              fix="add monolingual sources for these languages, or set audit.baseline: "
+                                  + ("partner" if a.baseline == "partner-larger" else "sides"))
     cfg = train_config(spec, upstream, ckdir, run_id, tracking_uri, shards_source)
     cfg.steps = a.steps or p.steps
     cfg.warmup_steps = min(cfg.warmup_steps, max(0, cfg.steps - 1))

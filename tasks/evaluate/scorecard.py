@@ -80,11 +80,16 @@ def _finetune_notes(scores: dict, name: str, models: list[str]) -> list[str]:
         xtreme = (f"; the XTREME scorer's avg_metric over all its languages: {score(r['xtreme_avg_metric'])}"
                   if "xtreme_avg_metric" in r else "")
         lines.append(f"- {m}: {score(r['avg'])} ± {score(r.get('avg_sd'))} over seeds ({seeds}){xtreme}.")
+        if "grid" in r:  # every point's mean dev (what chose) and test average (what it would have scored)
+            points = "; ".join(f"{tag}{' (kept)' if tag == r['grid']['kept'] else ''}: dev {score(p['dev'])}, "
+                               f"test {score(p['avg'])}" for tag, p in r["grid"]["points"].items())
+            lines.append(f"  - grid of {len(r['grid']['points'])} points, kept by {r['grid']['by']}: {points}.")
     first = next((scores["models"][m][name] for m in models if "hyperparameters" in scores["models"][m][name]), None)
     if first:
-        hp = first["hyperparameters"]
+        hp, grid = first["hyperparameters"], any("grid" in scores["models"][m][name] for m in models)
+        skip = ("protocol", "lr", "epochs") if grid else ("protocol",)  # a grid: each model's kept point, above
         lines.append(f"- protocol {first['protocol']}; " + ", ".join(f"{k} {v}" for k, v in hp.items()
-                                                                      if v is not None and k != "protocol") + ".")
+                                                                      if v is not None and k not in skip) + ".")
     return ["Fine-tuning (mean ± sd over seeds; selected on the train language's dev set only):", "", *lines, ""]
 
 

@@ -1,1 +1,1 @@
-"""pretrain stage logic: launching ranks, exporting the model, loss plots."""
+"""pretrain stage: train.json and the warm start before the ranks, the exported and registered model after (run.py)."""

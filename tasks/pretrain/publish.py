@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +85,31 @@ def export_run(cfg: TrainConfig, ckdir: Path, upstream: dict[str, Path], out: Pa
     rows = read_metrics(Path(cfg.metrics_file))
     loss_curves(rows, out / "loss_curves.png")
     return rows, enc_state, enc_cfg, n_params
+
+
+@dataclass
+class Published:
+    """What :func:`export_and_register` leaves: the run's metric rows and summary figures, the
+    encoder's config, and where the registry holds the model."""
+    rows: list[dict]
+    metrics: dict[str, float]
+    encoder: object
+    name: str
+    model_uri: str
+    version: int
+
+
+def export_and_register(cfg: TrainConfig, ckdir: Path, upstream: dict[str, Path], out: Path, meta: dict, tracker,
+                        run_id: str, resumed_from_step: int, step: int = 0) -> Published:
+    """Export ``model/`` and the run's files, backfill the steps a resumed run did not log, and
+    register the model under ``meta["registered_model"]`` (pretrain and the audit's own model)."""
+    rows, enc_state, enc_cfg, n_params = export_run(cfg, ckdir, upstream, out, meta)
+    if resumed_from_step:
+        backfill(tracker.client, run_id, rows, resumed_from_step)
+    name = meta["registered_model"]
+    model_uri, version = register_model(tracker, run_id, out / MODEL_DIR, name, ckdir, step=step)
+    metrics = summary_metrics(rows, n_params, sum(v.numel() for v in enc_state.values()))
+    return Published(rows, metrics, enc_cfg, name, model_uri, version)
 
 
 def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Path, step: int = 0) -> tuple[str, int]:

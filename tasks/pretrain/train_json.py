@@ -17,11 +17,6 @@ from tasks.vocab.specials import special_ids
 
 REPO = Path(__file__).resolve().parents[2]
 ZERO_CONFIGS = REPO / "infra" / "deepspeed"
-# PretrainConfig fields the trainer takes as they are
-_AS_IS = ("objective", "tasks", "task_schedule", "trtd_ratio", "steps", "batch_size", "trtd_max_tokens",
-          "grad_accum", "warmup_steps", "betas", "eps", "weight_decay", "disc_weight", "mask_prob", "precision",
-          "checkpoint_every", "keep_checkpoints", "log_every", "system_metrics", "system_metrics_interval",
-          "peak_tflops")
 
 
 def encoder_config(spec: Spec, vocab_size: int, seq_len: int, specials: dict[str, int]) -> EncoderConfig:
@@ -85,10 +80,10 @@ def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str
     return TrainConfig(
         shards_dir=shards_source or str(upstream["shards"]), sampling_dir=str(upstream["sampling"]),
         checkpoint_dir=str(ckdir / "deepspeed"), metrics_file=str(ckdir / "metrics.jsonl"),
-        deepspeed_config=str(ds_path), zero_stage=stage, model=enc.to_dict(),
-        lr=p.lr or DEFAULT_LR[spec.model.size], clip=p.clip or DEFAULT_CLIP[spec.model.size], seed=spec.seed,
-        objective_options=p.objective_options(), init_from=None, dro=None,
-        mlflow_tracking_uri=tracking_uri, mlflow_run_id=run_id, **{k: getattr(p, k) for k in _AS_IS})
+        deepspeed_config=str(ds_path), zero_stage=stage, model=enc.to_dict(), pretrain=p.model_dump(mode="json"),
+        resolved={"lr": p.lr or DEFAULT_LR[spec.model.size], "clip": p.clip or DEFAULT_CLIP[spec.model.size],
+                  "seed": spec.seed, "objective_options": p.objective_options()},
+        init_from=None, dro=None, mlflow_tracking_uri=tracking_uri, mlflow_run_id=run_id)
 
 
 def check_resumable(cfg: TrainConfig, world: int) -> None:

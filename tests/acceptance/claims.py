@@ -38,6 +38,7 @@ DOC = ROOT / "docs" / "acceptance.md"
 # the code every learning claim runs through: the model, its training, the loader that feeds it
 _LEARNING = ["models/", "tasks/pretrain/", "tasks/shards/loader.py", "xylent/spec/", "xylent/launch.py",
              "xylent/atomic.py"]  # the spec, and how the ranks are launched and write their files
+# (not xylent/process_identity.py: it decides when a rank stops with its parent, never what a run computes)
 
 CLAIMS: dict[str, dict] = {
     "demo-learns": {
@@ -63,7 +64,9 @@ CLAIMS: dict[str, dict] = {
         "test": "tests/acceptance/test_planted_audit.py",
         "fast_form": "tests/test_audit_planted.py (a short run: the evidence names all three defects, "
                      "the report and table are complete)",
-        "code": [*_LEARNING, "tasks/audit/", "tests/audit_planted.py"],
+        # it never runs the evaluate stage: its settings and fine-tuning defaults are not its code
+        "code": [*_LEARNING, "tasks/audit/", "tests/audit_planted.py", ":(exclude)xylent/spec/evaluate.py",
+                 ":(exclude)xylent/spec/finetune_hparams.yaml"],
     },
 }
 

@@ -37,15 +37,19 @@ class AuditConfig(Strict):
         "paper is XY-LENT's Eq. 3 as printed (L_D + λ·L_G); electra is the objective the model trains "
         "(XLM-E's L_G + λ·L_D); excess (default) is that loss minus audit.baseline: what "
         "neither the language's difficulty nor the translation explains (docs/stages/audit.md)")
-    baseline: Literal["larger", "sides", "language"] = Field(
+    baseline: Literal["larger", "sides", "language", "partner", "partner-larger"] = Field(
         default="larger", description="pair_loss excess: what each pair's loss is measured against. sides: the "
         "same loss of the pair's own two sentences run alone (the translation's help; a hub's memorised target "
-        "reads as noisy); language: the mean of its two languages' losses on their monolingual text (trivial "
-        "pairs fall far below it, but it is too coarse to tell a noisy pair from a clean one); larger (default): "
-        "the larger of the two, the language's shifted onto the sides' scale by the median gap over the pairs")
+        "reads as noisy); partner: the same tokens under the same masks, each sentence beside another row's "
+        "translation of the same pair (the translation's help, paired token by token); language: the mean of "
+        "its two languages' losses on their monolingual text (trivial pairs fall far below it, but it is too "
+        "coarse to tell a noisy pair from a clean one); larger (default) and partner-larger: the larger of "
+        "sides (or partner) and language, the language's shifted onto the pair's scale by the median gap over "
+        "the pairs")
     baseline_every: int = Field(default=10, ge=1, description="pair_loss excess: every N steps, forward passes "
                                 "(no backward) for the baseline: each TRTD micro-batch's two sides alone "
-                                "(sides, larger) and a batch of monolingual sentences (language, larger)")
+                                "(sides, larger) or its rows with swapped partners (partner, partner-larger), "
+                                "and a batch of monolingual sentences (language, larger, partner-larger)")
     top_n: int = Field(default=10, ge=1, description="pairs shown in the report at each end of the ranking")
     exclude_top_up: int = Field(default=0, ge=0, description="list the N most up-weighted pairs as a ready-to-run "
                                 "sampling.exclude_pairs override in the report (the audit never edits your spec)")

@@ -6,12 +6,14 @@ Other tools read these names (``evaluate.models``, ``evaluate.tasks`` with
 
 from __future__ import annotations
 
+import copy
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import ClassVar, Literal, Union
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from xylent.languages import check_language
 from xylent.spec.base import Strict
@@ -48,27 +50,39 @@ XTREME_TASKS = {"classification": ("xnli", "pawsx"), "qa": ("xquad", "mlqa", "ty
 HPARAMS_FILE = Path(__file__).with_name("finetune_hparams.yaml")
 
 
+HPARAM_TABLES = ("xtreme", "xy-lent")
+
+
 @lru_cache(maxsize=1)
 def hparams_table() -> dict:
-    """The default fine-tuning hyperparameters per XTREME task, with their source."""
+    """The default fine-tuning hyperparameters per table (``tables.xtreme``, ``tables.xy-lent``) and
+    XTREME task, each with its source; ``kinds`` maps a kind to the task whose row it takes."""
     return yaml.safe_load(HPARAMS_FILE.read_text(encoding="utf-8"))
 
 
 class FineTune(Strict):
     """How a ``classification``/``qa``/``tagging`` task fine-tunes each encoder.
 
-    Every value left out comes from :data:`HPARAMS_FILE` (XTREME's scripts) for
-    the task's ``xtreme_task``, or its kind's row; the resolved values are what
-    the stage's fingerprint sees.
+    Every value left out comes from :data:`HPARAMS_FILE`, the table ``defaults``
+    names (``xtreme``: XTREME's scripts, one point; ``xy-lent``: XY-LENT's Table 15,
+    learning-rate and epoch grids), for the task's ``xtreme_task``, or its kind's row;
+    the resolved values are what the stage's fingerprint sees.  A list for ``lr`` or
+    ``epochs`` is a grid: every point is fine-tuned on every seed and the point with
+    the best mean dev score over the seeds is kept (tasks/evaluate/finetune/run.py).
     """
 
     protocol: Literal["zero-shot", "translate-train"] = Field(
         default="zero-shot", description="zero-shot: train on train_language only; translate-train: also on every "
         "language's translate-train-<lang> file")
-    lr: float | None = Field(default=None, gt=0)
-    epochs: int | None = Field(default=None, gt=0)
+    defaults: Literal["xtreme", "xy-lent"] = Field(
+        default="xtreme", description="the table the values left out come from: xtreme (XTREME's scripts, one "
+        "point per task) or xy-lent (XY-LENT's Table 15: grids selected on dev, XNLI's warmup in steps)")
+    lr: float | list[float] | None = Field(default=None, description="a list: a grid searched on dev")
+    epochs: int | list[int] | None = Field(default=None, description="a list: a grid searched on dev")
     batch_size: int | None = Field(default=None, gt=0, description="examples per optimiser step")
     warmup: float | None = Field(default=None, ge=0, lt=1, description="fraction of the steps with a rising lr")
+    warmup_steps: int | None = Field(default=None, ge=0, description="steps with a rising lr (capped at the "
+                                     "run's steps), instead of warmup; XY-LENT's XNLI: 12,500")
     weight_decay: float | None = Field(default=None, ge=0)
     max_length: int | None = Field(default=None, ge=16, description="tokens per input, specials included")
     selection: Literal["dev", "last"] | None = Field(
@@ -90,12 +104,32 @@ class FineTune(Strict):
 
     # launcher and ranks change the numbers (per-rank dropout streams, bf16 weights on GPU ranks): not here
     OPERATIONAL: ClassVar[tuple[str, ...]] = ("checkpoint_every", "zero_stage", "master_port")
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("defaults", "warmup_steps")
+
+    @field_validator("lr", "epochs")
+    @classmethod
+    def _grid(cls, v, info):
+        points = v if isinstance(v, list) else [] if v is None else [v]
+        if isinstance(v, list) and not v:
+            raise ValueError(f"finetune.{info.field_name}: an empty grid; give a value or a list of values")
+        if any(not math.isfinite(p) or p <= 0 for p in points):
+            raise ValueError(f"finetune.{info.field_name} must be > 0, got {v}")
+        if len(set(points)) != len(points):
+            raise ValueError(f"finetune.{info.field_name}: the grid {v} repeats a value")
+        return v[0] if isinstance(v, list) and len(v) == 1 else v
 
     def resolve(self, row: dict, kind: str) -> "FineTune":
+        if self.warmup is not None and self.warmup_steps is not None:
+            raise ValueError("finetune: give warmup (a fraction of the steps) or warmup_steps, not both")
+        pinned_warmup = self.warmup is not None or self.warmup_steps is not None
         for key, value in row.items():
+            if key == "from" or (pinned_warmup and key in ("warmup", "warmup_steps")):
+                continue  # the row's provenance; a warmup the spec pins in either form wins
             if getattr(self, key) is None and (kind == "qa" or key not in ("doc_stride", "max_query_length",
                                                                             "max_answer_length")):
                 setattr(self, key, value)
+        if self.warmup is None and self.warmup_steps is None:
+            self.warmup = 0.0
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"finetune.seeds must be distinct, got {self.seeds}")
         if self.launcher == "deepspeed" and self.batch_size % self.ranks:
@@ -176,9 +210,10 @@ class EvalTask(Strict):
         if self.format == "holdout" and self.kind != "classification":
             raise ValueError(f"evaluate task {self.name!r}: format holdout gives labelled sentences, a "
                              "classification task; use kind: classification")
-        table = hparams_table()
-        row = dict(table["tasks"][self.xtreme_task or table["kinds"][self.kind]])
-        self.finetune = (self.finetune or FineTune()).resolve(row, self.kind)
+        table, ft = hparams_table(), self.finetune or FineTune()
+        # a deep copy: the grids are lists, and the table is cached for every task
+        row = copy.deepcopy(table["tables"][ft.defaults]["tasks"][self.xtreme_task or table["kinds"][self.kind]])
+        self.finetune = ft.resolve(row, self.kind)
 
     @property
     def submission_format(self) -> str:

@@ -151,12 +151,11 @@ def _too_big(data: Any) -> bool:
     seen, stack = 0, [data]
     while stack:
         node = stack.pop()
-        seen += 1
+        seen += 1 + (len(node) if isinstance(node, dict) else 0)  # the value, and a mapping's keys
         if seen > MAX_VALUES:
             return True
         if isinstance(node, dict):
             stack.extend(node.values())
-            seen += len(node)  # the keys
         elif isinstance(node, list):
             stack.extend(node)
     return False

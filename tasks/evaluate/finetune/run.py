@@ -2,6 +2,12 @@
 language's dev set, tested on every language; predictions in XTREME's
 submission layout, scored by part 1's scorer (:func:`score_language`).
 
+A grid (``finetune.lr`` or ``epochs`` a list, as XY-LENT's Table 15 gives them)
+fine-tunes every point on every seed, each in its own checkpoint folder, and
+keeps the point with the best mean dev score over the seeds; the test scores
+of every point are reported beside it, and only the kept point's predictions
+are the submission.
+
 Protocols (XTREME): ``zero-shot`` trains on the train language only;
 ``translate-train`` also on each language's ``translate-train-<lang>`` file.
 Both select on the train language's dev set only: nothing is chosen on the
@@ -49,12 +55,14 @@ def write_gold(data: TaskData, labels_root: Path) -> None:
 
 
 def run_seed(data: TaskData, make_model: Callable[[int, int], tuple], seed: int, ckdir: Path, preds_root: Path,
-             labels_root: Path, log: Callable[[str], None], model_ref: dict | None = None) -> dict:
+             labels_root: Path, log: Callable[[str], None], model_ref: dict | None = None, task=None) -> dict:
     """Train one seed (or read its finished result) -> {lang: metrics}, plus its training record.
-    ``model_ref`` (kind, name, path, ...) lets the DeepSpeed ranks rebuild the same model."""
+    ``model_ref`` (kind, name, path, ...) lets the DeepSpeed ranks rebuild the same model; ``task``:
+    the task with one point of its grid (default: the data's own)."""
     if (ckdir / RESULT).is_file():
         return json.loads((ckdir / RESULT).read_text())
-    task, ft = data.task, data.task.finetune
+    task = task or data.task
+    ft = task.finetune
     if ft.launcher == "deepspeed":
         from tasks.evaluate.finetune.distributed import train_on_ranks
 
@@ -92,9 +100,9 @@ def run_seed(data: TaskData, make_model: Callable[[int, int], tuple], seed: int,
     return result
 
 
-def summarise(data: TaskData, per_seed: dict[int, dict]) -> dict:
+def summarise(data: TaskData, per_seed: dict[int, dict], task=None) -> dict:
     """Mean ± sd over seeds per language and metric, the transfer gap, the trivial baseline."""
-    kind, task = data.kind, data.task
+    kind, task = data.kind, task or data.task
     langs = {}
     for lang in task.languages:
         metrics = [k for k in per_seed[next(iter(per_seed))]["languages"][lang] if k != "n"]
@@ -131,11 +139,42 @@ def summarise(data: TaskData, per_seed: dict[int, dict]) -> dict:
     return out
 
 
+def grid_points(ft) -> list[tuple[float, int]]:
+    """Every (lr, epochs) a task's finetune section asks for, in order."""
+    lrs = ft.lr if isinstance(ft.lr, list) else [ft.lr]
+    epochs = ft.epochs if isinstance(ft.epochs, list) else [ft.epochs]
+    return [(lr, ep) for lr in lrs for ep in epochs]
+
+
 def finetune_task(data: TaskData, make_model: Callable[[int, int], tuple], ckroot: Path, preds_root: Path,
                   labels_root: Path, log: Callable[[str], None] = lambda s: None, model_ref: dict | None = None
                   ) -> dict:
     """``make_model(seed, n_labels) -> (TaskModel, TextTokenizer)``, a fresh model per seed."""
     write_gold(data, labels_root)
-    per_seed = {s: run_seed(data, make_model, s, ckroot / f"seed-{s}", preds_root, labels_root, log, model_ref)
-                for s in data.task.finetune.seeds}
-    return summarise(data, per_seed)
+    seeds, points = data.task.finetune.seeds, grid_points(data.task.finetune)
+    if len(points) == 1:
+        per_seed = {s: run_seed(data, make_model, s, ckroot / f"seed-{s}", preds_root, labels_root, log, model_ref)
+                    for s in seeds}
+        return summarise(data, per_seed)
+    tried = {}
+    for lr, epochs in points:
+        tag = f"lr{lr!r}-epochs{epochs}"  # repr: two learning rates never share a folder
+        log(f"grid point {tag} ({len(tried) + 1}/{len(points)})")
+        task = data.task.model_copy(update={"finetune": data.task.finetune.model_copy(
+            update={"lr": lr, "epochs": epochs})})
+        per_seed = {s: run_seed(data, make_model, s, ckroot / tag / f"seed-{s}", ckroot / tag / "predictions",
+                                labels_root, log, model_ref, task=task) for s in seeds}
+        tried[tag] = {"lr": lr, "epochs": epochs, "task": task, "per_seed": per_seed,
+                      "dev": float(np.mean([r["dev"] for r in per_seed.values()]))}
+    # a tie keeps the earlier point; a point whose dev score is not a number is never kept over one that is
+    kept = max(tried, key=lambda tag: tried[tag]["dev"] if np.isfinite(tried[tag]["dev"]) else -np.inf)
+    for s in seeds:  # the kept point's predictions are the submission
+        shutil.copytree(ckroot / kept / "predictions" / f"seed-{s}", preds_root / f"seed-{s}", dirs_exist_ok=True)
+    out = summarise(data, tried[kept]["per_seed"], tried[kept]["task"])
+    primary = PRIMARY[data.kind]
+    out["grid"] = {"kept": kept, "by": "the best mean dev score over the seeds",
+                   "points": {tag: {"lr": t["lr"], "epochs": t["epochs"], "dev": t["dev"],
+                                    "avg": float(np.mean([np.mean([v[primary] for v in r["languages"].values()])
+                                                          for r in t["per_seed"].values()]))}
+                              for tag, t in tried.items()}}
+    return out

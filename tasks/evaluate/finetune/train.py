@@ -33,11 +33,16 @@ class LoopConfig:
     lr: float
     epochs: int
     batch_size: int
-    warmup: float
+    warmup: float | None  # a fraction of the steps, or
     weight_decay: float
     selection: str
     checkpoint_every: int
     seed: int
+    warmup_steps: int | None = None  # steps, capped at the run's (XY-LENT's XNLI: 12,500)
+
+    def rising(self, total: int) -> int:
+        """How many of ``total`` steps have a rising learning rate."""
+        return min(self.warmup_steps, total) if self.warmup_steps is not None else int((self.warmup or 0.0) * total)
 
 
 def collate(features: list[Feature], pad_id: int, device) -> dict:
@@ -90,9 +95,11 @@ def schedule(step: int, total: int, warmup_steps: int) -> float:
 
 def loop_config(ft, seed: int) -> LoopConfig:
     """A task's resolved ``finetune`` section as the loop's settings for one seed."""
+    if isinstance(ft.lr, list) or isinstance(ft.epochs, list):
+        raise ValueError(f"a grid (lr {ft.lr}, epochs {ft.epochs}) is searched point by point: give one point")
     return LoopConfig(lr=ft.lr, epochs=ft.epochs, batch_size=ft.batch_size, warmup=ft.warmup,
                       weight_decay=ft.weight_decay, selection=ft.selection, checkpoint_every=ft.checkpoint_every,
-                      seed=seed)
+                      seed=seed, warmup_steps=ft.warmup_steps)
 
 
 def optimiser(model, cfg: LoopConfig, total: int):
@@ -103,7 +110,7 @@ def optimiser(model, cfg: LoopConfig, total: int):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, eps=1e-8,
                             fused=True)  # one kernel per step, as pretraining (models/optim.py) and HF's Trainer
-    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: schedule(s, total, int(cfg.warmup * total)))
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: schedule(s, total, cfg.rising(total)))
 
 
 class Stepper:
