@@ -28,9 +28,11 @@ def resample_steps(steps: int, resamples: int) -> list[int]:
     return sorted({min(steps - 1, max(1, round(k * steps / (resamples + 1)))) for k in range(1, resamples + 1)})
 
 
-BASELINES = (None, "language", "sides", "larger", "partner", "partner-larger")
-USES_LANGUAGES = ("language", "larger", "partner-larger")  # need each language's monolingual loss
-PARTNER = ("partner", "partner-larger")  # need the partner-swapped pass
+BASELINES = (None, "language", "sides", "larger", "partner", "partner-larger", "heldout", "heldout-larger")
+USES_LANGUAGES = ("language", "larger", "partner-larger", "heldout-larger")  # each language's monolingual loss
+PARTNER = ("partner", "partner-larger")  # the partner-swapped pass over the training rows
+HELDOUT = ("heldout", "heldout-larger")  # the same, over rows held out of training
+PAIRED = PARTNER + HELDOUT  # the translation's help measured on the same tokens beside another partner
 
 
 def binary_entropy(p: np.ndarray) -> np.ndarray:
@@ -58,7 +60,11 @@ class PairAdversary:
         - ``partner``: the same loss of the same tokens under the same masks, each sentence beside
           another row's partner of the same pair (``base``), against the training pass's loss of those
           very rows (``paired``): the translation's help alone, paired token by token.
-        - ``partner-larger``: ``larger`` with ``partner`` in place of ``sides``."""
+        - ``partner-larger``: ``larger`` with ``partner`` in place of ``sides``.
+        - ``heldout`` / ``heldout-larger``: ``partner`` / ``partner-larger`` measured on rows held out
+          of training (``paired`` is then those rows as they are, not the training pass): the help
+          of a translation the model never trained on, so a pairing it memorised (a shuffled pair
+          seen for epochs) does not read as help."""
         if baseline not in BASELINES:
             raise ValueError(f"unknown baseline {baseline!r}")
         self.baseline = baseline
@@ -131,7 +137,6 @@ class PairAdversary:
         """Each pair's baseline (NaN until seen; all NaN without one)."""
         own = self.lang_ema[self.sides].mean(axis=1) if self.baseline in USES_LANGUAGES else None
         return excess_baselines(self.baseline, near_baseline(self.baseline, self.ema), own)
-        return np.full(len(self.pairs), np.nan)
 
     def pair_losses(self) -> np.ndarray:
         """What the adversary ranks: each pair's loss EMA, or its excess over the baseline
@@ -196,7 +201,7 @@ def near_baseline(kind: str | None, ema: dict[str, np.ndarray]) -> np.ndarray:
     """The pair-by-pair part of a baseline on the loss EMA's own scale: the sides run alone, or
     (partner kinds) the loss EMA less the translation's measured help, i.e. less the training
     pass's loss of the partner-measured rows minus their loss beside another partner."""
-    if kind in ("partner", "partner-larger"):
+    if kind in PAIRED:
         return ema["loss"] - (ema["paired"] - ema["base"])
     return ema["base"]
 
@@ -215,7 +220,7 @@ def excess_baselines(kind: str | None, sides: np.ndarray, languages: np.ndarray 
     against its languages."""
     if kind is None:
         return np.full(len(sides), np.nan)
-    if kind in ("sides", "partner"):
+    if kind in ("sides", "partner", "heldout"):
         return sides
     if kind == "language":
         return languages

@@ -5,9 +5,10 @@ The trainer holds one object, :class:`PairAudit` in an audit run and :data:`NO_A
 plain pretrain run (every hook does nothing), and calls the same hooks either way:
 
     resample before a step → a baseline pass over monolingual sentences (baseline language,
-    larger, partner-larger) → per TRTD micro-batch: its sides alone (baseline sides, larger) or
-    its rows beside other rows' partners (partner, partner-larger), and the per-row losses of the
-    training pass → fold the step into the EMAs
+    larger, partner-larger, heldout-larger) and over the rows held out of training (heldout,
+    heldout-larger: as they are and beside other rows' partners) → per TRTD micro-batch: its
+    sides alone (baseline sides, larger) or its rows beside other rows' partners (partner,
+    partner-larger), and the per-row losses of the training pass → fold the step into the EMAs
 
 Every per-pair or per-language sum is all-reduced, so all ranks hold the same state; each
 measurement draws its masking noise from a stream of its own, so the training passes' masks
@@ -20,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from models.adversary import PARTNER, USES_LANGUAGES
+from models.adversary import HELDOUT, PAIRED, USES_LANGUAGES
 from models.masking import row_noise
 from models.pairs import split_pair
 from models.run_config import TrainConfig, task_plan
@@ -31,6 +32,7 @@ LANGUAGE_BASELINE = "language-baseline"  # its loader's key among the trainer's 
 BASELINE_NOISE = 1 << 20  # far above any micro-batch index: a baseline's noise never repeats a training pass's
 BASELINE_ROWS = 1 << 30   # far above any global row index
 LANGUAGE_NOISE = BASELINE_NOISE + 1
+HELDOUT_NOISE = BASELINE_NOISE + 2
 BASELINE_SEED = 1 << 16
 SENTENCES_PER_PACK = 1 << 10
 
@@ -81,7 +83,7 @@ class PairAudit(NoAudit):
     def __init__(self, cfg: TrainConfig, trtd: TrainingLoader, engine, rank: int, world: int, device):
         from models.adversary import PairAdversary
 
-        self.cfg, self.dro, self.engine = cfg, cfg.dro, engine
+        self.cfg, self.dro, self.engine, self.trtd = cfg, cfg.dro, engine, trtd
         self.rank, self.world, self.device = rank, world, device
         self.mono = language_baseline_loader(cfg, rank, world) if self.dro.baseline in USES_LANGUAGES else None
         self.adversary = PairAdversary(trtd.names, trtd.prior, rho=self.dro.rho, min_ratio=self.dro.min_ratio,
@@ -115,19 +117,23 @@ class PairAudit(NoAudit):
         self._pair = torch.zeros(n, len(ROW_FIELDS) + 1, dtype=torch.float64, device=self.device)
         near = due and self.dro.baseline not in (None, "language")
         self._base = torch.zeros_like(self._pair) if near else None
-        self._paired = torch.zeros_like(self._pair) if near and self.dro.baseline in PARTNER else None
+        self._paired = torch.zeros_like(self._pair) if near and self.dro.baseline in PAIRED else None
         self._lang = None
         if due and self.mono is not None:
             self._lang = languages_alone(self.engine, next(iters[LANGUAGE_BASELINE]), self.mono,
                                          self.adversary.languages, self.cfg.seed, step, self.rank, self.world,
                                          self.device)
+        if near and self.dro.baseline in HELDOUT:  # one period, one measurement: a pure function of the step
+            batch = self.trtd.heldout_batch(step // self.dro.baseline_every)
+            self._paired, self._base = heldout_help(self.engine, batch, self.adversary.index, self.cfg.seed, step,
+                                                    self.rank, self.world, self.device)
 
     def wants_rows(self, task: str) -> bool:
         return task == "trtd"
 
     def before_pass(self, ids, pad, seg, noise, batch: dict, step: int, micro: int, rows: list[int]) -> None:
         """Before the pair's own pass: a model may keep state from it.  ``noise``: the training pass's."""
-        if self._base is None:
+        if self._base is None or self.dro.baseline in HELDOUT:  # held-out rows: measured in begin()
             return
         if self._paired is None:
             self._base += pair_totals(sides_alone(self.engine, ids, pad, seg, self.cfg.seed, step, micro, rows),
@@ -308,6 +314,26 @@ def partners_swapped(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Te
         out_noise[:, k, : len(row)] = rn
     kept = [k for k, g in enumerate(mine) if g in partner]
     return engine(out, out == pad_id, out_seg, out_noise, per_row=True).rows[:, kept], kept
+
+
+@torch.no_grad()
+def heldout_help(engine, batch: dict, index: dict[str, int], seed: int, step: int, rank: int, world: int,
+                 device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The held-out baselines: one measurement batch of rows held out of training
+    (``TrainingLoader.heldout_batch``), run forward as it is and with each row's second sentence
+    swapped for another row's of the same pair (:func:`partners_swapped`: the same tokens under the
+    same noise).  Returns the per-pair sums over all ranks of the rows that had a partner, as they
+    are (``paired``) and swapped (``base``): paired − base is the help of a translation the model
+    never trained on."""
+    ids = torch.from_numpy(batch["input_ids"]).long().to(device)
+    pad = ids == engine.module.cfg.special("pad")
+    seg = torch.from_numpy(batch["segment_ids"]).to(device)
+    rows = [rank + world * k for k in range(ids.shape[0])]
+    noise = row_noise(seed, step, HELDOUT_NOISE, rows, (~pad).sum(1).tolist(), ids.shape[1]).to(device)
+    own = engine(ids, pad, seg, noise, per_row=True).rows
+    swapped, kept = partners_swapped(engine, ids, pad, seg, noise, [index[p] for p in batch["pairs"]], rank, world)
+    names = [batch["pairs"][i] for i in kept]
+    return pair_totals(own[:, kept], names, index, world), pair_totals(swapped, names, index, world)
 
 
 def pair_totals(rows: torch.Tensor, names: list[str], index: dict[str, int], world: int) -> torch.Tensor:

@@ -263,7 +263,7 @@ def train(cfg: TrainConfig) -> None:
 
     loaders = {t: TrainingLoader(cfg.shards_dir, cfg.sampling_dir, task=t, seed=cfg.seed, rank=rank, world_size=world,
                                  batch_size=cfg.batch_size // world, max_tokens=cfg.trtd_max_tokens // world,
-                                 verify=rank == 0)
+                                 verify=rank == 0, holdout=cfg.dro.holdout if cfg.dro and t == "trtd" else 0.0)
                for t in cfg.tasks}
     audit = make_audit(cfg, loaders, engine, rank, world, device)  # NO_AUDIT in a plain pretrain run
     loaders.update(audit.loaders())

@@ -307,6 +307,34 @@ def test_the_partner_baseline_is_the_loss_less_the_translations_help():
     larger.observe(0, pair, other, own, paired=same)
     # gaps 3.0 and 2.5, median 2.75: a-b max(3.6, 3.85), a-c max(5.1, 4.85)
     assert larger.baselines()[:2] == pytest.approx([3.85, 5.1])
+    for kind, want in (("heldout", [3.6, 5.1]), ("heldout-larger", [3.85, 5.1])):  # the same reading, held-out rows
+        held = _adversary(baseline=kind, weights=(1.0, 1.0), languages=["a", "b", "c", "d"])
+        held.observe(0, pair, other, own, paired=same)
+        assert held.baselines()[:2] == pytest.approx(want), kind
+
+
+def test_the_heldout_baseline_runs_the_held_out_rows_as_they_are_and_beside_other_partners():
+    """models.audit_step.heldout_help: the held-out batch's own loss and its partner-swapped loss,
+    both under the measurement's own noise, summed per pair over the rows that had a partner."""
+    from models.audit_step import HELDOUT_NOISE, heldout_help, pair_totals, partners_swapped
+
+    cfg = preset("tiny", vocab_size=300, specials=SPECIALS, dropout=0.0)
+    torch.manual_seed(0)
+    model = ElectraModel(cfg).eval()
+    engine = type("Engine", (), {"module": model, "__call__": lambda self, *a, **k: model(*a, **k)})()
+    ids, pad, seg, _ = _pair_batch()
+    names = ["a-b", "a-b", "a-c", "a-b", "b-c", "a-c"]
+    index = {"a-b": 0, "a-c": 1, "b-c": 2}
+    batch = {"input_ids": ids.numpy(), "segment_ids": seg.numpy(), "pairs": names}
+    paired, base = heldout_help(engine, batch, index, 7, 30, 0, 1, torch.device("cpu"))
+    noise = row_noise(7, 30, HELDOUT_NOISE, list(range(6)), (~pad).sum(1).tolist(), ids.shape[1])
+    with torch.no_grad():
+        own = model(ids, pad, seg, noise, per_row=True).rows
+    swapped, kept = partners_swapped(engine, ids, pad, seg, noise, [index[p] for p in names], 0, 1)
+    kept_names = [names[i] for i in kept]
+    assert kept == [0, 1, 2, 3, 5] and base[2, -1] == 0 and paired[2, -1] == 0, "b-c has one row: no partner"
+    assert torch.allclose(paired, pair_totals(own[:, kept], kept_names, index, 1))
+    assert torch.allclose(base, pair_totals(swapped, kept_names, index, 1))
 
 
 def test_the_baselines_are_measured_on_the_first_trtd_step_of_each_period():
@@ -317,7 +345,7 @@ def test_the_baselines_are_measured_on_the_first_trtd_step_of_each_period():
     cfg = TrainConfig(**{f.name: None for f in dataclasses.fields(TrainConfig)})
     cfg.tasks, cfg.task_schedule, cfg.trtd_ratio, cfg.grad_accum = ["mrtd", "trtd"], "alternate", 0.5, 1
     cfg.dro = DroConfig(rho=0.05, min_ratio=0.2, ema=0.1, resamples=2, weights=[1.0, 1.0], baseline="larger",
-                        baseline_every=10, state_file="")
+                        baseline_every=10, holdout=0.0, state_file="")
     assert [s for s in range(40) if baseline_due(cfg, s)] == [1, 11, 21, 31]
     cfg.dro.baseline_every = 5
     assert [s for s in range(20) if baseline_due(cfg, s)] == [1, 5, 11, 15]

@@ -146,6 +146,7 @@ def test_excluding_pairs_reruns_sampling_not_the_data_stages(demo_run, run_cli, 
     ("audit.pair_loss=excesss", "audit.pair_loss"),
     ("audit.pair_loss=d_plus_lambda_g", "is now called 'paper'"),
     ("audit.baseline=median", "audit.baseline"),
+    ("audit.holdout=0.5", "audit.holdout"),
     ("sampling.exclude_pairs=[en-en]", "malformed language pair 'en-en'"),
 ])
 def test_bad_audit_specs_exit_2(run_cli, override, message):
@@ -167,6 +168,9 @@ def test_an_audit_without_trtd_is_refused(demo_run, run_cli):
     rc, _, err = run_cli("run", "audit", "--spec", DEMO, "--workspace", ws, "--set", "pretrain.tasks=[mrtd]",
                          "--set", "audit.init=scratch")
     assert rc == 2 and "pretrain.tasks has no 'trtd'" in err and "Traceback" not in err
+    rc, _, err = run_cli("run", "audit", "--spec", DEMO_SHORT, "--workspace", ws, "--set", "audit.baseline=heldout",
+                         "--set", "audit.holdout=0")
+    assert rc == 2 and "audit.holdout is 0" in err and "set audit.holdout above 0" in err and "Traceback" not in err
 
 
 SHORT = ["--set", "audit.init=scratch", "--set", "audit.steps=40", "--set", "audit.resamples=3",

@@ -312,3 +312,39 @@ def test_set_weights_redirects_pair_sampling_and_survives_a_checkpoint(skewed):
     assert head and len(again) == 300
     with pytest.raises(XylentError, match="sampling weights"):
         first.set_weights([1.0, float("nan"), 0, 0, 0, 0])
+
+
+def test_held_out_rows_never_train_and_are_measured_two_at_a_time(skewed):
+    """The audit's holdout: a fixed share of each pair's rows (2 at least) leaves the training draws
+    and is measured instead, two rows of a pair at a time, the pairs in turn, both directions, the
+    same on any world size; without a holdout the batches are the ones they always were."""
+    from tasks.shards.loader import heldout_rows
+
+    shards, sampling, _, _ = skewed
+
+    def loader(**kw):
+        return TrainingLoader(shards, sampling, task="trtd", seed=3, **{"max_tokens": 512, **kw})
+
+    assert all(np.array_equal(a["input_ids"], b["input_ids"])
+               for a, b in zip(loader().batches(30), loader(holdout=0.0).batches(30)))
+    assert len(heldout_rows("a-b", 3, 0.05)) == 0, "a pair too small to hold 2 out with as many left"
+    held = loader(holdout=0.05)
+    out = {n: set(h.tolist()) for n, h in zip(held.names, held.held)}
+    assert [len(out[n]) for n in held.names] == [max(2, round(0.05 * r.n)) for r in held.rows]
+    assert out["de-en"] == set(heldout_rows("de-en", held.rows[held.names.index("de-en")].n, 0.05).tolist())
+    assert not [e for b in held.batches(300) for e in b["examples"] if e[1] in out[e[0]]], "held-out rows train"
+
+    narrow = loader(holdout=0.05, max_tokens=40)  # two pairs of 9-token rows, two rows each, per measurement
+    assert narrow.heldout_pairs_per_batch() == 2
+    batches = [narrow.heldout_batch(m) for m in range(6)]
+    assert np.array_equal(batches[0]["input_ids"], narrow.heldout_batch(0)["input_ids"]), "a pure function of m"
+    assert all(sorted(Counter(b["pairs"]).values()) == [2, 2] for b in batches)
+    assert {p for b in batches[:3] for p in b["pairs"]} == set(narrow.names), "every pair in turn"
+    assert all(e[1] in out[e[0]] for b in batches for e in b["examples"])
+    assert [bool(b["flipped"].all()) for b in batches] == [False] * 3 + [True] * 3, "both directions"
+    first, again = ({e for b in bs for e in b["examples"] if len(out[e[0]]) >= 4} for bs in (batches[:3], batches[3:]))
+    assert first and not first & again, "the next visit measures the pair's next two held-out rows"
+    ranks = [loader(holdout=0.05, max_tokens=20, rank=r, world_size=2) for r in range(2)]
+    for m in range(6):
+        halves = [set(r.heldout_batch(m)["examples"]) for r in ranks]
+        assert not halves[0] & halves[1] and halves[0] | halves[1] == set(batches[m]["examples"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from models.adversary import PARTNER, STATE_FILE, USES_LANGUAGES
+from models.adversary import HELDOUT, PAIRED, STATE_FILE, USES_LANGUAGES
 from models.run_config import DroConfig, TrainConfig, first_trtd_step
 from tasks.pretrain.train_json import train_config
 from tasks.shards.index import has_rows, read_index
@@ -32,7 +32,7 @@ def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_i
     if not has_rows(index, "trtd"):
         raise XylentError("the shards hold no TRTD (bitext) data: there are no language pairs to audit",
                           where=str(upstream["shards"]), fix="add bitext sources to the spec")
-    if a.pair_loss == "excess" and a.baseline in PARTNER and p.objective == "infoxlm":
+    if a.pair_loss == "excess" and a.baseline in PAIRED and p.objective == "infoxlm":
         raise XylentError(f"audit.baseline {a.baseline} runs an extra pass over each pair with other partners, "
                           "which would feed InfoXLM's XLCo key queue", where="spec field audit.baseline",
                           fix="use audit.baseline: sides or larger with objective infoxlm")
@@ -43,7 +43,11 @@ def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_i
             raise XylentError(f"audit.baseline language measures each language on its monolingual text, but "
                               f"{', '.join(missing)} has none in the shards", where="spec field audit.baseline",
                               fix="add monolingual sources for these languages, or set audit.baseline: "
-                                  + ("partner" if a.baseline == "partner-larger" else "sides"))
+                                  + {"partner-larger": "partner", "heldout-larger": "heldout"}.get(a.baseline, "sides"))
+    heldout = a.pair_loss == "excess" and a.baseline in HELDOUT
+    if heldout and a.holdout == 0:
+        raise XylentError(f"audit.baseline {a.baseline} measures rows held out of training, but audit.holdout is 0",
+                          where="spec field audit.holdout", fix="set audit.holdout above 0 (e.g. 0.02)")
     cfg = train_config(spec, upstream, ckdir, run_id, tracking_uri, shards_source)
     cfg.steps = a.steps or p.steps
     cfg.warmup_steps = min(cfg.warmup_steps, max(0, cfg.steps - 1))
@@ -59,7 +63,7 @@ def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_i
     cfg.dro = DroConfig(rho=a.rho, min_ratio=a.min_ratio, ema=a.ema, resamples=a.resamples,
                         weights=pair_loss_weights(a.pair_loss, p.objective, p.disc_weight),
                         baseline=a.baseline if a.pair_loss == "excess" else None, baseline_every=a.baseline_every,
-                        state_file=str(ckdir / STATE_FILE))
+                        holdout=a.holdout if heldout else 0.0, state_file=str(ckdir / STATE_FILE))
     if a.init == "pretrain":
         weights = Path(upstream["pretrain"]) / FULL_WEIGHTS
         if not weights.is_file():

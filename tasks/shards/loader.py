@@ -9,6 +9,9 @@ in a permutation seeded by (seed, epoch, language, pass), through a cursor.
 caller received — prefetching does not move it — and ``load_state_dict``
 makes the following batches identical to an uninterrupted run.
 
+An audit holds a few rows of every TRTD pair out of training (``holdout``, a fixed split
+that no seed moves) and measures them with :meth:`TrainingLoader.heldout_batch`.
+
 Shards are memory-mapped (nothing is copied into memory up front) and checked
 against the sha256 in index.json when first opened; ``shards_dir`` may also be the
 object-store URL (``s3://``, ``gs://``, ``az://``) of a shards output, read straight from the bucket into memory.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import copy
 import queue
 import threading
+import zlib
 from pathlib import Path
 from typing import Iterator
 
@@ -55,6 +59,22 @@ class _Rows:
         return values[offsets[j]: offsets[j + 1]]
 
 
+HOLDOUT_SEED = 0x48454C44  # the split's own stream: every training seed holds out the same rows
+
+
+def heldout_rows(name: str, n: int, share: float) -> np.ndarray:
+    """The rows of group ``name`` (``n`` rows) held out of training: the ``max(2, round(share·n))``
+    whose draw from a stream keyed by the name is smallest (two at least: a pair is measured two
+    rows at a time), sorted; none when ``share`` is 0 or that would hold out more than half."""
+    if share <= 0:
+        return np.empty(0, dtype=np.int64)
+    k = max(2, round(share * n))
+    if 2 * k > n:
+        return np.empty(0, dtype=np.int64)
+    u = np.random.default_rng([HOLDOUT_SEED, zlib.crc32(name.encode())]).random(n)
+    return np.sort(np.argsort(u, kind="stable")[:k])
+
+
 def _cdf(p: np.ndarray) -> np.ndarray:
     cdf = np.cumsum(p / p.sum())
     cdf[-1] = 1.0
@@ -64,7 +84,7 @@ def _cdf(p: np.ndarray) -> np.ndarray:
 class TrainingLoader:
     def __init__(self, shards_dir: str | Path, sampling_dir: str | Path, *, task: str = "mrtd", seed: int = 0,
                  rank: int = 0, world_size: int = 1, batch_size: int = 8, max_tokens: int = 4096,
-                 prefetch: int = 4, verify: bool = True):
+                 prefetch: int = 4, verify: bool = True, holdout: float = 0.0):
         if task not in ("mrtd", "trtd"):
             raise XylentError(f"unknown task {task!r}", fix="use 'mrtd' or 'trtd'")
         if not 0 <= rank < world_size:
@@ -87,6 +107,9 @@ class TrainingLoader:
         self.cdf = _cdf(self.prior)
         cols = ["input_ids"] if task == "mrtd" else ["src_ids", "tgt_ids"]
         self.rows = [_Rows(self.root, groups[n]["shards"], cols, verify) for n in self.names]
+        # holdout: each TRTD pair's held-out rows (heldout_batch) and the rows left to train on; None: all
+        self.held = [heldout_rows(n, r.n, holdout if task == "trtd" else 0.0) for n, r in zip(self.names, self.rows)]
+        self.pool = [np.setdiff1d(np.arange(r.n), h) if len(h) else None for r, h in zip(self.rows, self.held)]
         self.set_epoch(0)
 
     def _table(self, sampling_dir: Path) -> dict[str, float]:
@@ -120,7 +143,8 @@ class TrainingLoader:
 
     # -- drawing ---------------------------------------------------------------
     def _next_row(self, g: int, st: dict) -> int:
-        n = self.rows[g].n
+        pool = self.pool[g]
+        n = self.rows[g].n if pool is None else len(pool)
         if st["cursors"][g] >= n:
             st["cursors"][g] = 0
             st["passes"][g] += 1
@@ -130,7 +154,7 @@ class TrainingLoader:
             self._perms[key] = np.random.default_rng([self.seed, st["epoch"], g, key[1]]).permutation(n)
         i = int(self._perms[key][st["cursors"][g]])
         st["cursors"][g] += 1
-        return i
+        return i if pool is None else int(pool[i])
 
     def _mrtd(self, st: dict, rng: np.random.Generator) -> dict:
         groups = np.searchsorted(self.cdf, rng.random(self.batch_size * self.world), side="right")
@@ -161,6 +185,11 @@ class TrainingLoader:
             examples.append((g, flip, i, src, tgt))
             if len(examples) >= 4 * budget:  # pathological tiny budgets
                 break
+        return self._pack(examples)
+
+    def _pack(self, examples: list[tuple]) -> dict:
+        """A TRTD micro-batch from (group, flipped, row, src, tgt): this rank's share, longest first
+        (so every rank's rows are about as long), each row ``<s> src </s> tgt </s>``."""
         order = sorted(range(len(examples)), key=lambda k: (-(len(examples[k][3]) + len(examples[k][4])), k))
         mine = [examples[k] for k in order[self.rank:: self.world]]
         width = max((len(s) + len(t) + 3 for _, _, _, s, t in mine), default=3)
@@ -174,6 +203,40 @@ class TrainingLoader:
                 "pairs": [self.names[g] for g, _, _, _, _ in mine],
                 "flipped": np.array([f for _, f, _, _, _ in mine], dtype=bool),
                 "examples": [(self.names[g], i) for g, _, i, _, _ in mine]}
+
+    # -- the audit's held-out rows ---------------------------------------------
+    def heldout_pairs_per_batch(self) -> int:
+        """How many pairs one :meth:`heldout_batch` measures: as many as fit the TRTD token budget
+        (all ranks) with two of their longest held-out rows each, at most all; at least enough that
+        every rank has a row (a pair then comes round twice in one batch, at two visits)."""
+        measured = [g for g, h in enumerate(self.held) if len(h)]
+        if not measured:
+            return 0
+        longest = max(len(self.rows[g].get(int(i), 0)) + len(self.rows[g].get(int(i), 1)) + 3
+                      for g in measured for i in self.held[g])
+        fit = min(len(measured), self.max_tokens * self.world // (2 * longest))
+        return max(1, -(-self.world // 2), fit)
+
+    def heldout_batch(self, m: int) -> dict:
+        """Measurement ``m`` of the held-out rows, a pure function of ``m`` (no state: the same on
+        any world size and after a resume): the measured pairs in a fixed cycle, P of them
+        (:meth:`heldout_pairs_per_batch`) from position m·P on, two held-out rows of each (the
+        pair's next two in a cycle of its own), flipped on every other visit so both directions
+        are measured."""
+        measured = [g for g, h in enumerate(self.held) if len(h)]
+        if not measured:
+            raise XylentError("no TRTD pair has rows held out", fix="raise audit.holdout, or pick another "
+                              "audit.baseline: every pair is too small to hold two rows out")
+        per = self.heldout_pairs_per_batch()
+        examples = []
+        for slot in range(m * per, (m + 1) * per):
+            g, visit = measured[slot % len(measured)], slot // len(measured)
+            held, flip = self.held[g], visit % 2 == 1
+            for t in range(2):
+                i = int(held[(2 * visit + t) % len(held)])
+                src, tgt = self.rows[g].get(i, 0), self.rows[g].get(i, 1)
+                examples.append((g, flip, i, *((tgt, src) if flip else (src, tgt))))
+        return self._pack(examples)
 
     def _produce(self, st: dict) -> tuple[dict, dict]:
         rng = np.random.default_rng([self.seed, st["epoch"], st["step"], 7])

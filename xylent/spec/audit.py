@@ -19,7 +19,7 @@ class AuditConfig(Strict):
     pairs by how much it up-weights them (w = q/Q)."""
 
     OPERATIONAL: ClassVar[tuple[str, ...]] = ("top_n", "exclude_top_up")
-    ADDED_LATER: ClassVar[tuple[str, ...]] = ("baseline_every", "baseline")
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("baseline_every", "baseline", "holdout")
 
     init: Literal["scratch", "pretrain"] = Field(
         default="scratch", description="scratch: train a fresh model with the pretrain settings; pretrain: start "
@@ -37,7 +37,8 @@ class AuditConfig(Strict):
         "paper is XY-LENT's Eq. 3 as printed (L_D + λ·L_G); electra is the objective the model trains "
         "(XLM-E's L_G + λ·L_D); excess (default) is that loss minus audit.baseline: what "
         "neither the language's difficulty nor the translation explains (docs/stages/audit.md)")
-    baseline: Literal["larger", "sides", "language", "partner", "partner-larger"] = Field(
+    baseline: Literal["larger", "sides", "language", "partner", "partner-larger", "heldout",
+                      "heldout-larger"] = Field(
         default="larger", description="pair_loss excess: what each pair's loss is measured against. sides: the "
         "same loss of the pair's own two sentences run alone (the translation's help; a hub's memorised target "
         "reads as noisy); partner: the same tokens under the same masks, each sentence beside another row's "
@@ -45,11 +46,19 @@ class AuditConfig(Strict):
         "its two languages' losses on their monolingual text (trivial pairs fall far below it, but it is too "
         "coarse to tell a noisy pair from a clean one); larger (default) and partner-larger: the larger of "
         "sides (or partner) and language, the language's shifted onto the pair's scale by the median gap over "
-        "the pairs")
+        "the pairs; heldout and heldout-larger: partner and partner-larger measured on rows held out of the "
+        "audit's training (audit.holdout), so a pairing the model memorised is not read as the translation's "
+        "help")
     baseline_every: int = Field(default=10, ge=1, description="pair_loss excess: every N steps, forward passes "
                                 "(no backward) for the baseline: each TRTD micro-batch's two sides alone "
                                 "(sides, larger) or its rows with swapped partners (partner, partner-larger), "
-                                "and a batch of monolingual sentences (language, larger, partner-larger)")
+                                "a batch of held-out rows as they are and swapped (heldout, heldout-larger), "
+                                "and a batch of monolingual sentences (language, larger, the -larger kinds)")
+    holdout: float = Field(default=0.02, ge=0, lt=0.5, allow_inf_nan=False,
+                           description="audit.baseline heldout, heldout-larger: the share of each pair's rows kept "
+                           "out of the audit's training and measured instead (2 rows at least; a pair too small to "
+                           "hold 2 out, with as many left, is not measured and keeps q = Q); a fixed split, the "
+                           "same on every seed")
     top_n: int = Field(default=10, ge=1, description="pairs shown in the report at each end of the ranking")
     exclude_top_up: int = Field(default=0, ge=0, description="list the N most up-weighted pairs as a ready-to-run "
                                 "sampling.exclude_pairs override in the report (the audit never edits your spec)")
