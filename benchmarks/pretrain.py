@@ -154,7 +154,11 @@ def objective_step(objective: str, options: dict | None):
         from models.optim import make_optimizer
         from models.stats import Norms
 
-        model = build_model(objective, cfg, DISC_WEIGHT, MASK_PROB, options)
+        from xylent.spec import PretrainConfig
+
+        # the recipe's options over the spec's defaults for its section (pretrain.<objective>)
+        whole = {**PretrainConfig(objective=objective).objective_options(), **(options or {})}
+        model = build_model(objective, cfg, DISC_WEIGHT, MASK_PROB, whole)
         if hasattr(model, "attach"):
             model.attach(next(model.parameters()).device)
         opt = make_optimizer(model, lr=1e-4)

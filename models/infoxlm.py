@@ -49,19 +49,22 @@ from models.pairs import split_pair
 from models.stats import Norms, Stats, distributed, gather_rows, gather_uneven
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class XLCoConfig:
-    layer: int | None = None       # None: InfoXLM's choice by depth (xlco_default_layer)
-    queue_size: int = 131_072
-    temperature: float = 0.25
-    momentum: float = 0.999
-    weight: float = 1.0            # XLCo's weight next to MMLM/TLM (InfoXLM sums them)
-    normalize: bool = False
-    pool: str = "cls"              # cls: the <s> state (InfoXLM); mean: the mean over real tokens
-    in_batch_negatives: bool = False  # also the other rows' keys of this global batch (same key-encoder version)
-    mixup: float = 0.0             # share of rows that start a merged pair (InfoXLM's mixup contrast)
-    scale: str = "shared"          # shared: one denominator, tokens + examples (InfoXLM's code); separate: two means
-    masked_inputs: bool = True     # contrast the TLM-masked pair (InfoXLM's code masks XLCo's inputs)
+    """train.json's ``objective_options`` of an InfoXLM run, typed.  No defaults: the spec's
+    ``pretrain.infoxlm`` (xylent.spec.InfoXLMConfig) is their one home, and a run's options are
+    always its section whole."""
+    layer: int | None              # None: InfoXLM's choice by depth (xlco_default_layer)
+    queue_size: int
+    temperature: float
+    momentum: float
+    weight: float                  # XLCo's weight next to MMLM/TLM (InfoXLM sums them)
+    normalize: bool
+    pool: str                      # cls: the <s> state (InfoXLM); mean: the mean over real tokens
+    in_batch_negatives: bool       # also the other rows' keys of this global batch (same key-encoder version)
+    mixup: float                   # share of rows that start a merged pair (InfoXLM's mixup contrast)
+    scale: str                     # shared: one denominator, tokens + examples (InfoXLM's code); separate: two means
+    masked_inputs: bool            # contrast the TLM-masked pair (InfoXLM's code masks XLCo's inputs)
 
 
 def xlco_default_layer(layers: int) -> int:
@@ -73,9 +76,9 @@ def xlco_default_layer(layers: int) -> int:
 class InfoXLMModel(MaskedLMModel):
     objective = "infoxlm"
 
-    def __init__(self, cfg: EncoderConfig, mask_prob: float = 0.15, xlco: XLCoConfig | None = None):
+    def __init__(self, cfg: EncoderConfig, mask_prob: float = 0.15, *, xlco: XLCoConfig):
         super().__init__(cfg, mask_prob)
-        self.xlco = xlco or XLCoConfig()
+        self.xlco = xlco
         self.layer = self.xlco.layer or xlco_default_layer(cfg.layers)
         if not 1 <= self.layer <= cfg.layers:
             raise ValueError(f"pretrain.infoxlm.layer={self.layer} is not a layer of this {cfg.layers}-layer model; "

@@ -65,12 +65,14 @@ from models.weight_init import init_weights
 CROSS = "cross."
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class VecoOptions:
-    freeze_body_steps: int = 0  # first steps train the cross-attention only (init from an existing encoder)
-    pair_mask_prob: float = 0.25  # translation pairs' masking rate (VECO Table 8)
-    tlm: bool = True              # TLM on the joined row beside CA-MLM (VECO §4)
-    combine: str = "sum"          # sum: the terms' means added (the paper); mean: averaged
+    """train.json's ``objective_options`` of a VECO run, typed.  No defaults: the spec's
+    ``pretrain.veco`` (xylent.spec.VecoConfig) is their one home."""
+    freeze_body_steps: int  # first steps train the cross-attention only (init from an existing encoder)
+    pair_mask_prob: float   # translation pairs' masking rate (VECO Table 8)
+    tlm: bool               # TLM on the joined row beside CA-MLM (VECO §4)
+    combine: str            # sum: the terms' means added (the paper); mean: averaged
 
 
 class CrossAttention(nn.Module):
@@ -112,8 +114,10 @@ class VecoModel(MaskedLMModel):
     objective = "veco"
 
     def __init__(self, cfg: EncoderConfig, mask_prob: float = 0.15, options: VecoOptions | None = None):
+        """``options``: pretrain.veco's; None for a model that only encodes (an export plugged in,
+        models.veco_plug_in), which cannot train."""
         super().__init__(cfg, mask_prob)
-        self.options = options or VecoOptions()
+        self.options = options
         self.cross = nn.ModuleList(CrossSublayer(cfg, cfg.dropout) for _ in range(cfg.layers))
         self.bos_id, self.pad_id = cfg.special("bos"), cfg.special("pad")
         self._terms = 1  # loss terms per masked token in the last forward (loss() needs it)
@@ -126,10 +130,16 @@ class VecoModel(MaskedLMModel):
         return name.startswith(CROSS)
 
     def freezes_body(self) -> bool:
-        return self.options.freeze_body_steps > 0
+        return self._training_options().freeze_body_steps > 0
 
     def body_frozen(self, step: int) -> bool:
-        return step < self.options.freeze_body_steps
+        return step < self._training_options().freeze_body_steps
+
+    def _training_options(self) -> VecoOptions:
+        if self.options is None:
+            raise RuntimeError("this VecoModel was built to encode, without pretrain.veco's options: build it "
+                               "with models.objectives.build_model and the run's objective_options to train it")
+        return self.options
 
     def plug_in_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v for k, v in self.state_dict().items() if self.is_cross(k)}
@@ -156,7 +166,7 @@ class VecoModel(MaskedLMModel):
         """The TRTD row's four terms, per masked token: (plug-out tok, plug-in tok, masked, logits,
         target).  Sides are stacked x̂ rows then ŷ rows, so ``masked`` is (2B, W) and each tok
         vector lists the x tokens then the y tokens, in ``masked``'s row-major order."""
-        masked = choose_masked(ids, segments, self.options.pair_mask_prob, noise[0], self.special_ids)
+        masked = choose_masked(ids, segments, self._training_options().pair_mask_prob, noise[0], self.special_ids)
         corrupted = bert_corrupt(ids, masked, noise, self.cfg.vocab_size, self.mask_id, max(self.special_ids) + 1)
         self._pair = (corrupted, masked)  # TLM reads the joined row with the same masks
         src = self._sides(corrupted, pad, segments, self.bos_id, self.pad_id)

@@ -8,6 +8,7 @@ import torch
 
 from models.config import preset
 from models.infoxlm import InfoXLMModel, XLCoConfig, merge_groups, xlco_default_layer
+from xylent.spec import InfoXLMConfig  # the options' one home: their defaults
 from models.stats import gather_rows
 from models.masking import row_noise
 from models.pairs import split_pair
@@ -20,7 +21,7 @@ PAD, BOS = SPECIALS["pad"], SPECIALS["bos"]
 def _model(seed=0, **xlco) -> InfoXLMModel:
     torch.manual_seed(seed)
     cfg = preset("tiny", vocab_size=500, specials=SPECIALS, layers=3, dropout=0.0)
-    m = InfoXLMModel(cfg, xlco=XLCoConfig(**{"queue_size": 8, "layer": 2, **xlco}))
+    m = InfoXLMModel(cfg, xlco=XLCoConfig(**{**InfoXLMConfig().model_dump(), "queue_size": 8, "layer": 2, **xlco}))
     m.attach(torch.device("cpu"))
     return m
 

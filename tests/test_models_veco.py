@@ -15,6 +15,7 @@ from models.masking import bert_corrupt, choose_masked, row_noise
 from models.pretrained import PretrainedEncoder
 from models.stats import Norms
 from models.veco import VecoModel, VecoOptions
+from xylent.spec import VecoConfig
 from tasks.vocab.specials import BOS, EOS, PAD, SPECIAL_PIECES
 from tests.test_hf_export import tokenizer_dir  # noqa: F401  (a fixture: a small SentencePiece model)
 from xylent.errors import XylentError
@@ -22,8 +23,14 @@ from xylent.errors import XylentError
 SPECIALS = dict(zip(("unk", "bos", "eos", "pad", "mask"), range(len(SPECIAL_PIECES))))
 
 
+def _options(**over) -> VecoOptions:
+    """pretrain.veco's defaults (the spec is their one home) with ``over``."""
+    return VecoOptions(**{**VecoConfig().model_dump(), **over})
+
+
 def _model(seed=0, **kw):
     torch.manual_seed(seed)
+    kw.setdefault("options", _options())
     return VecoModel(preset("tiny", vocab_size=60, max_position=64, dropout=0.0, specials=SPECIALS), **kw)
 
 
@@ -186,7 +193,7 @@ def test_the_loss_is_tlm_plus_the_four_cross_entropies_and_per_row_adds_up():
     # the paper adds the terms: Σ of all five / masked tokens = the per-(token, term) mean × 3
     n = count // 3
     torch.testing.assert_close(model.loss(st, Norms(g=float(count))), by_row.sum() / n, rtol=1e-5, atol=1e-5)
-    mean = _model(options=VecoOptions(combine="mean"))
+    mean = _model(options=_options(combine="mean"))
     with torch.no_grad():
         torch.testing.assert_close(mean.loss(mean(ids, pad, seg, noise), Norms(g=float(count))), by_row.sum() / count,
                                    rtol=1e-5, atol=1e-5)
@@ -200,7 +207,7 @@ def test_the_loss_is_tlm_plus_the_four_cross_entropies_and_per_row_adds_up():
 
 
 def test_the_freeze_schedule_names_the_body():
-    model = _model(options=VecoOptions(freeze_body_steps=3))
+    model = _model(options=_options(freeze_body_steps=3))
     assert model.body_frozen(0) and model.body_frozen(2) and not model.body_frozen(3)
     assert not _model().body_frozen(0)
     assert all(model.is_cross(k) for k in model.plug_in_state_dict()) and model.plug_in_state_dict()
@@ -220,7 +227,8 @@ def test_the_model_learns_and_the_translation_helps(one_thread):
     """x is random (plug-out cannot do better than the unigram, ln 20 ≈ 3.0); y = x + 20
     position by position, so a plug-in pass that finds the aligned token can copy it."""
     torch.manual_seed(0)
-    model = VecoModel(preset("tiny", vocab_size=48, heads=4, max_position=64, dropout=0.0, specials=SPECIALS))
+    model = VecoModel(preset("tiny", vocab_size=48, heads=4, max_position=64, dropout=0.0, specials=SPECIALS),
+                      options=_options())
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(0)
     b, n = 64, 4

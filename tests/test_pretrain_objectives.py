@@ -123,7 +123,10 @@ def test_vecos_two_phase_schedule_holds_the_body_still_then_trains_it():
     from tests.test_models_electra import SPECIALS, _batch
 
     torch.manual_seed(0)
-    model = VecoModel(preset("tiny", vocab_size=500, specials=SPECIALS), options=VecoOptions(freeze_body_steps=3))
+    from xylent.spec import VecoConfig
+
+    options = VecoOptions(**VecoConfig(freeze_body_steps=3).model_dump())
+    model = VecoModel(preset("tiny", vocab_size=500, specials=SPECIALS), options=options)
     opt = make_optimizer(model, 1e-3, weight_decay=0.01)
     assert sorted(g["body"] for g in opt.param_groups) == [False, False, True, True]
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambdas(model, opt.param_groups, warmup_linear_decay(0, 10)))
@@ -164,14 +167,25 @@ def test_an_objectives_knobs_reach_train_json_and_only_its_own_enter_the_fingerp
     assert info.pretrain.objective_options()["temperature"] == 0.5 and "veco" not in section_identity(info.pretrain)
 
 
-def test_the_model_side_options_default_to_the_specs_values():
-    """models/ keeps dataclasses of an objective's options (the ranks read train.json, not the spec);
-    their defaults must be the spec's, field for field, or a model built without the spec drifts."""
-    from dataclasses import asdict
+def test_the_model_side_options_are_the_spec_sections_fields_with_no_second_default():
+    """models/ types an objective's options (the ranks read train.json, not the spec) with the spec
+    section's fields and no defaults of its own: the spec is where defaults live, a model is built
+    from a section whole, and one without its options is refused by name."""
+    from dataclasses import MISSING, asdict, fields
 
+    from models.config import preset
     from models.infoxlm import XLCoConfig
-    from models.veco import VecoOptions
+    from models.objectives import build_model
+    from models.veco import VecoOptions, VecoModel
+    from tests.test_models_electra import SPECIALS
     from xylent.spec import InfoXLMConfig, VecoConfig
 
-    assert asdict(XLCoConfig()) == InfoXLMConfig().model_dump()
-    assert asdict(VecoOptions()) == VecoConfig().model_dump()
+    for typed, section in ((XLCoConfig, InfoXLMConfig()), (VecoOptions, VecoConfig())):
+        assert [f.name for f in fields(typed)] == list(section.model_dump())
+        assert all(f.default is MISSING and f.default_factory is MISSING for f in fields(typed)), typed.__name__
+        assert asdict(typed(**section.model_dump())) == section.model_dump()
+    cfg = preset("tiny", vocab_size=300, specials=SPECIALS)
+    with pytest.raises(ValueError, match="objective veco needs its options"):
+        build_model("veco", cfg)
+    with pytest.raises(RuntimeError, match="built to encode"):
+        VecoModel(cfg).body_frozen(0)
