@@ -92,6 +92,10 @@ class PairAudit(NoAudit):
                                        languages=self.mono.names if self.mono is not None else None)
         self.schedule = self.adversary.schedule
         self._pair = self._base = self._lang = self._paired = self._kept = None
+        if self.dro.baseline in HELDOUT and 2 * trtd.heldout_pairs_per_batch() < world:
+            raise SystemExit(f"xylent: audit.baseline {self.dro.baseline} measures {trtd.heldout_pairs_per_batch()} "
+                             f"pair(s) of 2 held-out rows at a time, fewer rows than the {world} ranks: raise "
+                             "pretrain.trtd_max_tokens, or run the audit on fewer ranks")
 
     def loaders(self) -> dict:
         """Loaders whose state a checkpoint keeps beside the training ones."""
@@ -115,7 +119,7 @@ class PairAudit(NoAudit):
     def begin(self, step: int, iters: dict) -> None:
         n, due = len(self.adversary.pairs), baseline_due(self.cfg, step)
         self._pair = torch.zeros(n, len(ROW_FIELDS) + 1, dtype=torch.float64, device=self.device)
-        near = due and self.dro.baseline not in (None, "language")
+        near = due and self.dro.baseline in ("sides", "larger", "partner", "partner-larger")  # on the training rows
         self._base = torch.zeros_like(self._pair) if near else None
         self._paired = torch.zeros_like(self._pair) if near and self.dro.baseline in PAIRED else None
         self._lang = None
@@ -123,7 +127,8 @@ class PairAudit(NoAudit):
             self._lang = languages_alone(self.engine, next(iters[LANGUAGE_BASELINE]), self.mono,
                                          self.adversary.languages, self.cfg.seed, step, self.rank, self.world,
                                          self.device)
-        if near and self.dro.baseline in HELDOUT:  # one period, one measurement: a pure function of the step
+        if self.dro.baseline in HELDOUT and step % self.dro.baseline_every == 0:
+            # passes of their own, on any step (TRTD trained or not): measurement m = step // N, every m in turn
             batch = self.trtd.heldout_batch(step // self.dro.baseline_every)
             self._paired, self._base = heldout_help(self.engine, batch, self.adversary.index, self.cfg.seed, step,
                                                     self.rank, self.world, self.device)
@@ -133,7 +138,7 @@ class PairAudit(NoAudit):
 
     def before_pass(self, ids, pad, seg, noise, batch: dict, step: int, micro: int, rows: list[int]) -> None:
         """Before the pair's own pass: a model may keep state from it.  ``noise``: the training pass's."""
-        if self._base is None or self.dro.baseline in HELDOUT:  # held-out rows: measured in begin()
+        if self._base is None or self.dro.baseline in HELDOUT:  # held-out rows are measured in begin()
             return
         if self._paired is None:
             self._base += pair_totals(sides_alone(self.engine, ids, pad, seg, self.cfg.seed, step, micro, rows),

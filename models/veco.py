@@ -197,7 +197,7 @@ class VecoModel(MaskedLMModel):
         loss = tok_out.sum() + tok_in.sum()
         n = m.sum()  # the pair row's masked tokens, x's and y's
         terms = 2  # per masked token: plug-out and plug-in
-        if self.options.tlm:
+        if self._training_options().tlm:
             corrupted, masked = self._pair
             h = self.encoder(self.embeddings(corrupted), pad)
             tlm_logits = self.head(h[masked], self.embeddings.tokens.weight)
@@ -206,7 +206,8 @@ class VecoModel(MaskedLMModel):
         self._terms = terms
         with torch.no_grad():
             correct = (logits.argmax(-1) == target).sum()
-            if self.options.tlm:  # its predictions count too: accuracy is over every (token, term), as the count
+            if self._training_options().tlm:  # its predictions count too: accuracy is over every (token,
+                # term), as the count
                 correct = correct + (tlm_logits.argmax(-1) == ids[masked]).sum()
             # rank 0's gauge of the global batch: does the translation help (plug-in below plug-out)?
             gauge = all_ranks_sum(torch.stack([tok_out.sum(), tok_in.sum(), n.float()]))
@@ -216,7 +217,7 @@ class VecoModel(MaskedLMModel):
                 def fold(t): return t[:b] + t[b:]  # a pair row's x and y sides
                 zeros = torch.zeros(b, device=ids.device)
                 g_row = fold(row_sums(tok_out.detach(), m) + row_sums(tok_in.detach(), m))
-                if self.options.tlm:
+                if self._training_options().tlm:
                     g_row = g_row + row_sums(tlm.detach(), masked)
                 rows = torch.stack([g_row, terms * fold(m.sum(1).float()), zeros, zeros, zeros])
         z = zero(ids)
@@ -230,6 +231,6 @@ class VecoModel(MaskedLMModel):
         i.e. Σ of every term / masked tokens, as the paper adds its log-likelihoods (fairseq's
         per-token normalisation).  MRTD micro-batches have one term, MLM."""
         mean = st.g_loss / norms.g
-        if self.options.combine == "sum" and self._terms > 1:
+        if self._training_options().combine == "sum" and self._terms > 1:
             return mean * self._terms
         return mean

@@ -330,7 +330,8 @@ def test_held_out_rows_never_train_and_are_measured_two_at_a_time(skewed):
     assert len(heldout_rows("a-b", 3, 0.05)) == 0, "a pair too small to hold 2 out with as many left"
     held = loader(holdout=0.05)
     out = {n: set(h.tolist()) for n, h in zip(held.names, held.held)}
-    assert [len(out[n]) for n in held.names] == [max(2, round(0.05 * r.n)) for r in held.rows]
+    assert all(2 <= len(out[n]) <= r.n / 2 and abs(len(out[n]) - 0.05 * r.n) < 5 * (0.05 * r.n) ** 0.5 + 2
+               for n, r in zip(held.names, held.rows)), {n: len(h) for n, h in out.items()}
     assert out["de-en"] == set(heldout_rows("de-en", held.rows[held.names.index("de-en")].n, 0.05).tolist())
     assert not [e for b in held.batches(300) for e in b["examples"] if e[1] in out[e[0]]], "held-out rows train"
 

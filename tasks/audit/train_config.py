@@ -48,6 +48,9 @@ def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_i
     if heldout and a.holdout == 0:
         raise XylentError(f"audit.baseline {a.baseline} measures rows held out of training, but audit.holdout is 0",
                           where="spec field audit.holdout", fix="set audit.holdout above 0 (e.g. 0.02)")
+    if heldout and not any(g["rows"] >= 4 for g in index["trtd"].values()):  # 2 held out, as many left
+        raise XylentError(f"audit.baseline {a.baseline} holds 2 rows of a pair out at least, but every pair has "
+                          "fewer than 4 rows", where=str(upstream["shards"]), fix="use audit.baseline: larger")
     cfg = train_config(spec, upstream, ckdir, run_id, tracking_uri, shards_source)
     cfg.steps = a.steps or p.steps
     cfg.warmup_steps = min(cfg.warmup_steps, max(0, cfg.steps - 1))

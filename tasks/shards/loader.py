@@ -63,16 +63,17 @@ HOLDOUT_SEED = 0x48454C44  # the split's own stream: every training seed holds o
 
 
 def heldout_rows(name: str, n: int, share: float) -> np.ndarray:
-    """The rows of group ``name`` (``n`` rows) held out of training: the ``max(2, round(share·n))``
-    whose draw from a stream keyed by the name is smallest (two at least: a pair is measured two
-    rows at a time), sorted; none when ``share`` is 0 or that would hold out more than half."""
-    if share <= 0:
+    """The rows of group ``name`` (``n`` rows) held out of training, sorted: those whose draw from a
+    stream keyed by the name falls below ``share`` (one pass, 4 bytes a row), or the two lowest
+    draws where fewer fall below it (a pair is measured two rows at a time); none when ``share`` is
+    0 or that would hold out more than half."""
+    if share <= 0 or n < 4:
         return np.empty(0, dtype=np.int64)
-    k = max(2, round(share * n))
-    if 2 * k > n:
-        return np.empty(0, dtype=np.int64)
-    u = np.random.default_rng([HOLDOUT_SEED, zlib.crc32(name.encode())]).random(n)
-    return np.sort(np.argsort(u, kind="stable")[:k])
+    u = np.random.default_rng([HOLDOUT_SEED, zlib.crc32(name.encode())]).random(n, dtype=np.float32)
+    held = np.flatnonzero(u < share)
+    if len(held) < 2:
+        held = np.sort(np.argpartition(u, 2)[:2])
+    return held if 2 * len(held) <= n else np.empty(0, dtype=np.int64)
 
 
 def _cdf(p: np.ndarray) -> np.ndarray:
@@ -109,7 +110,8 @@ class TrainingLoader:
         self.rows = [_Rows(self.root, groups[n]["shards"], cols, verify) for n in self.names]
         # holdout: each TRTD pair's held-out rows (heldout_batch) and the rows left to train on; None: all
         self.held = [heldout_rows(n, r.n, holdout if task == "trtd" else 0.0) for n, r in zip(self.names, self.rows)]
-        self.pool = [np.setdiff1d(np.arange(r.n), h) if len(h) else None for r, h in zip(self.rows, self.held)]
+        self.pool = [np.delete(np.arange(r.n), h) if len(h) else None for r, h in zip(self.rows, self.held)]
+        self._heldout_per: int | None = None  # heldout_pairs_per_batch, computed once
         self.set_epoch(0)
 
     def _table(self, sampling_dir: Path) -> dict[str, float]:
@@ -206,16 +208,16 @@ class TrainingLoader:
 
     # -- the audit's held-out rows ---------------------------------------------
     def heldout_pairs_per_batch(self) -> int:
-        """How many pairs one :meth:`heldout_batch` measures: as many as fit the TRTD token budget
-        (all ranks) with two of their longest held-out rows each, at most all; at least enough that
-        every rank has a row (a pair then comes round twice in one batch, at two visits)."""
-        measured = [g for g, h in enumerate(self.held) if len(h)]
-        if not measured:
-            return 0
-        longest = max(len(self.rows[g].get(int(i), 0)) + len(self.rows[g].get(int(i), 1)) + 3
-                      for g in measured for i in self.held[g])
-        fit = min(len(measured), self.max_tokens * self.world // (2 * longest))
-        return max(1, -(-self.world // 2), fit)
+        """How many pairs one :meth:`heldout_batch` measures: as many as fit the TRTD token budget of
+        all ranks together with two of their longest held-out rows each, at least 1, at most all (no
+        pair twice in a batch: its rows would borrow partners of the other direction).  The same
+        on any world size."""
+        if self._heldout_per is None:
+            measured = [g for g, h in enumerate(self.held) if len(h)]
+            longest = max((len(self.rows[g].get(int(i), 0)) + len(self.rows[g].get(int(i), 1)) + 3
+                           for g in measured for i in self.held[g]), default=1)
+            self._heldout_per = min(len(measured), max(1, self.max_tokens * self.world // (2 * longest)))
+        return self._heldout_per
 
     def heldout_batch(self, m: int) -> dict:
         """Measurement ``m`` of the held-out rows, a pure function of ``m`` (no state: the same on

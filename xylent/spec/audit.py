@@ -63,6 +63,10 @@ class AuditConfig(Strict):
     exclude_top_up: int = Field(default=0, ge=0, description="list the N most up-weighted pairs as a ready-to-run "
                                 "sampling.exclude_pairs override in the report (the audit never edits your spec)")
 
+    def unread_fields(self) -> set[str]:
+        """audit.holdout is read by the held-out baselines only: elsewhere it moves no fingerprint."""
+        return set() if self.pair_loss == "excess" and self.baseline in ("heldout", "heldout-larger") else {"holdout"}
+
     @field_validator("pair_loss", mode="before")
     @classmethod
     def _renamed(cls, v):
