@@ -145,8 +145,8 @@ class PairAudit(NoAudit):
                                       batch["pairs"], self.adversary.index, self.world)
             return
         swapped, self._kept = partners_swapped(self.engine, ids, pad, seg, noise,
-                                               [self.adversary.index[p] for p in batch["pairs"]], self.rank,
-                                               self.world)
+                                               directed(batch["pairs"], batch["flipped"], self.adversary.index),
+                                               self.rank, self.world)
         self._base += pair_totals(swapped, [batch["pairs"][i] for i in self._kept], self.adversary.index, self.world)
 
     def after_pass(self, st, batch: dict) -> None:
@@ -267,9 +267,16 @@ def sides_alone(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Tensor,
     return st.rows[:, :b] + st.rows[:, b:]
 
 
+def directed(pairs: list[str], flipped, index: dict[str, int]) -> list[int]:
+    """Each row's pair and direction as one key: a row borrows a second sentence only from a row
+    whose second side is the same language (a flipped row's second sentence is the other side)."""
+    return [2 * index[p] + int(f) for p, f in zip(pairs, flipped)]
+
+
 def partner_rotation(pairs: list[int]) -> dict[int, int]:
-    """Row -> the row whose second sentence it borrows: the next row of the same pair in the
-    global micro-batch, cyclically, so no row keeps its own.  A row alone of its pair has none."""
+    """Row -> the row whose second sentence it borrows: the next row of the same key (pair and
+    direction, :func:`directed`) in the global micro-batch, cyclically, so no row keeps its own.
+    A row alone of its key has none."""
     groups: dict[int, list[int]] = {}
     for i, p in enumerate(pairs):
         groups.setdefault(p, []).append(i)
@@ -282,10 +289,11 @@ def partner_rotation(pairs: list[int]) -> dict[int, int]:
 
 @torch.no_grad()
 def partners_swapped(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Tensor, noise: torch.Tensor,
-                     pair_ids: list[int], rank: int, world: int) -> tuple[torch.Tensor, list[int]]:
+                     keys: list[int], rank: int, world: int) -> tuple[torch.Tensor, list[int]]:
     """The partner baseline: each TRTD row ``<s> x_i </s> y_i </s>`` rebuilt as
-    ``<s> x_i </s> y_j </s>``, y_j the second sentence of another row of the same pair
-    (:func:`partner_rotation` over the global micro-batch, so any world size pairs the same rows),
+    ``<s> x_i </s> y_j </s>``, y_j the second sentence of another row of the same pair and direction
+    (``keys``: :func:`directed`; :func:`partner_rotation` over the global micro-batch, so any world
+    size pairs the same rows),
     every token keeping the noise it had in the training pass (the same tokens are masked and
     sampled, segment by segment), run forward (no backward).  Returns the per-row losses and counts
     (ROW_FIELDS × kept rows) and this rank's kept rows: summed over a pair, the very tokens of the
@@ -299,7 +307,7 @@ def partners_swapped(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Te
     all_ids, all_seg, all_noise, all_pairs = (gather_rows(t) for t in (
         F.pad(ids, (0, grow), value=pad_id), F.pad(seg.long(), (0, grow)),
         F.pad(noise, (0, grow), value=2.0).transpose(0, 1).contiguous(),
-        torch.as_tensor(pair_ids, dtype=torch.long, device=ids.device)))
+        torch.as_tensor(keys, dtype=torch.long, device=ids.device)))
     partner = partner_rotation(all_pairs.tolist())
     real = all_ids != pad_id
     first, second = real & (all_seg == 0), real & (all_seg == 1)
@@ -336,7 +344,8 @@ def heldout_help(engine, batch: dict, index: dict[str, int], seed: int, step: in
     rows = [rank + world * k for k in range(ids.shape[0])]
     noise = row_noise(seed, step, HELDOUT_NOISE, rows, (~pad).sum(1).tolist(), ids.shape[1]).to(device)
     own = engine(ids, pad, seg, noise, per_row=True).rows
-    swapped, kept = partners_swapped(engine, ids, pad, seg, noise, [index[p] for p in batch["pairs"]], rank, world)
+    swapped, kept = partners_swapped(engine, ids, pad, seg, noise, directed(batch["pairs"], batch["flipped"], index),
+                                     rank, world)
     names = [batch["pairs"][i] for i in kept]
     return pair_totals(own[:, kept], names, index, world), pair_totals(swapped, names, index, world)
 

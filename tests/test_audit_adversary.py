@@ -260,9 +260,12 @@ def test_the_partner_baseline_reruns_the_same_tokens_beside_another_rows_transla
     """models.audit_step.partners_swapped against rows built by hand: x of each row, y of the next
     row of its pair, every token with its training-pass noise; a row alone of its pair is left out,
     and summed over a pair the masked and scored tokens are the training pass's own."""
-    from models.audit_step import partner_rotation, partners_swapped
+    from models.audit_step import directed, partner_rotation, partners_swapped
 
     assert partner_rotation([0, 0, 1, 0, 2, 1]) == {0: 1, 1: 3, 3: 0, 2: 5, 5: 2}
+    # a flipped row's second sentence is the pair's other language: rows borrow within one direction
+    assert directed(["a-b", "a-b", "a-b"], [False, True, False], {"a-b": 0}) == [0, 1, 0]
+    assert partner_rotation(directed(["a-b", "a-b", "a-b"], [False, True, False], {"a-b": 0})) == {0: 2, 2: 0}
     cfg = preset("tiny", vocab_size=300, specials=SPECIALS, dropout=0.0)
     torch.manual_seed(0)
     model = ElectraModel(cfg).eval()
@@ -325,7 +328,7 @@ def test_the_heldout_baseline_runs_the_held_out_rows_as_they_are_and_beside_othe
     ids, pad, seg, _ = _pair_batch()
     names = ["a-b", "a-b", "a-c", "a-b", "b-c", "a-c"]
     index = {"a-b": 0, "a-c": 1, "b-c": 2}
-    batch = {"input_ids": ids.numpy(), "segment_ids": seg.numpy(), "pairs": names}
+    batch = {"input_ids": ids.numpy(), "segment_ids": seg.numpy(), "pairs": names, "flipped": np.zeros(6, bool)}
     paired, base = heldout_help(engine, batch, index, 7, 30, 0, 1, torch.device("cpu"))
     noise = row_noise(7, 30, HELDOUT_NOISE, list(range(6)), (~pad).sum(1).tolist(), ids.shape[1])
     with torch.no_grad():
