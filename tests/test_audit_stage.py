@@ -154,6 +154,16 @@ def test_bad_audit_specs_exit_2(run_cli, override, message):
     assert rc == 2 and message in err and "docs/spec.md" in err and "Traceback" not in err
 
 
+def test_the_default_baseline_is_held_out_but_larger_under_infoxlm_unless_set():
+    """A held-out pass under InfoXLM would feed XLCo's key queue: left unset, the audit reads
+    `larger` there; set explicitly, the run refuses it (audit_train_config, named in the error)."""
+    from tasks.audit.train_config import audit_baseline
+
+    assert audit_baseline(load_spec(DEMO_SHORT)) == "heldout-larger"
+    assert audit_baseline(load_spec(DEMO_SHORT, ["pretrain.objective=infoxlm"])) == "larger"
+    assert audit_baseline(load_spec(DEMO_SHORT, ["pretrain.objective=infoxlm", "audit.baseline=heldout"])) == "heldout"
+
+
 def test_an_audit_that_would_train_no_trtd_step_is_refused(demo_run, run_cli):
     """The demo trains MRTD on even steps, TRTD on odd ones: a 1-step audit sees no pair. (The
     session's demo pretrain is DEMO_SHORT's: with it cached, the refusal comes before any training.)"""
@@ -186,9 +196,10 @@ def _state(out: str) -> dict:
 def test_the_q_trajectory_is_exact_after_a_resume_and_the_same_on_two_ranks(demo_run, run_cli, tmp_path):
     """A run stopped after its checkpoint at step 20 (a re-sampling step) and rerun: the same q
     trajectory as an uninterrupted run, bit for bit; 2 ranks: the same up to float noise. With
-    the default pair loss (excess, baseline larger), whose baseline passes (every 5 steps: each
-    micro-batch's sides alone, a batch of monolingual sentences from a loader of its own) add their
-    own noise streams and EMAs: the paper's form is the same run without them. (The audit trains through pretrain's trainer
+    the default pair loss (excess, baseline heldout-larger), whose baseline passes (every 5 steps: a
+    batch of held-out rows as they are and with partners swapped, a batch of monolingual sentences
+    from a loader of its own) add their own noise streams and EMAs: the paper's form is the same run
+    without them. (The audit trains through pretrain's trainer
     and checkpoints: what a kill -9 leaves behind is tests/test_pretrain.py's.)"""
     _, demo_ws = demo_run
 
@@ -201,8 +212,8 @@ def test_the_q_trajectory_is_exact_after_a_resume_and_the_same_on_two_ranks(demo
     rc, out, err = run_cli(*args, "--workspace", whole_ws)
     assert rc == 0, err[-3000:]
     whole = _state(out)
-    assert [t["step"] for t in whole["trajectory"]] == [10, 20, 30] and whole["baseline"] == "larger"
-    assert any(v is not None for v in whole["ema"]["base"]), "the sides-alone baseline was computed"
+    assert [t["step"] for t in whole["trajectory"]] == [10, 20, 30] and whole["baseline"] == "heldout-larger"
+    assert any(v is not None for v in whole["ema"]["base"]), "the held-out rows' swapped pass was computed"
     assert sum(v is not None for v in whole["lang_ema"]) >= 15, "most of the 20 languages' baselines were measured"
 
     stopped_ws = stopped_after(whole_ws, linked("stopped"), "audit", 20)

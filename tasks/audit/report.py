@@ -140,7 +140,7 @@ def report(state: dict, table: pl.DataFrame, samples: list[dict], up: list[str],
              "trivial — hub-aligned bitext (many sentences aligned to one, as en–xh) and near copies (ca–es, "
              "cs–sk); pairs pushed **up** are the ones the model keeps failing on — possibly noisy translations "
              "(es–ta, tr–ur, si–tr), or a clean pair of a harder language: the evidence and samples tell which.",
-             *([f"Pair loss: the excess of each pair's loss over its baseline (`audit.baseline: {a.baseline}`): "
+             *([f"Pair loss: the excess of each pair's loss over its baseline (`audit.baseline: {state.get('baseline')}`): "
                 "what neither its languages' difficulty nor its translation explains, so a clean pair of a hard "
                 "language does not pass for a noisy one (docs/stages/audit.md)."] if a.pair_loss == "excess" else
                [f"Pair loss: `{a.pair_loss}`, the raw loss: w also measures how hard each pair's languages are."]),

@@ -22,9 +22,19 @@ def pair_loss_weights(pair_loss: str, objective: str, disc_weight: float) -> lis
     return [disc_weight, 1.0] if pair_loss == "paper" else [1.0, disc_weight]  # excess: the trained one
 
 
+def audit_baseline(spec: Spec) -> str:
+    """audit.baseline as the run reads it: left unset under InfoXLM, ``larger`` rather than the default
+    held-out one, whose extra forward pass would feed XLCo's key queue (refused when set explicitly)."""
+    a = spec.audit
+    if "baseline" not in a.model_fields_set and spec.pretrain.objective == "infoxlm" and a.baseline in PAIRED:
+        return "larger"
+    return a.baseline
+
+
 def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str | None,
                        tracking_uri: str | None, shards_source: str | None = None) -> TrainConfig:
     a, p = spec.audit, spec.pretrain
+    baseline = audit_baseline(spec)
     if "trtd" not in p.tasks:
         raise XylentError("the audit re-weights TRTD language pairs, but pretrain.tasks has no 'trtd'",
                           where="spec field pretrain.tasks", fix="add 'trtd' to pretrain.tasks")
@@ -32,24 +42,24 @@ def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_i
     if not has_rows(index, "trtd"):
         raise XylentError("the shards hold no TRTD (bitext) data: there are no language pairs to audit",
                           where=str(upstream["shards"]), fix="add bitext sources to the spec")
-    if a.pair_loss == "excess" and a.baseline in PAIRED and p.objective == "infoxlm":
-        raise XylentError(f"audit.baseline {a.baseline} runs an extra pass over each pair with other partners, "
+    if a.pair_loss == "excess" and baseline in PAIRED and p.objective == "infoxlm":
+        raise XylentError(f"audit.baseline {baseline} runs an extra pass over each pair with other partners, "
                           "which would feed InfoXLM's XLCo key queue", where="spec field audit.baseline",
                           fix="use audit.baseline: sides or larger with objective infoxlm")
-    if a.pair_loss == "excess" and a.baseline in USES_LANGUAGES:
+    if a.pair_loss == "excess" and baseline in USES_LANGUAGES:
         pair_langs = {x for pair, g in index["trtd"].items() if g["rows"] for x in pair.split("-")}
         missing = sorted(x for x in pair_langs if not index["mrtd"].get(x, {}).get("rows"))
         if missing:
             raise XylentError(f"audit.baseline language measures each language on its monolingual text, but "
                               f"{', '.join(missing)} has none in the shards", where="spec field audit.baseline",
                               fix="add monolingual sources for these languages, or set audit.baseline: "
-                                  + {"partner-larger": "partner", "heldout-larger": "heldout"}.get(a.baseline, "sides"))
-    heldout = a.pair_loss == "excess" and a.baseline in HELDOUT
+                                  + {"partner-larger": "partner", "heldout-larger": "heldout"}.get(baseline, "sides"))
+    heldout = a.pair_loss == "excess" and baseline in HELDOUT
     if heldout and a.holdout == 0:
-        raise XylentError(f"audit.baseline {a.baseline} measures rows held out of training, but audit.holdout is 0",
+        raise XylentError(f"audit.baseline {baseline} measures rows held out of training, but audit.holdout is 0",
                           where="spec field audit.holdout", fix="set audit.holdout above 0 (e.g. 0.02)")
     if heldout and not any(g["rows"] >= 4 for g in index["trtd"].values()):  # 2 held out, as many left
-        raise XylentError(f"audit.baseline {a.baseline} holds 2 rows of a pair out at least, but every pair has "
+        raise XylentError(f"audit.baseline {baseline} holds 2 rows of a pair out at least, but every pair has "
                           "fewer than 4 rows", where=str(upstream["shards"]), fix="use audit.baseline: larger")
     cfg = train_config(spec, upstream, ckdir, run_id, tracking_uri, shards_source)
     cfg.steps = a.steps or p.steps
@@ -65,7 +75,7 @@ def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_i
                           else "set pretrain.trtd_ratio above 0")
     cfg.dro = DroConfig(rho=a.rho, min_ratio=a.min_ratio, ema=a.ema, resamples=a.resamples,
                         weights=pair_loss_weights(a.pair_loss, p.objective, p.disc_weight),
-                        baseline=a.baseline if a.pair_loss == "excess" else None, baseline_every=a.baseline_every,
+                        baseline=baseline if a.pair_loss == "excess" else None, baseline_every=a.baseline_every,
                         holdout=a.holdout if heldout else 0.0, state_file=str(ckdir / STATE_FILE))
     if a.init == "pretrain":
         weights = Path(upstream["pretrain"]) / FULL_WEIGHTS

@@ -39,16 +39,17 @@ class AuditConfig(Strict):
         "neither the language's difficulty nor the translation explains (docs/stages/audit.md)")
     baseline: Literal["larger", "sides", "language", "partner", "partner-larger", "heldout",
                       "heldout-larger"] = Field(
-        default="larger", description="pair_loss excess: what each pair's loss is measured against. sides: the "
+        default="heldout-larger", description="pair_loss excess: what each pair's loss is measured against. sides: the "
         "same loss of the pair's own two sentences run alone (the translation's help; a hub's memorised target "
         "reads as noisy); partner: the same tokens under the same masks, each sentence beside another row's "
         "translation of the same pair (the translation's help, paired token by token); language: the mean of "
         "its two languages' losses on their monolingual text (trivial pairs fall far below it, but it is too "
-        "coarse to tell a noisy pair from a clean one); larger (default) and partner-larger: the larger of "
+        "coarse to tell a noisy pair from a clean one); larger and partner-larger: the larger of "
         "sides (or partner) and language, the language's shifted onto the pair's scale by the median gap over "
-        "the pairs; heldout and heldout-larger: partner and partner-larger measured on rows held out of the "
-        "audit's training (audit.holdout), so a pairing the model memorised is not read as the translation's "
-        "help")
+        "the pairs; heldout and heldout-larger (default): partner and partner-larger measured on rows held out "
+        "of the audit's training (audit.holdout), so a pairing the model memorised is not read as the "
+        "translation's help. Left unset with pretrain.objective infoxlm, larger (a held-out pass would feed "
+        "XLCo's key queue)")
     baseline_every: int = Field(default=10, ge=1, description="pair_loss excess: every N steps, forward passes "
                                 "(no backward) for the baseline: each TRTD micro-batch's two sides alone "
                                 "(sides, larger) or its rows with swapped partners (partner, partner-larger), "
