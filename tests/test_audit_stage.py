@@ -156,7 +156,7 @@ def test_bad_audit_specs_exit_2(run_cli, override, message):
 
 def test_the_default_baseline_is_held_out_but_larger_under_infoxlm_unless_set():
     """A held-out pass under InfoXLM would feed XLCo's key queue: left unset, the audit reads
-    `larger` there; set explicitly, the run refuses it (audit_train_config, named in the error)."""
+    `larger` there; set explicitly, it is kept as set (and audit_train_config then refuses it)."""
     from tasks.audit.train_config import audit_baseline
 
     assert audit_baseline(load_spec(DEMO_SHORT)) == "heldout-larger"
