@@ -67,9 +67,6 @@ CLAIMS: dict[str, dict] = {
         # it never runs the evaluate stage: its settings and fine-tuning defaults are not its code
         "code": [*_LEARNING, "tasks/audit/", "tests/audit_planted.py", ":(exclude)xylent/spec/evaluate.py",
                  ":(exclude)xylent/spec/finetune_hparams.yaml"],
-        # passed on the first host (2026-11-27, 5f04c3d); on this 2-core host the shuffled pair ranks 3rd on seed 2,
-        # below en-pl: the default pair loss does not yet tell a noisy pair from a hard language on every seed
-        "open_failure": "issue 34 (the audit must separate a noisy pair from a hard language on every seed)",
     },
 }
 
