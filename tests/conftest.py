@@ -286,9 +286,25 @@ def run_pipeline(spec: Path, ws: Path, *args: str) -> dict:
 def demo_run(tmp_path_factory, prefect_server):
     """The whole pipeline on the embedded demo, once per test session, as tests/data/demo-short.yaml
     trains it (the demo's data stages, 300 pretraining steps): every stage's contract.  A test that
-    reruns a stage on this workspace passes ``--spec DEMO_SHORT``; the full demo is acceptance's."""
-    ws = tmp_path_factory.mktemp("demo") / "ws"
-    return run_pipeline(DEMO_SHORT, ws), ws
+    reruns a stage on this workspace passes ``--spec DEMO_SHORT``; the full demo is acceptance's.
+
+    Under xdist both workers share it: whichever asks first builds it in the run's common temporary
+    folder under a file lock, the other waits on that lock and reads the record it leaves (its
+    readers are queued last, so it seldom waits).  The record is written last, atomically: a build
+    that failed half-way leaves none, and the next worker that asks runs the pipeline again on the
+    same workspace, which keeps the stages already published."""
+    from filelock import FileLock
+
+    from xylent.atomic import write_text_atomic
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    root, record = shared / "session-demo", shared / "session-demo" / "run.json"
+    with FileLock(str(shared / "session-demo.lock")):
+        if not record.exists():
+            root.mkdir(exist_ok=True)
+            write_text_atomic(record, json.dumps(run_pipeline(DEMO_SHORT, root / "ws")))
+        return json.loads(record.read_text()), root / "ws"
 
 
 # -- the acceptance tier (tests/acceptance/, `make acceptance`) ----------------
@@ -299,18 +315,30 @@ def pytest_configure(config):
     config.pluginmanager.register(cost_guard, "xylent-cost-guard")
 
 
+def _lane(item, root: Path) -> str:
+    if "demo_run" in item.fixturenames and item.get_closest_marker("demo_data") is None:
+        return "session-demo"
+    return item.path.relative_to(root).as_posix()
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
-    """`make test` runs on two xdist workers (``-n 2 --dist loadgroup``), in lanes: every test
-    that reads the session demo's workspace runs on one worker, which builds the demo once (the
-    tests rerun stages on it, under its lock); every other module is one unit of work for
-    whichever worker is free (its module fixtures are built once). One pytest process (no
+    """`make test` runs on two xdist workers (``-n 2 --dist loadgroup``), in lanes.  Every test
+    that may run a stage on the session demo's workspace is one unit, queued first: its worker
+    builds the demo, and the tests rerun stages on it one after another, under its lock.  Every
+    other module is one unit for whichever worker is free (its module fixtures are built once);
+    the modules whose tests only read the demo's files (marked ``demo_data``: its outputs, or
+    links to its data stages in workspaces of their own) are queued last, when the demo is long
+    built, so either worker takes them and the two finish together.  One pytest process (no
     ``-n``) runs them all in this order too."""
-    demo = [item for item in items if "demo_run" in item.fixturenames]
-    for item in items:
-        lane = "session-demo" if "demo_run" in item.fixturenames else item.path.relative_to(config.rootpath).as_posix()
+    lanes = [_lane(item, config.rootpath) for item in items]
+    readers = {lane for item, lane in zip(items, lanes)
+               if lane != "session-demo" and "demo_run" in item.fixturenames}
+    for item, lane in zip(items, lanes):
         item.add_marker(pytest.mark.xdist_group(lane))
-    items[:] = demo + [item for item in items if "demo_run" not in item.fixturenames]
+    order = {item.nodeid: 0 if lane == "session-demo" else 2 if lane in readers else 1
+             for item, lane in zip(items, lanes)}
+    items.sort(key=lambda item: order[item.nodeid])  # stable: each unit keeps its tests' order
 
 
 @pytest.hookimpl(trylast=True)  # after xdist has suffixed each test id with its group

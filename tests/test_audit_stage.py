@@ -192,6 +192,7 @@ def _state(out: str) -> dict:
     return json.loads((Path(json.loads(out)["stages"]["audit"]["output_dir"]) / "adversary.json").read_text())
 
 
+@pytest.mark.demo_data  # its runs link the demo's data stages: either lane (conftest.py)
 @pytest.mark.costs(deepspeed=3)  # an uninterrupted run, its resume from step 20, 2 ranks
 def test_the_q_trajectory_is_exact_after_a_resume_and_the_same_on_two_ranks(demo_run, run_cli, tmp_path):
     """A run stopped after its checkpoint at step 20 (a re-sampling step) and rerun: the same q

@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+# what these tests use of the session demo they only read (its outputs, or links to its data stages in
+# workspaces of their own): either lane takes them (tests/conftest.py)
+pytestmark = pytest.mark.demo_data
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"
 

@@ -13,6 +13,10 @@ import pytest
 
 from conftest import write_spec
 
+# what these tests use of the session demo they only read (its outputs, or links to its data stages in
+# workspaces of their own): either lane takes them (tests/conftest.py)
+pytestmark = pytest.mark.demo_data
+
 DEMO = Path(__file__).resolve().parents[1] / "data_specs" / "demo.yaml"
 ENTRIES = [{"msgid": "Hello", "msgstr": "Hallo"}, {"msgid": "World", "msgstr": "Welt"}]
 

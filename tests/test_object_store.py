@@ -24,6 +24,10 @@ from cost_guard import costs
 
 from xylent.errors import XylentError
 
+# what these tests use of the session demo they only read (its outputs, or links to its data stages in
+# workspaces of their own): either lane takes them (tests/conftest.py)
+pytestmark = pytest.mark.demo_data
+
 # gcsfs would first ask a gRPC endpoint whether the bucket is zonal, which an emulator is not
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 

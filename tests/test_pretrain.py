@@ -28,6 +28,10 @@ from models.optim import param_groups, warmup_linear_decay
 from models.run_config import TrainConfig
 from models.run_config import task_plan
 
+# what these tests use of the session demo they only read (its outputs, or links to its data stages in
+# workspaces of their own): either lane takes them (tests/conftest.py)
+pytestmark = pytest.mark.demo_data
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"
 SMALL = ["--set", "pretrain.steps=40", "--set", "pretrain.checkpoint_every=10", "--set", "pretrain.batch_size=32",
