@@ -247,10 +247,15 @@ class Watch(threading.Thread):
 
 def run_stats(rows: list[dict], skip: int, period: int) -> dict:
     """Rank 0's step_seconds after the first ``skip`` steps: per ``period`` consecutive steps (the
-    audit's baseline passes come once a period), per step, and the re-sampling steps apart."""
+    audit's baseline passes come once a period; a period's mean leaves its re-sampling steps out,
+    which are timed apart), per step, and the re-sampling steps apart."""
     measured = [r for r in rows if r["step"] > skip]
     sec = [r["step_seconds"] for r in measured]
-    periods = [sec[i:i + period] for i in range(0, len(sec) - period + 1, period)]
+    periods = [[r["step_seconds"] for r in measured[i:i + period] if "audit/resample" not in r]
+               for i in range(0, len(measured) - period + 1, period)]
+    if not periods:
+        raise SystemExit(f"audit.py: {len(measured)} measured steps hold no period of {period} steps: "
+                         "raise --steps or lower --skip")
     res = [r for r in measured if "audit/resample" in r]
     other = [r["step_seconds"] for r in measured if "audit/resample" not in r]
     by_task = {}
@@ -259,7 +264,7 @@ def run_stats(rows: list[dict], skip: int, period: int) -> dict:
         if ts:
             by_task[t] = round(statistics.median(ts), 6)
     return {"steps": len(rows), "measured_steps": len(measured), "period_steps": period, "periods": len(periods),
-            "period_step_s": round(statistics.median(statistics.fmean(x) for x in periods), 6),
+            "period_step_s": round(statistics.median(statistics.fmean(x) for x in periods if x), 6),
             "median_step_s": round(statistics.median(sec), 6),
             "mean_step_s": round(statistics.fmean(sec), 6), "min_step_s": round(min(sec), 6),
             "median_step_s_by_task": by_task, "median_tokens": statistics.median(r["tokens"] for r in measured),
@@ -476,7 +481,7 @@ def step_overhead_benchmark(workspace: Path, *, steps: int, repeats: int, task_s
                  "overhead_best": round(a["best_period_step_s"] / p["best_period_step_s"] - 1, 4),
                  "overhead_paired_median": round(statistics.median(paired) - 1, 4),
                  "overhead_paired": [round(x - 1, 4) for x in paired],
-                 # time per step with the re-sampling steps in (the medians leave those out)
+                 # time per step with the re-sampling steps in (the period means leave those out)
                  "overhead_mean": round(a["mean_mean_step_s"] / p["mean_mean_step_s"] - 1, 4)}
             res = [t for r in runs[kind] for t in r["resample_step_s"]]
             if res:

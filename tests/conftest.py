@@ -283,22 +283,25 @@ def run_pipeline(spec: Path, ws: Path, *args: str) -> dict:
 
 @pytest.fixture(scope="session")
 @costs(deepspeed=2)  # pretrain and audit, one rank each
-def demo_run(tmp_path_factory, prefect_server):
+def demo_run(tmp_path_factory, prefect_server, pytestconfig):
     """The whole pipeline on the embedded demo, once per test session, as tests/data/demo-short.yaml
     trains it (the demo's data stages, 300 pretraining steps): every stage's contract.  A test that
     reruns a stage on this workspace passes ``--spec DEMO_SHORT``; the full demo is acceptance's.
 
-    Under xdist both workers share it: whichever asks first builds it in the run's common temporary
-    folder under a file lock, the other waits on that lock and reads the record it leaves (its
-    readers are queued last, so it seldom waits).  The record is written last, atomically: a build
-    that failed half-way leaves none, and the next worker that asks runs the pipeline again on the
-    same workspace, which keeps the stages already published."""
+    Under xdist's loadgroup (`make test`) both workers share it: whichever asks first builds it in
+    the run's common temporary folder under a file lock; the other waits on that lock and reads the
+    record it leaves (its readers are queued last, so it seldom waits).  The record is written
+    last, atomically: a build that failed half-way leaves none, and the next worker that asks runs
+    the pipeline again on the same workspace, which keeps the stages already published."""
     from filelock import FileLock
 
     from xylent.atomic import write_text_atomic
 
     base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    # without loadgroup the session-demo tests are spread over the workers: each builds its own, or
+    # two would rerun stages on one workspace at once
+    lanes = hasattr(pytestconfig, "workerinput") and pytestconfig.getvalue("loadgroup")
+    shared = base.parent if lanes else base
     root, record = shared / "session-demo", shared / "session-demo" / "run.json"
     with FileLock(str(shared / "session-demo.lock")):
         if not record.exists():
@@ -329,8 +332,9 @@ def pytest_collection_modifyitems(config, items):
     other module is one unit for whichever worker is free (its module fixtures are built once);
     the modules whose tests only read the demo's files (marked ``demo_data``: its outputs, or
     links to its data stages in workspaces of their own) are queued last, when the demo is long
-    built, so either worker takes them and the two finish together.  One pytest process (no
-    ``-n``) runs them all in this order too."""
+    built, so either worker takes them and the two finish together (the Makefile's
+    ``--no-loadscope-reorder`` keeps this order: xdist would sort the units by size).  One pytest
+    process (no ``-n``) runs them all in this order too."""
     lanes = [_lane(item, config.rootpath) for item in items]
     readers = {lane for item, lane in zip(items, lanes)
                if lane != "session-demo" and "demo_run" in item.fixturenames}
@@ -372,8 +376,9 @@ DATA_STAGES = ("download", "prepare", "dedup", "vocab", "sampling", "shards")
 
 
 def linked_data(demo_ws: Path | str, ws: Path, stages: tuple[str, ...] = DATA_STAGES) -> Path:
-    """A new workspace ``ws`` whose data stages are the session demo's (read-only links):
-    a stage test runs its own stage on them without rebuilding the demo's data."""
+    """A new workspace ``ws`` whose data stages are the session demo's (links to its stage folders,
+    which a run on ``ws`` reads and never writes into): a stage test runs its own stage on them
+    without rebuilding the demo's data."""
     ws.mkdir(parents=True)
     for stage in stages:
         (ws / stage).symlink_to(Path(demo_ws) / stage, target_is_directory=True)

@@ -70,19 +70,24 @@ def test_a_failed_build_leaves_nothing(tmp_path):
 
 
 def test_stale_temporaries_are_removed_when_the_lock_is_taken(tmp_path):
-    ws = Workspace(tmp_path)
-    stale = tmp_path / "prepare" / "_units" / "abc.tmp-999-dead"
+    ws = Workspace(tmp_path / "ws")
+    stale = tmp_path / "ws" / "prepare" / "_units" / "abc.tmp-999-dead"
     stale.mkdir(parents=True)
-    partial = tmp_path / "download" / "_partial" / "f.part"
+    partial = tmp_path / "ws" / "download" / "_partial" / "f.part"
     partial.parent.mkdir(parents=True)
     partial.write_bytes(b"123")
+    # a stage linked in from another workspace: a build there may be running, under that workspace's lock
+    building = tmp_path / "other" / "vocab" / "abc.tmp-123-live"
+    building.mkdir(parents=True)
+    (tmp_path / "ws" / "vocab").symlink_to(tmp_path / "other" / "vocab", target_is_directory=True)
     with ws.lock():
         assert not stale.exists()
         assert partial.exists(), "partial downloads are kept: they are resumed"
+        assert building.exists(), "another workspace's temporaries are not this lock's to remove"
         with ws.lock():  # re-entrant within one process
-            assert (tmp_path / ".xylent.lock").read_text().startswith(f"pid {os.getpid()} since ")
-        assert _lock_in_another_process(tmp_path).returncode == 3, "held: another process is refused"
-    assert _lock_in_another_process(tmp_path).returncode == 0, "released: another process takes it"
+            assert (tmp_path / "ws" / ".xylent.lock").read_text().startswith(f"pid {os.getpid()} since ")
+        assert _lock_in_another_process(tmp_path / "ws").returncode == 3, "held: another process is refused"
+    assert _lock_in_another_process(tmp_path / "ws").returncode == 0, "released: another process takes it"
 
 
 def _lock_in_another_process(root):

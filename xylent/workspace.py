@@ -330,7 +330,7 @@ class Workspace:
         if not self.root.exists():
             return removed
         for stage in self.root.iterdir():
-            if not stage.is_dir():
+            if stage.is_symlink() or not stage.is_dir():  # a linked stage is another workspace's: not our lock
                 continue
             for parent in (stage, stage / "_units"):
                 if not parent.is_dir():
