@@ -39,7 +39,8 @@ demo: $(STAMP)
 	$(BIN)/xylent run pipeline --spec data_specs/demo.yaml
 
 # two xdist workers in lanes (tests/conftest.py): the tests that rerun stages on the session demo on one, every
-# other module, whole, on whichever is free (those that only read the demo last); one pytest process is half as busy on 2 cores (DeepSpeed's ranks, servers and CLI starts wait)
+# other module, whole, on whichever is free (those that only read the demo last); one pytest process is half
+# as busy on 2 cores (DeepSpeed's ranks, servers and CLI starts wait)
 TEST_WORKERS ?= 2
 TEST_LANES := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 test: $(STAMP) $(AZURITE)
