@@ -50,7 +50,7 @@ test: $(STAMP) $(AZURITE)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q $(TEST_LANES) -m "not slow"
 
-# the claims that need full-size training (docs/acceptance.md, ~105 min on 2 cores): each passing claim
+# the claims that need full-size training (docs/acceptance.md, ~2 h 20 min on this host's 2 cores, alone): each passing claim
 # rewrites tests/acceptance/results/<claim>.json; commit them, or `make test` reports them stale
 acceptance: $(STAMP)
 	$(BIN)/python -m pytest -q --acceptance --timeout=7200 tests/acceptance; rc=$$?; \
