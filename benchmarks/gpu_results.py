@@ -134,6 +134,11 @@ def _verdict(evaluate: dict) -> str:
             + (f" ({', '.join(above)})" if above else ""))
 
 
+def _label(i: int, run: dict) -> str:
+    """'#2 infoxlm': runs of one objective stay apart in the tables."""
+    return f"#{i + 1} {run['check']['learning']['objective']}"
+
+
 def markdown(result: dict) -> str:
     import pretrain
 
@@ -142,15 +147,17 @@ def markdown(result: dict) -> str:
     out = [f"Lent machine: {env.get('nvidia_smi') or env['device']}; torch {env['torch']} (CUDA {env['cuda']}), "
            f"Python {env['python']}, DeepSpeed {env['deepspeed']} from the bundle's wheel. {len(runs)} check "
            f"run{'s' if len(runs) != 1 else ''}.", ""]
-    bench = next((r["check"]["benchmark"] for r in runs if (r["check"].get("benchmark") or {}).get("rows")), None)
-    if bench is not None:
-        out += pretrain._gpu_md({"gpu": bench["rows"]})
+    # the newest benchmark only: a later check measures more sides (e.g. "no relative bias") than an earlier one
+    benched = [r for r in runs if (r["check"].get("benchmark") or {}).get("rows")]
+    if benched:
+        out += [f"Speed rows from the check of {benched[-1]['check']['started']}:", ""]
+        out += pretrain._gpu_md({"gpu": benched[-1]["check"]["benchmark"]["rows"]})
     rows = []
-    for r in runs:
+    for i, r in enumerate(runs):
         learn = r["check"].get("learning") or {}
         m = learn.get("metrics") or {}
         shape = learn.get("model") or {}
-        rows.append([learn.get("objective", "–"), f"{shape.get('layers')} × {shape.get('hidden')}",
+        rows.append([_label(i, r), f"{shape.get('layers')} × {shape.get('hidden')}",
                      learn.get("precision", "–"), f"{learn.get('minutes_allowed')} min",
                      learn.get("checkpoint_step", "–"), harness.num(m.get("tokens_total")),
                      harness.num(m.get("tokens_per_second_median")), _learned(m),
@@ -159,10 +166,10 @@ def markdown(result: dict) -> str:
             "the bundle's 40-language corpus, stopped by its time box; the last complete checkpoint is exported and "
             "evaluated back here. Final losses (mean of the last logged window) beside what a model that learned "
             "nothing scores:", "",
-            harness.table(["objective", "model", "precision", "time box", "steps reached", "tokens", "tokens/s",
+            harness.table(["run", "model", "precision", "time box", "steps reached", "tokens", "tokens/s",
                            "final loss vs its no-learning peer", "failure"], rows), ""]
     tasks = list(runs[0]["evaluate"]["averages"][TRAINED])
-    header = ["task"] + [f"{r['check']['learning']['objective']}: {m}" for r in runs
+    header = ["task"] + [f"{_label(i, r)}: {m}" for i, r in enumerate(runs)
                          for m in r["evaluate"]["averages"]]
     table = [[t] + [harness.num(r["evaluate"]["averages"][m].get(t)) for r in runs
                     for m in r["evaluate"]["averages"]] for t in tasks]
@@ -176,16 +183,16 @@ def markdown(result: dict) -> str:
     if majority:
         out += ["Majority class (a probe that answers one label everywhere): "
                 + ", ".join(f"{t} {harness.num(v)}" for t, v in majority.items()) + ".", ""]
-    layers = [[f"{r['check']['learning']['objective']}: {m}", t]
+    layers = [[f"{_label(i, r)}: {m}", t]
               + [harness.num(v) for _, v in sorted(d["by_layer"].items(), key=lambda kv: int(kv[0]))]
-              for r in runs for m, tasks in r["evaluate"]["details"].items() if m != "bag-of-subwords"
+              for i, r in enumerate(runs) for m, tasks in r["evaluate"]["details"].items() if m != "bag-of-subwords"
               for t, d in tasks.items() if d.get("by_layer")]
     if layers:
         width = max(len(row) for row in layers) - 2
         out += ["Retrieval at every hidden-state index (0 = the embeddings):", "",
                 harness.table(["model", "task", *map(str, range(width))], layers), ""]
-    out += [f"- {r['check']['learning']['objective']}: the GPU-trained encoder is "
-            f"{_verdict(r['evaluate'])}." for r in runs]
+    out += [f"- {_label(i, r)}: the GPU-trained encoder is "
+            f"{_verdict(r['evaluate'])}." for i, r in enumerate(runs)]
     faiss = runs[-1]["check"].get("faiss") or {}
     out += ["", f"GPU faiss: {'present' if faiss.get('present') else 'not measured: ' + faiss.get('why', '?')}."]
     return "\n".join(out)
@@ -193,7 +200,7 @@ def markdown(result: dict) -> str:
 
 def provenance(result: dict) -> str:
     runs = result["runs"]
-    commits = sorted({(r.get("commit") or "unknown")[:10] for r in runs})
+    commits = sorted({(r.get("commit") or "unknown")[:7] for r in runs})
     ev = runs[-1]["evaluated"]["machine"]
     started = ", ".join(r["check"]["started"] for r in runs)
     cmds = "; ".join(f"`gpu_check.sh OUT {r['device_command']}`".replace(" `", "`") for r in runs)
