@@ -300,8 +300,8 @@ def demo_run(tmp_path_factory, prefect_server, pytestconfig):
     base = tmp_path_factory.getbasetemp()
     # without loadgroup the session-demo tests are spread over the workers: each builds its own, or
     # two would rerun stages on one workspace at once
-    lanes = hasattr(pytestconfig, "workerinput") and pytestconfig.getvalue("loadgroup")
-    shared = base.parent if lanes else base
+    shared_by_workers = hasattr(pytestconfig, "workerinput") and pytestconfig.getvalue("loadgroup")
+    shared = base.parent if shared_by_workers else base
     root, record = shared / "session-demo", shared / "session-demo" / "run.json"
     with FileLock(str(shared / "session-demo.lock")):
         if not record.exists():

@@ -13,9 +13,7 @@ import pytest
 
 from conftest import write_spec
 
-# what these tests use of the session demo they only read (its outputs, or links to its data stages in
-# workspaces of their own): either lane takes them (tests/conftest.py)
-pytestmark = pytest.mark.demo_data
+pytestmark = pytest.mark.demo_data  # reads the session demo only (pyproject.toml's markers)
 
 DEMO = Path(__file__).resolve().parents[1] / "data_specs" / "demo.yaml"
 ENTRIES = [{"msgid": "Hello", "msgstr": "Hallo"}, {"msgid": "World", "msgstr": "Welt"}]

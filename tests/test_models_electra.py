@@ -12,9 +12,7 @@ from models.stats import Norms
 from models.masking import bert_corrupt, choose_masked, corrupt, maskable, row_noise, sample_tokens
 from tasks.vocab.specials import BOS, EOS, MASK, PAD, SPECIAL_PIECES
 
-# what these tests use of the session demo they only read (its outputs, or links to its data stages in
-# workspaces of their own): either lane takes them (tests/conftest.py)
-pytestmark = pytest.mark.demo_data
+pytestmark = pytest.mark.demo_data  # reads the session demo only (pyproject.toml's markers)
 
 # the layout every xylent tokenizer has; models get it from the tokenizer, tests write it out
 SPECIALS = dict(zip(("unk", "bos", "eos", "pad", "mask"), range(len(SPECIAL_PIECES))))

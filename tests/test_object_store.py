@@ -24,9 +24,7 @@ from cost_guard import costs
 
 from xylent.errors import XylentError
 
-# what these tests use of the session demo they only read (its outputs, or links to its data stages in
-# workspaces of their own): either lane takes them (tests/conftest.py)
-pytestmark = pytest.mark.demo_data
+pytestmark = pytest.mark.demo_data  # reads the session demo only (pyproject.toml's markers)
 
 # gcsfs would first ask a gRPC endpoint whether the bucket is zonal, which an emulator is not
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")

@@ -34,9 +34,7 @@ from models.vocab_transfer import (
 from tasks.vocab.specials import CONTROL_SYMBOLS, PAD, TRAINER_IDS, special_ids
 from xylent.errors import XylentError
 
-# what these tests use of the session demo they only read (its outputs, or links to its data stages in
-# workspaces of their own): either lane takes them (tests/conftest.py)
-pytestmark = pytest.mark.demo_data
+pytestmark = pytest.mark.demo_data  # reads the session demo only (pyproject.toml's markers)
 
 ROOT = Path(__file__).resolve().parents[1]
 

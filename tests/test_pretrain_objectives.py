@@ -20,9 +20,7 @@ import torch
 from tests.test_pretrain import (DEMO, SMALL, _assert_bit_identical, _assert_like_the_reference_on_other_ranks,
                                  _metrics)
 
-# what these tests use of the session demo they only read (its outputs, or links to its data stages in
-# workspaces of their own): either lane takes them (tests/conftest.py)
-pytestmark = pytest.mark.demo_data
+pytestmark = pytest.mark.demo_data  # reads the session demo only (pyproject.toml's markers)
 
 OBJECTIVES = {
     # a small queue, so it wraps within 40 steps; in-batch negatives, so keys cross ranks inside the loss;

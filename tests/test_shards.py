@@ -19,9 +19,7 @@ from tasks.shards import TrainingLoader, truncate_pair
 from tasks.vocab.specials import BOS, EOS  # the layout the vocab stage writes
 from xylent.errors import XylentError
 
-# what these tests use of the session demo they only read (its outputs, or links to its data stages in
-# workspaces of their own): either lane takes them (tests/conftest.py)
-pytestmark = pytest.mark.demo_data
+pytestmark = pytest.mark.demo_data  # reads the session demo only (pyproject.toml's markers)
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,7 @@ import pytest
 from conftest import linked_data
 from cost_guard import costs
 
-# what these tests use of the session demo they only read (its outputs, or links to its data stages in
-# workspaces of their own): either lane takes them (tests/conftest.py)
-pytestmark = pytest.mark.demo_data
+pytestmark = pytest.mark.demo_data  # reads the session demo only (pyproject.toml's markers)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"
