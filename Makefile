@@ -59,7 +59,7 @@ acceptance: $(STAMP)
 # every pretraining recipe of the family on the demo corpus, once per seed (each seed its own
 # vocabulary, sampling order and initial weights), evaluated beside random-init and bag-of-subwords,
 # then one table with every claim's paired difference over the seeds: docs/recipes-scorecard.md
-# (~25 min per seed on 2 CPU cores).  MetaXLM runs at the first of SEEDS only: phase 2's fingerprint
+# (~34 min per seed on 2 CPU cores, measured 2026-11-28).  MetaXLM runs at the first of SEEDS only: phase 2's fingerprint
 # holds the phase-1 version it started from (docs/recipes.md).  `make recipes SEEDS=0` for one seed.
 RECIPES := electra mlm infoxlm infoxlm-mixup veco electra-mrtd-only electra-en-x
 SEEDS ?= 0 1 2
