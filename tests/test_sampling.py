@@ -311,3 +311,19 @@ def test_ccmatrix_monolingual_smoothing():
     ix = {lang: x for x, lang in enumerate(langs)}
     got = t.mono["p"].to_numpy()
     assert np.abs(got - p[[ix[lang] for lang in t.mono["lang"]]]).max() < 1e-12
+
+
+def test_a_monolingual_corpus_gets_an_empty_pair_table_and_a_report(tmp_path):
+    """MetaXLM's phase 1 (English MLM, no pairs): the language table as usual, an empty pair table the
+    loader reads as no TRTD data, a note saying so; the pretrain stage refuses TRTD on it."""
+    from tasks.sampling.output import PAIR_TABLE, pair_table, write_output
+
+    cfg = SamplingConfig(temperature=5.0)
+    t = build_tables({"en": 500}, {}, cfg)
+    assert t.mono["p"].to_list() == [1.0] and t.bitext.is_empty() and t.matrices == {}
+    assert any("no bitext" in n for n in t.notes)
+    outcome = write_output(t, cfg, tmp_path)
+    assert (tmp_path / PAIR_TABLE).is_file() and pair_table(tmp_path) == {}
+    assert not (tmp_path / "pair_heatmaps.png").exists() and "No bitext" in outcome.summary
+    with pytest.raises(XylentError, match="no language pair of the data has it"):
+        build_tables({"en": 500}, {}, SamplingConfig(temperature=5.0, pivot="en"))

@@ -4,7 +4,7 @@
     bitext_sampling.parquet  lang_a, lang_b, count, q, p_star, p_m2m, p, ...
                              (``p`` is the table the loader samples TRTD pairs from:
                               sampling.pair_method's choice)
-    pair_heatmaps.png, pair_probabilities.png, report.md
+    pair_heatmaps.png, pair_probabilities.png, report.md   (no pictures when there is no bitext)
 """
 
 from __future__ import annotations
@@ -40,6 +40,10 @@ def pair_table(sampling_dir: Path, column: str = "p") -> dict[str, float]:
 
 def summary(t: SamplingTables, cfg: SamplingConfig) -> str:
     m = t.metrics
+    if t.bitext.is_empty():
+        lines = ["No bitext: the pair table is empty (MRTD only)."]
+        lines += ["", *[f"- {n}" for n in t.notes], "", "Languages:", "", markdown_table(t.mono.to_dicts())]
+        return "\n".join(lines)
     lines = [f"Pair table used by the loader: **{cfg.pair_method}** (T = {cfg.temperature}, "
              f"budget {cfg.bitext_budget:,} sentence pairs).", "",
              "| | pairs > 0 | support kept | entropy | max marginal error | data never seen |",
@@ -63,8 +67,9 @@ def write_output(t: SamplingTables, cfg: SamplingConfig, out: Path) -> StageOutc
 
     t.mono.write_parquet(out / MONO_TABLE)
     t.bitext.write_parquet(out / PAIR_TABLE)
-    heatmaps(t.matrices, t.languages, out / "pair_heatmaps.png")
-    sorted_pair_probabilities(t.bitext, out / "pair_probabilities.png")
+    if t.matrices:  # no pictures of an empty pair table
+        heatmaps(t.matrices, t.languages, out / "pair_heatmaps.png")
+        sorted_pair_probabilities(t.bitext, out / "pair_probabilities.png")
     text = summary(t, cfg)
     (out / "report.md").write_text(text)
     table = t.bitext.head(200).with_columns(pl.col(pl.Float64).round(8)).to_dicts()

@@ -85,6 +85,12 @@ def _pivot_only(pair_counts: dict[tuple[str, str], int], pivot: str | None, note
     return kept
 
 
+# the pair table's columns when there is no bitext (the same names as a full table's)
+_PAIR_SCHEMA = {"lang_a": pl.String, "lang_b": pl.String, "pairs": pl.Int64, "q": pl.Float64,
+                "p_star": pl.Float64, "p_m2m": pl.Float64, "p_smoothed": pl.Float64, "p": pl.Float64,
+                "expected_epochs_star": pl.Float64, "expected_epochs_m2m": pl.Float64}
+
+
 def build_tables(mono_counts: dict[str, int], pair_counts: dict[tuple[str, str], int],
                  cfg: SamplingConfig) -> SamplingTables:
     """Monolingual and bitext sampling tables from example counts."""
@@ -105,8 +111,13 @@ def build_tables(mono_counts: dict[str, int], pair_counts: dict[tuple[str, str],
 
     pair_counts = _pivot_only(_exclude(pair_counts, cfg.exclude_pairs, notes), cfg.pivot, notes)
     if not pair_counts:
-        raise XylentError("there is no bitext to build a pair table from", where="sampling input",
-                          fix="add bitext sources (opus, url/local with a pair, gettext)")
+        # a monolingual corpus (MetaXLM's phase 1, MLM on mono text) trains MRTD alone; TRTD on it is
+        # refused by the pretrain stage, which knows the tasks ("the shards hold no TRTD data")
+        notes.append("no bitext: the pair table is empty, so only MRTD can train on this corpus "
+                     "(add bitext sources for TRTD)")
+        return SamplingTables(mono=mono, bitext=pl.DataFrame(schema=_PAIR_SCHEMA), languages=[], matrices={},
+                              metrics={"languages.mono": float(len(langs)), "languages.bitext": 0.0,
+                                       "pairs.nonzero_q": 0.0}, notes=notes)
     blangs = sorted({x for pair in pair_counts for x in pair})
     ix = {lang: i for i, lang in enumerate(blangs)}
     counts = np.zeros((len(blangs), len(blangs)))
