@@ -135,8 +135,9 @@ def _verdict(evaluate: dict) -> str:
 
 
 def _label(i: int, run: dict) -> str:
-    """'#2 infoxlm': runs of one objective stay apart in the tables."""
-    return f"#{i + 1} {run['check']['learning']['objective']}"
+    """'#2 infoxlm': runs of one objective stay apart in the tables (a failed learning part has none)."""
+    learn = run["check"].get("learning") or {}
+    return f"#{i + 1} {learn.get('objective', 'no learning run')}"
 
 
 def markdown(result: dict) -> str:
