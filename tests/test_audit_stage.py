@@ -156,12 +156,12 @@ def test_bad_audit_specs_exit_2(run_cli, override, message):
 
 def test_the_default_baseline_is_held_out_but_larger_under_infoxlm_unless_set():
     """A held-out pass under InfoXLM would feed XLCo's key queue: left unset, the audit reads
-    `larger` there; set explicitly, it is kept as set (and audit_train_config then refuses it)."""
-    from tasks.audit.train_config import audit_baseline
-
-    assert audit_baseline(load_spec(DEMO_SHORT)) == "heldout-larger"
-    assert audit_baseline(load_spec(DEMO_SHORT, ["pretrain.objective=infoxlm"])) == "larger"
-    assert audit_baseline(load_spec(DEMO_SHORT, ["pretrain.objective=infoxlm", "audit.baseline=heldout"])) == "heldout"
+    `larger` there (the spec holds it as set, so a dumped spec reloads to the same run); set
+    explicitly, it is kept (and audit_train_config then refuses it)."""
+    assert load_spec(DEMO_SHORT).audit.baseline == "heldout-larger"
+    infoxlm = load_spec(DEMO_SHORT, ["pretrain.objective=infoxlm"])
+    assert infoxlm.audit.baseline == "larger" and infoxlm.dump()["audit"]["baseline"] == "larger"
+    assert load_spec(DEMO_SHORT, ["pretrain.objective=infoxlm", "audit.baseline=heldout"]).audit.baseline == "heldout"
 
 
 def test_an_audit_that_would_train_no_trtd_step_is_refused(demo_run, run_cli):

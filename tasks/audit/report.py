@@ -168,4 +168,10 @@ def report(state: dict, table: pl.DataFrame, samples: list[dict], up: list[str],
     unseen = int((table["loss_ema"].is_nan() | table["loss_ema"].is_null()).sum())
     if unseen:
         lines.append(f"{unseen} pair(s) were never drawn during the audit: their q stayed at Q (no loss to judge).")
+    if a.pair_loss == "excess":
+        drawn = ~(table["loss_ema"].is_nan() | table["loss_ema"].is_null())
+        unmeasured = int((drawn & (table["baseline_loss_ema"].is_nan() | table["baseline_loss_ema"].is_null())).sum())
+        if unmeasured:
+            lines.append(f"{unmeasured} drawn pair(s) have no baseline (audit.baseline {state.get('baseline')}: with a "
+                         "held-out one, a pair of fewer than 4 rows has none to hold out): their q stayed at Q.")
     return "\n".join(lines)

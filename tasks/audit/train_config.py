@@ -22,19 +22,10 @@ def pair_loss_weights(pair_loss: str, objective: str, disc_weight: float) -> lis
     return [disc_weight, 1.0] if pair_loss == "paper" else [1.0, disc_weight]  # excess: the trained one
 
 
-def audit_baseline(spec: Spec) -> str:
-    """audit.baseline as the run reads it: left unset under InfoXLM, ``larger`` rather than the default
-    held-out one, whose extra forward pass would feed XLCo's key queue (refused when set explicitly)."""
-    a = spec.audit
-    if "baseline" not in a.model_fields_set and spec.pretrain.objective == "infoxlm" and a.baseline in PAIRED:
-        return "larger"
-    return a.baseline
-
-
 def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str | None,
                        tracking_uri: str | None, shards_source: str | None = None) -> TrainConfig:
     a, p = spec.audit, spec.pretrain
-    baseline = audit_baseline(spec)
+    baseline = a.baseline
     if "trtd" not in p.tasks:
         raise XylentError("the audit re-weights TRTD language pairs, but pretrain.tasks has no 'trtd'",
                           where="spec field pretrain.tasks", fix="add 'trtd' to pretrain.tasks")

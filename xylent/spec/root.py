@@ -89,6 +89,14 @@ class Spec(Strict):
                                  f"source of that name reserves one; sources with a holdout: {sorted(holdouts)}")
         return self
 
+    @model_validator(mode="after")
+    def _audit_baseline(self):
+        # the held-out default runs a forward pass of its own, which under InfoXLM would feed XLCo's key queue:
+        # left unset there, the audit measures `larger`; set, so a dumped spec reloads to the same run
+        if "baseline" not in self.audit.model_fields_set and self.pretrain.objective == "infoxlm":
+            self.audit.baseline = "larger"
+        return self
+
     def source_languages(self, source) -> list[str]:
         return list(getattr(source, "languages", None) or self.languages)
 
