@@ -52,6 +52,16 @@ class _Rows:
         self.starts = np.array(starts, dtype=np.int64)
         self.n = int(self.starts[-1])
 
+    def lengths(self, rows: np.ndarray, column: int = 0) -> np.ndarray:
+        """The token counts of ``rows`` in ``column``, from the offsets alone (one pass per chunk)."""
+        chunk = np.searchsorted(self.starts, rows, side="right") - 1
+        out = np.empty(len(rows), dtype=np.int64)
+        for c in np.unique(chunk):
+            offsets, sel = self.chunks[column][c][0], chunk == c
+            j = rows[sel] - self.starts[c]
+            out[sel] = offsets[j + 1] - offsets[j]
+        return out
+
     def get(self, i: int, column: int = 0) -> np.ndarray:
         c = int(np.searchsorted(self.starts, i, side="right") - 1)
         offsets, values = self.chunks[column][c]
@@ -110,7 +120,8 @@ class TrainingLoader:
         self.rows = [_Rows(self.root, groups[n]["shards"], cols, verify) for n in self.names]
         # holdout: each TRTD pair's held-out rows (heldout_batch) and the rows left to train on; None: all
         self.held = [heldout_rows(n, r.n, holdout if task == "trtd" else 0.0) for n, r in zip(self.names, self.rows)]
-        self.pool = [np.delete(np.arange(r.n), h) if len(h) else None for r, h in zip(self.rows, self.held)]
+        # the k-th row left to train on is k + (held rows at or before it): held[j] - j kept rows precede held[j]
+        self._kept_before = [h - np.arange(len(h)) if len(h) else None for h in self.held]
         self._heldout_per: int | None = None  # heldout_pairs_per_batch, computed once
         self.set_epoch(0)
 
@@ -145,8 +156,8 @@ class TrainingLoader:
 
     # -- drawing ---------------------------------------------------------------
     def _next_row(self, g: int, st: dict) -> int:
-        pool = self.pool[g]
-        n = self.rows[g].n if pool is None else len(pool)
+        shift = self._kept_before[g]
+        n = self.rows[g].n if shift is None else self.rows[g].n - len(shift)
         if st["cursors"][g] >= n:
             st["cursors"][g] = 0
             st["passes"][g] += 1
@@ -156,7 +167,7 @@ class TrainingLoader:
             self._perms[key] = np.random.default_rng([self.seed, st["epoch"], g, key[1]]).permutation(n)
         i = int(self._perms[key][st["cursors"][g]])
         st["cursors"][g] += 1
-        return i if pool is None else int(pool[i])
+        return i if shift is None else i + int(np.searchsorted(shift, i, side="right"))
 
     def _mrtd(self, st: dict, rng: np.random.Generator) -> dict:
         groups = np.searchsorted(self.cdf, rng.random(self.batch_size * self.world), side="right")
@@ -214,8 +225,8 @@ class TrainingLoader:
         on any world size."""
         if self._heldout_per is None:
             measured = [g for g, h in enumerate(self.held) if len(h)]
-            longest = max((len(self.rows[g].get(int(i), 0)) + len(self.rows[g].get(int(i), 1)) + 3
-                           for g in measured for i in self.held[g]), default=1)
+            longest = max((int((self.rows[g].lengths(self.held[g], 0) + self.rows[g].lengths(self.held[g], 1)).max())
+                           + 3 for g in measured), default=1)
             self._heldout_per = min(len(measured), max(1, self.max_tokens * self.world // (2 * longest)))
         return self._heldout_per
 
