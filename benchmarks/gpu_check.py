@@ -114,7 +114,7 @@ def learning(bundle: Path, out: Path, minutes: float, toy: bool, overrides: list
     import torch
 
     from models.trainer import complete_checkpoints
-    from tasks.pretrain import publish
+    from tasks.pretrain import contract, publish
     from tasks.pretrain.train_json import train_config
     from xylent.errors import XylentError
     from xylent.launch import deepspeed_command, launch, stop_launched
@@ -169,7 +169,7 @@ def learning(bundle: Path, out: Path, minutes: float, toy: bool, overrides: list
         "registered_model": None})
     rows = [r for r in rows if r["step"] <= result["checkpoint_step"]]
     result["metrics"] = publish.summary_metrics(rows, n_params, sum(v.numel() for v in enc_state.values()))
-    result["exported"] = pack(export_dir / publish.MODEL_DIR, out)
+    result["exported"] = pack(export_dir / contract.MODEL_DIR, out)
     shutil.rmtree(scratch, ignore_errors=True)
     return result
 

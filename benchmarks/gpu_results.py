@@ -25,6 +25,7 @@ REPO = HERE.parent
 sys.path[:0] = [str(REPO), str(HERE)]
 
 import harness  # noqa: E402
+from tasks.evaluate.contract import read_scores  # noqa: E402
 
 SPEC = REPO / "data_specs" / "gpu-check.yaml"
 
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     if done.returncode != 0:
         sys.exit(f"gpu_results: evaluate failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     evaluate_dir = Path(json.loads(done.stdout)["stages"]["evaluate"]["output_dir"])
-    scores = json.loads((evaluate_dir / "scores.json").read_text())
+    scores = read_scores(evaluate_dir)
     command = args.device_command or " ".join(check.get("argv", ["?"])[1:])
     commit = args.commit or ((check.get("bundle") or {}).get("git") or harness.git_state())["commit"]
     run = {"commit": commit, "device_command": command, "evaluated": harness.environment(), "check": check,

@@ -167,7 +167,7 @@ def reference_language(lang: str, text_file: Path, held: list[str], out: Path, c
 def grid_inputs(dedup_dir: Path, cfg, seed: int, folder: Path) -> dict:
     """The stage's own sample of every language (training and held sentences),
     and the training text written where the reference loop reads it."""
-    from tasks.prepare import layout
+    from tasks.prepare import contract as layout  # the text layout
     from tasks.vocab.train import sample_language
 
     out = {}
@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import polars as pl
 
-    from tasks.prepare import layout
+    from tasks.prepare import contract as layout  # the text layout
     from xylent.spec import load_spec
 
     cfg_spec = load_spec(spec)

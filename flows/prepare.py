@@ -27,7 +27,7 @@ def prepare_unit_task(key: str, records: list[dict], ws_root: str, cfg: PrepareC
 @stage_flow(STAGE_BY_NAME["prepare"])
 def prepare(ctx: StageContext) -> StageOutcome:
     import tasks.prepare.run as prep
-    from tasks.download.assemble import read_records
+    from tasks.download.contract import read_records
     from tasks.prepare.assemble import assemble, source_options
 
     units = prep.group_units(read_records(ctx.upstream["download"]))

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 @task(name="sampling-tables", cache_policy=NO_CACHE)
 def tables_task(dedup_dir: Path, cfg: SamplingConfig) -> SamplingTables:
-    from tasks.dedup.stats import read_counts
+    from tasks.dedup.contract import read_counts
     from tasks.sampling import build_tables
 
     mono, pairs = read_counts(dedup_dir)
@@ -27,7 +27,7 @@ def tables_task(dedup_dir: Path, cfg: SamplingConfig) -> SamplingTables:
 
 @stage_flow(STAGE_BY_NAME["sampling"])
 def sampling(ctx: StageContext) -> StageOutcome:
-    from tasks.sampling.output import write_output
+    from tasks.sampling.report import write_output
 
     tables = tables_task.submit(ctx.upstream["dedup"], ctx.spec.sampling).result()
     return write_output(tables, ctx.spec.sampling, ctx.out)

@@ -32,7 +32,7 @@ def pack_task(name: str, tokenized: list[dict], out: Path, cfg: ShardsConfig, sp
 @stage_flow(STAGE_BY_NAME["shards"])
 def shards(ctx: StageContext) -> StageOutcome:
     from tasks.shards.run import assemble, work_items
-    from tasks.vocab.output import load_tokenizer, tokenizer_path
+    from tasks.vocab.contract import load_tokenizer, tokenizer_path
     from tasks.vocab.specials import special_ids
 
     cfg, model = ctx.spec.shards, tokenizer_path(ctx.upstream["vocab"])

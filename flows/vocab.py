@@ -22,8 +22,8 @@ def grid_task(lang: str, parts: list[Path], out: Path, cfg: VocabConfig, seed: i
 
 @stage_flow(STAGE_BY_NAME["vocab"])
 def vocab(ctx: StageContext) -> StageOutcome:
-    from tasks.dedup.stats import read_counts
-    from tasks.prepare import layout
+    from tasks.dedup.contract import read_counts
+    from tasks.prepare import contract as layout  # the text layout
     from tasks.vocab.run import compose, no_text_error
 
     dedup_dir, cfg, grid = ctx.upstream["dedup"], ctx.spec.vocab, ctx.out / "_grid"

@@ -219,7 +219,10 @@ def test_every_stage_is_declared_once_with_a_callable_body_and_a_docs_page():
 def test_every_stage_has_what_the_adding_a_stage_checklist_asks_for():
     """docs/architecture.md's "How to add a stage", item by item, for every declared stage: its
     logic folder, its flow file, its Prefect deployment, its spec section when it reads one of
-    its own name, its docs page, its row in the data-contract table naming files that exist."""
+    its own name, its docs page, its row in the data-contract table naming files that exist.  And
+    every stage folder has one shape: ``run.py`` (what the flow calls), ``contract.py`` (file names,
+    schemas, readers: the row's first file) and an ``__init__.py`` that only re-exports."""
+    import ast
     import re
 
     import yaml
@@ -243,3 +246,8 @@ def test_every_stage_has_what_the_adding_a_stage_checklist_asks_for():
         assert contracts.get(name), f"{name}: no row in docs/architecture.md's data-contract table"
         missing = [f for f in contracts[name] if not (ROOT / f).exists()]
         assert not missing, f"{name}'s contract names files that do not exist: {missing}"
+        assert contracts[name][0] == f"tasks/{name}/contract.py", f"{name}: its row names {contracts[name][0]} first"
+        assert (ROOT / "tasks" / name / "run.py").exists(), f"{name}: no tasks/{name}/run.py"
+        init = ast.parse((ROOT / "tasks" / name / "__init__.py").read_text())
+        defined = [n.name for n in init.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        assert not defined, f"tasks/{name}/__init__.py defines {defined}: move them to a module and re-export them"

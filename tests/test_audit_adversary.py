@@ -17,7 +17,7 @@ from models.dro import chi2_best_response
 from models.audit_step import baseline_due
 from models.run_config import DroConfig, TrainConfig
 from models.adversary import SUM_FIELDS, PairAdversary, binary_entropy, resample_steps
-from tasks.audit.output import audit_table, pair_baselines, trajectory_table
+from tasks.audit.contract import audit_table, pair_baselines, trajectory_table
 from tasks.vocab.specials import SPECIAL_PIECES
 
 SPECIALS = dict(zip(("unk", "bos", "eos", "pad", "mask"), range(len(SPECIAL_PIECES))))

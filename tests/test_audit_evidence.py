@@ -19,7 +19,7 @@ from tasks.audit import plots
 from tasks.audit.evidence import pair_evidence, reading, sample_pairs, verdict
 from tasks.dedup import run as phases
 from tasks.dedup.report import assemble
-from tasks.prepare import layout
+from tasks.prepare import contract as layout  # the text layout
 from tasks.prepare.writer import BITEXT_SCHEMA, PartWriter
 
 LONG_HUB = ("No se encontró el archivo solicitado en el servidor; compruebe la ruta, los permisos "

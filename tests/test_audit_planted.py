@@ -15,7 +15,7 @@ import pytest
 import polars as pl
 
 from audit_planted import CLEAN, PLANTED, write_corpus
-from tasks.audit.output import read_audit
+from tasks.audit.contract import read_audit
 
 NOISY, COPY, HUB = (f"{min('en', x)}-{max('en', x)}" for x in (PLANTED["noisy"], PLANTED["copy"], PLANTED["hub"]))
 SHORT = 300  # pretraining and audit steps: enough for the copy's loss to start falling, not for ranks to settle

@@ -174,7 +174,7 @@ def test_demo_holdout_never_reaches_the_shards(demo_run):
         texts = {norm(t) for t in path.read_text().splitlines()}
         assert len(texts) > 200 and not texts & seen[lang], path.name
     # and the check can see a message when it is there: the English messages not reserved are in the shards
-    from tasks.download.assemble import read_records
+    from tasks.download.contract import read_records
     from tasks.prepare.gettext import read_catalog
     from tasks.prepare.holdout import is_reserved
 

@@ -17,7 +17,7 @@ from xylent.errors import XylentError
 from xylent.tracking import Tracker
 from xylent.workspace import Workspace, fingerprint
 
-if TYPE_CHECKING:  # StageOutcome reaches the training ranks (tasks.sampling.output): no pydantic there
+if TYPE_CHECKING:  # for annotations only: importing this module loads no pydantic
     from xylent.spec import Spec
 
 

@@ -11,7 +11,7 @@ from xylent.markdown import markdown_table
 from xylent.stage import StageOutcome
 
 from tasks.audit.evidence import reading, sample_pairs, verdict
-from tasks.audit.output import (AUDIT_TABLE, LEFT_BASE_RATE, SAMPLES_TABLE, TRAJECTORY_TABLE, audit_table,
+from tasks.audit.contract import (AUDIT_TABLE, LEFT_BASE_RATE, SAMPLES_TABLE, TRAJECTORY_TABLE, audit_table,
                                 trajectory_table)
 
 SAMPLES_PER_PAIR = 5

@@ -8,7 +8,7 @@ from pathlib import Path
 from models.adversary import HELDOUT, PAIRED, STATE_FILE, USES_LANGUAGES
 from models.run_config import DroConfig, TrainConfig, first_trtd_step
 from tasks.pretrain.train_json import train_config
-from tasks.shards.index import has_rows, read_index
+from tasks.shards.contract import has_rows, read_index
 from xylent.errors import XylentError
 from xylent.spec import Spec
 

@@ -6,7 +6,7 @@ language identification), as map/reduce over Parquet parts.
                 :func:`near_duplicate_clusters`: the same path over a list of texts, in this process
     mono.py     monolingual exact and near (MinHash LSH) dedup; bitext.py the bitext rules
     minhash.py  :func:`minhash_signatures`, shingles and LSH band keys
-    stats.py    the output contract: the stats file and its reader; report.py the report
+    contract.py the output contract: the stats file and its reader; report.py the report
 
 Names are re-exported on first use: importing one module of the package loads no other.
 """

@@ -14,7 +14,7 @@ from xylent.stage import StageOutcome
 
 from tasks.dedup.keys import split_rid
 from tasks.dedup.plots import removal_bars
-from tasks.dedup.stats import (
+from tasks.dedup.contract import (
     BITEXT_REASONS, HUBS_FILE, HUBS_SCHEMA, MONO_REASONS, SAMPLES_FILE, SAMPLES_SCHEMA, STAT_COLUMNS, write_stats,
 )
 

@@ -2,7 +2,7 @@
 runs each phase's batches as Prefect tasks on the spec's runner), and :func:`near_duplicate_clusters`,
 the same map -> reduce -> resolve path over a list of texts in this process (tests, benchmarks).
 
-An item is one input part (:meth:`tasks.prepare.layout.Part.as_dict`); a
+An item is one input part (:meth:`tasks.prepare.contract.Part.as_dict`); a
 bucket is ``(kind, name, bucket index)``; ``work`` is the stage's scratch folder
 (``<work>/<kind>/<name>/``), removed once the output is assembled.
 """

@@ -6,7 +6,8 @@
     http.py      :func:`fetch` (one URL, resumable and verified)
     identity.py  :func:`source_identity`, :func:`spec_slice`: what a source's fingerprint sees
     content.py   the checks a fetched file's content must pass
-    assemble.py  the output contract: the records the stage publishes and their reader
+    assemble.py  the stage's output assembled from its units
+    contract.py  the output contract: the records file and its reader
 
 Names are re-exported on first use: importing one module of the package loads no other.
 """

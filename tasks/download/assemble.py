@@ -1,20 +1,15 @@
-"""The download stage's output: every fetched file linked in as ``<source>/<filename>``,
-``records.json`` (one record per file: url, bytes, sha256, etag, unit) and per-source totals."""
+"""The download stage's output assembled from its units: every fetched file linked in as
+``<source>/<filename>``, the records file and per-source totals (:mod:`tasks.download.contract`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from tasks.download.contract import RECORDS_FILE
 from xylent.redact import redact, redact_text
 from xylent.stage import StageOutcome
 from xylent.workspace import Workspace, link_or_copy
-
-RECORDS_FILE = "records.json"
-
-
-def read_records(download_dir: Path) -> list[dict]:
-    return json.loads((Path(download_dir) / RECORDS_FILE).read_text())
 
 
 def assemble(records: list[dict], ws: Workspace, out: Path) -> StageOutcome:

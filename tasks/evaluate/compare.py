@@ -20,6 +20,8 @@ import json
 import math
 from pathlib import Path
 
+from tasks.evaluate.contract import SCORES_FILE, read_scores
+from tasks.pretrain.contract import read_metrics
 from xylent.errors import XylentError
 
 # the final-steps pretraining numbers worth a column, each with the trivial peer it is read against
@@ -33,7 +35,7 @@ PRETRAIN_PAIRS = (
 
 def final_metrics(metrics_file: Path, last: int = 50) -> dict[str, float]:
     """The mean of each metric over the run's last ``last`` steps that logged it."""
-    rows = [json.loads(ln) for ln in Path(metrics_file).read_text().splitlines() if ln.strip()]
+    rows = read_metrics(metrics_file)
     out: dict[str, float] = {}
     for key in {k for r in rows for k in r} - {"step"}:
         vals = [r[key] for r in rows if key in r][-last:]
@@ -43,10 +45,10 @@ def final_metrics(metrics_file: Path, last: int = 50) -> dict[str, float]:
 
 def read_run(label: str, evaluate_dir: Path | None, pretrain_dir: Path | None,
              rerun: str = "xylent run evaluate --spec <the same spec>") -> dict:
-    if evaluate_dir is None or not (evaluate_dir / "scores.json").is_file():
+    if evaluate_dir is None or not (evaluate_dir / SCORES_FILE).is_file():
         raise XylentError(f"{label}: the evaluate stage has no published scores for this spec",
                           where=str(evaluate_dir), fix=f"run it first: {rerun}")
-    scores = json.loads((evaluate_dir / "scores.json").read_text())
+    scores = read_scores(evaluate_dir)
     pretrain = {}
     if pretrain_dir is not None and (pretrain_dir / "metrics.jsonl").is_file():
         pretrain = final_metrics(pretrain_dir / "metrics.jsonl")

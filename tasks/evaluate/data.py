@@ -14,7 +14,7 @@ import os
 import unicodedata
 from pathlib import Path
 
-from tasks.download.assemble import read_records
+from tasks.download.contract import read_records
 from tasks.prepare.gettext import Key, read_catalog
 from tasks.prepare.holdout import msgid, probe_split, reserved_keys
 from xylent.atomic import write_text_atomic
@@ -167,7 +167,7 @@ def seen_texts(corpus: Path, lang: str) -> set[str]:
     import polars as pl
 
     from tasks.prepare.holdout import comparable
-    from tasks.prepare.layout import BITEXT, MONO
+    from tasks.prepare.contract import BITEXT, MONO
 
     out: set[str] = set()
     mono = sorted((Path(corpus) / MONO / f"lang={lang}").glob("*.parquet"))

@@ -1,7 +1,5 @@
-"""``scores.json``, ``scorecard.md`` and the plots of the evaluate stage.
-
-``scores["models"][MODEL][TASK]["languages"][LANG][METRIC]`` (0–100) is the
-contract other tools read.  The scorecard puts every model side by side per
+"""``scorecard.md`` and the plots of the evaluate stage, from its ``scores.json``
+(:mod:`tasks.evaluate.contract`, the file other tools read).  The scorecard puts every model side by side per
 task (trivial baselines included: the random-init encoder, the probe's
 majority class), the transfer gaps, the retrieval score of every layer, and
 the papers' published numbers for reading a full-scale run against them.
@@ -16,7 +14,7 @@ import numpy as np
 import yaml
 
 from tasks.evaluate import paper_refs
-from xylent.atomic import write_json_atomic
+from tasks.evaluate.contract import write_scores
 from xylent.markdown import markdown_table, score
 
 matplotlib.use("Agg")
@@ -32,12 +30,6 @@ MAJORITY = ("probe", "classification", "tagging")  # kinds whose trivial baselin
 
 def references() -> list[dict]:
     return yaml.safe_load(REFERENCES_FILE.read_text()) if REFERENCES_FILE.is_file() else []
-
-
-def write_scores(out: Path, scores: dict) -> Path:
-    path = out / "scores.json"
-    write_json_atomic(path, scores, indent=2)  # models and tasks in the spec's order
-    return path
 
 
 def mlflow_metrics(result: dict) -> dict[str, float]:

@@ -5,11 +5,11 @@
     readers.py   streaming readers per format (text, Moses pairs, TSV, Parquet)
     clean.py     decoding and the cleaning masks
     gettext.py   catalogs as parallel pairs; holdout.py the messages kept out for evaluation
-    layout.py    the output contract every reader imports: the hive partitions
+    contract.py  the output contract every reader imports: the hive partitions
     writer.py    the Parquet schemas and the part writer
     assemble.py  the stage's output assembled from its units
 
-Names are re-exported on first use: a reader of the output contract (layout.py) loads neither the
+Names are re-exported on first use: a reader of the output contract (contract.py) loads neither the
 stage's writers nor the spec.
 """
 

@@ -25,7 +25,7 @@ from tasks import versions
 from tasks.prepare.clean import clean_array, decode_lines, length_mask
 from tasks.prepare.gettext import read_catalog
 from tasks.prepare.holdout import drop_reserved
-from tasks.prepare.layout import BITEXT, MONO, partition
+from tasks.prepare.contract import BITEXT, MONO, partition
 from tasks.prepare.readers import iter_line_blocks, iter_moses_pairs, line_cap, lines_to_array
 from tasks.prepare.writer import BITEXT_SCHEMA, MONO_SCHEMA, PartWriter
 

@@ -35,8 +35,8 @@ import numpy as np
 from models.init_from import check_body, file_identity, inspect_source
 from models.run_config import TrainConfig
 from models.vocab_transfer import RULES
-from tasks.shards.index import read_index
-from tasks.vocab.output import tokenizer_path
+from tasks.shards.contract import read_index
+from tasks.vocab.contract import tokenizer_path
 from xylent.atomic import write_atomic, write_json_atomic
 from xylent.errors import XylentError
 from xylent.markdown import markdown_table

@@ -1,12 +1,5 @@
-"""After training: the pretrain stage's output.
-
-    model/                 model.safetensors (embeddings + discriminator: the encoder downstream tasks use),
-                           pretraining.safetensors (every weight), config.json, spm.model, spm.vocab
-    train.json, metrics.jsonl (one line per step), train.log, loss_curves.png, report.md
-
-plus the MLflow model (a pyfunc: texts -> embeddings) registered under the
-spec's name.  Checkpoints stay in ``<ws>/pretrain/_checkpoints/<fingerprint>/``.
-"""
+"""After training: the pretrain stage's output (its layout: :mod:`tasks.pretrain.contract`), and
+the MLflow model (a pyfunc: texts -> embeddings) registered under the spec's name."""
 
 from __future__ import annotations
 
@@ -22,16 +15,9 @@ from models.run_config import TrainConfig
 from xylent.markdown import markdown_table
 
 from xylent.launch import REPO
+from tasks.pretrain.contract import MODEL_DIR, RUN_FILES, read_metrics
 from tasks.pretrain.plots import loss_curves
-from tasks.shards.index import read_index
-
-MODEL_DIR = "model"
-RUN_FILES = ("train.json", "metrics.jsonl", "train.log")
-
-
-def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]
-
+from tasks.shards.contract import read_index
 
 def summary_metrics(rows: list[dict], n_params: int, enc_params: int) -> dict[str, float]:
     out = {"steps": float(rows[-1]["step"]), "parameters": float(n_params), "encoder_parameters": float(enc_params),

@@ -11,8 +11,8 @@ from models.run_config import TrainConfig
 from xylent.errors import XylentError
 from xylent.spec import DEFAULT_CLIP, DEFAULT_LR, Spec
 
-from tasks.shards.index import has_rows, read_index
-from tasks.vocab.output import load_tokenizer
+from tasks.shards.contract import has_rows, read_index
+from tasks.vocab.contract import load_tokenizer
 from tasks.vocab.specials import special_ids
 
 REPO = Path(__file__).resolve().parents[2]

@@ -4,10 +4,11 @@
                :func:`read_pair_counts`
     tables.py  the pair distributions: :func:`sinkhorn_pair_distribution`, :func:`m2m_pair_distribution`,
                :func:`smoothed_pair_distribution`
-    output.py  the output contract: file names, the loader's readers, the report
+    contract.py  the output contract: file names and the loader's readers
+    report.py  the tables, plots and report written
 
 Names are re-exported on first use: importing the package (as the training ranks do, for
-output.py's readers) loads neither polars nor the spec.
+contract.py's readers) loads neither polars nor the spec.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     run.py     what the flow calls: :func:`work_items`, :func:`tokenize_items`, :func:`pack_part`, :func:`assemble`
     build.py   packing text into shards: :func:`pack_language`, :func:`encode_pairs`, :func:`truncate_pair`, ...
     loader.py  :class:`TrainingLoader`, the batches the trainer draws
-    index.py   the output contract: the shard index and how shards are opened
+    contract.py  the output contract: the shard index and how shards are opened
 
 Names are re-exported on first use: the training ranks import the loader without the
 shard builder's polars.

@@ -7,11 +7,11 @@ ALP, allocated under one budget, merged into one SentencePiece unigram model.
     alp.py       ALP (:func:`average_log_probability`), :func:`concave_curve`, :func:`evaluate_tokenizer`
     allocate.py  :func:`allocate_vocabulary`, the budget split across languages
     merge.py     the merged model's pieces and scores
-    output.py    the output contract: file names and the tokenizer's readers
+    contract.py  the output contract: file names and the tokenizer's readers
     specials.py  the special tokens' ids
 
 Names are re-exported on first use: importing the package (as the training ranks do, for
-output.py's readers) loads neither sentencepiece nor polars.
+contract.py's readers) loads neither sentencepiece nor polars.
 """
 
 from __future__ import annotations

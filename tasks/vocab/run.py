@@ -20,7 +20,7 @@ from xylent.stage import StageOutcome
 from tasks.vocab.allocate import allocate_vocabulary
 from tasks.vocab.alp import evaluate_tokenizer
 from tasks.vocab.merge import merge_vocab_model
-from tasks.vocab.output import ALLOCATION_FILE, COMPARISON_FILE, JOINT_MODEL_FILE, MODEL_FILE, VOCAB_FILE
+from tasks.vocab.contract import ALLOCATION_FILE, COMPARISON_FILE, JOINT_MODEL_FILE, MODEL_FILE, VOCAB_FILE
 from tasks.vocab.plots import allocation_bars, alp_curves, tokens_per_sentence
 from tasks.vocab.train import model_pieces, sample_language, train_grid, train_joint
 

@@ -18,7 +18,7 @@ import polars as pl
 import pytest
 
 from audit_planted import PLANTED, write_corpus
-from tasks.audit.output import read_audit
+from tasks.audit.contract import read_audit
 from tests.acceptance.claims import record
 
 NOISY, COPY, HUB = (f"{min('en', x)}-{max('en', x)}" for x in (PLANTED["noisy"], PLANTED["copy"], PLANTED["hub"]))

@@ -1,0 +1,23 @@
+"""The pretrain stage's output contract.
+
+    model/                 model.safetensors (embeddings + discriminator: the encoder downstream tasks use),
+                           pretraining.safetensors (every weight), config.json, spm.model, spm.vocab;
+                           read with :func:`models.pretrained.load_pretrained`
+    train.json, metrics.jsonl (one line per step), train.log, loss_curves.png, report.md
+    init_report.json       with ``pretrain.init``: what the warm start matched (:mod:`tasks.pretrain.init_source`)
+
+Checkpoints stay outside it, in ``<ws>/pretrain/_checkpoints/<fingerprint>/``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+MODEL_DIR = "model"
+RUN_FILES = ("train.json", "metrics.jsonl", "train.log")
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """``metrics.jsonl``: one dict per logged step."""
+    return [json.loads(ln) for ln in Path(path).read_text().splitlines() if ln.strip()]
