@@ -12,7 +12,7 @@ from tasks.shards.contract import has_rows, read_index
 from xylent.errors import XylentError
 from xylent.spec import Spec
 
-FULL_WEIGHTS = "model/pretraining.safetensors"  # every weight of the pretrain stage's model (tasks.pretrain.publish)
+FULL_WEIGHTS = "model/pretraining.safetensors"  # every weight of the pretrain stage's model (tasks.pretrain.contract)
 
 
 def pair_loss_weights(pair_loss: str, objective: str, disc_weight: float) -> list[float]:

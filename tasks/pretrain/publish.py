@@ -19,6 +19,7 @@ from tasks.pretrain.contract import MODEL_DIR, RUN_FILES, read_metrics
 from tasks.pretrain.plots import loss_curves
 from tasks.shards.contract import read_index
 
+
 def summary_metrics(rows: list[dict], n_params: int, enc_params: int) -> dict[str, float]:
     out = {"steps": float(rows[-1]["step"]), "parameters": float(n_params), "encoder_parameters": float(enc_params),
            "tokens_total": float(sum(r["tokens"] for r in rows)),
