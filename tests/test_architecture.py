@@ -220,9 +220,8 @@ def test_every_stage_has_what_the_adding_a_stage_checklist_asks_for():
     """docs/architecture.md's "How to add a stage", item by item, for every declared stage: its
     logic folder, its flow file, its Prefect deployment, its spec section when it reads one of
     its own name, its docs page, its row in the data-contract table naming files that exist.  And
-    every stage folder has one shape: ``run.py`` (what the flow calls), ``contract.py`` (file names,
+    every stage folder has one shape: ``run.py`` (the stage's logic), ``contract.py`` (file names,
     schemas, readers: the row's first file) and an ``__init__.py`` that only re-exports."""
-    import ast
     import re
 
     import yaml

@@ -162,6 +162,9 @@ def test_the_default_baseline_is_held_out_but_larger_under_infoxlm_unless_set():
     infoxlm = load_spec(DEMO_SHORT, ["pretrain.objective=infoxlm"])
     assert infoxlm.audit.baseline == "larger" and infoxlm.dump()["audit"]["baseline"] == "larger"
     assert load_spec(DEMO_SHORT, ["pretrain.objective=infoxlm", "audit.baseline=heldout"]).audit.baseline == "heldout"
+    # a pair loss that reads no baseline keeps the default, which moves no fingerprint
+    paper = load_spec(DEMO_SHORT, ["pretrain.objective=infoxlm", "audit.pair_loss=paper"])
+    assert "baseline" not in paper.audit.model_fields_set
 
 
 def test_an_audit_that_would_train_no_trtd_step_is_refused(demo_run, run_cli):

@@ -1,4 +1,4 @@
-"""audit stage: the χ² DRO bitext audit (XY-LENT §6.6): evidence, report and output.
+"""audit stage: the χ² DRO bitext audit (XY-LENT §6.6): its evidence, report and output contract.
 
 The adversary that trains with the model and its χ² best response run inside the ranks:
 :mod:`models.adversary` and :mod:`models.dro`.

@@ -12,7 +12,7 @@ from xylent.stage import StageOutcome
 
 from tasks.audit.evidence import reading, sample_pairs, verdict
 from tasks.audit.contract import (AUDIT_TABLE, LEFT_BASE_RATE, SAMPLES_TABLE, TRAJECTORY_TABLE, audit_table,
-                                trajectory_table)
+                                  trajectory_table)
 
 SAMPLES_PER_PAIR = 5
 EVIDENCE_PLOTTED = ("copy_rate", "hub_rate", "length_outlier_rate", "duplicate_rate", "langid_mismatch_rate")
@@ -172,6 +172,9 @@ def report(state: dict, table: pl.DataFrame, samples: list[dict], up: list[str],
         drawn = ~(table["loss_ema"].is_nan() | table["loss_ema"].is_null())
         unmeasured = int((drawn & (table["baseline_loss_ema"].is_nan() | table["baseline_loss_ema"].is_null())).sum())
         if unmeasured:
-            lines.append(f"{unmeasured} drawn pair(s) have no baseline (audit.baseline {state.get('baseline')}: with a "
-                         "held-out one, a pair of fewer than 4 rows has none to hold out): their q stayed at Q.")
+            kind = state.get("baseline")
+            why = (": a pair too small to hold out 2 rows with as many left has none" if str(kind).startswith("heldout")
+                   else "")
+            lines.append(f"{unmeasured} drawn pair(s) have no baseline (audit.baseline {kind}{why}): their q "
+                         "stayed at Q.")
     return "\n".join(lines)

@@ -118,7 +118,7 @@ class TrainingLoader:
         self.cdf = _cdf(self.prior)
         cols = ["input_ids"] if task == "mrtd" else ["src_ids", "tgt_ids"]
         self.rows = [_Rows(self.root, groups[n]["shards"], cols, verify) for n in self.names]
-        # holdout: each TRTD pair's held-out rows (heldout_batch) and the rows left to train on; None: all
+        # each TRTD pair's held-out rows (heldout_batch), sorted; empty: none held out
         self.held = [heldout_rows(n, r.n, holdout if task == "trtd" else 0.0) for n, r in zip(self.names, self.rows)]
         # the k-th row left to train on is k + (held rows at or before it): held[j] - j kept rows precede held[j]
         self._kept_before = [h - np.arange(len(h)) if len(h) else None for h in self.held]

@@ -93,7 +93,9 @@ class Spec(Strict):
     def _audit_baseline(self):
         # the held-out default runs a forward pass of its own, which under InfoXLM would feed XLCo's key queue:
         # left unset there, the audit measures `larger`; set, so a dumped spec reloads to the same run
-        if "baseline" not in self.audit.model_fields_set and self.pretrain.objective == "infoxlm":
+        # (only for the excess pair loss: the others read no baseline, and an unread value moves no fingerprint)
+        if ("baseline" not in self.audit.model_fields_set and self.pretrain.objective == "infoxlm"
+                and self.audit.pair_loss == "excess"):
             self.audit.baseline = "larger"
         return self
 
