@@ -22,6 +22,10 @@ from tests.test_pretrain import (DEMO, SMALL, _assert_bit_identical, _assert_lik
 
 pytestmark = pytest.mark.demo_data  # reads the session demo only (pyproject.toml's markers)
 
+# 40 steps (test_pretrain's runs are shorter): the queue wraps and the losses have room to fall
+LONG = [*SMALL, "--set", "pretrain.steps=40", "--set", "pretrain.checkpoint_every=10"]
+RESUME_AT = 30  # the last checkpoint but one: the resumed run trains 10 steps on the restored objective state
+
 OBJECTIVES = {
     # a small queue, so it wraps within 40 steps; in-batch negatives, so keys cross ranks inside the loss;
     # mixup, so pairs merge across ranks (a merged pair's rows can sit on two ranks)
@@ -37,7 +41,7 @@ OBJECTIVES = {
 @costs(deepspeed=3)
 def objective_runs(request, demo_run, tmp_path_factory, prefect_server):
     """(objective, its reference run on 2 ranks, a run of the same spec resumed from the reference's
-    checkpoint at step 10, a run on 1 rank)."""
+    checkpoint at step RESUME_AT, a run on 1 rank)."""
     from flows.kit.cli import main  # in-process: the session's Prefect server
 
     name, extra = request.param, OBJECTIVES[request.param]
@@ -50,7 +54,7 @@ def objective_runs(request, demo_run, tmp_path_factory, prefect_server):
 
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
-            rc = main(["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), "--json", *SMALL, *extra,
+            rc = main(["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), "--json", *LONG, *extra,
                        "--set", "pretrain.zero_stage=2", "--set", "pretrain.keep_checkpoints=4", *more])
         assert rc == 0
         res = json.loads(buf.getvalue())["stages"]["pretrain"]
@@ -58,7 +62,7 @@ def objective_runs(request, demo_run, tmp_path_factory, prefect_server):
 
     two_ws = linked_data(demo_ws, root / "two")
     ref = run(two_ws, "--set", "pretrain.ranks=2")
-    stopped_ws = stopped_after(two_ws, linked_data(demo_ws, root / "stopped"), "pretrain", 10)
+    stopped_ws = stopped_after(two_ws, linked_data(demo_ws, root / "stopped"), "pretrain", RESUME_AT)
     resumed = run(stopped_ws, "--set", "pretrain.ranks=2")
     one = run(linked_data(demo_ws, root / "one"), "--set", "pretrain.ranks=1")
     return {"name": name, "ref": (*ref, two_ws), "resumed": (*resumed, stopped_ws), "one": one}
@@ -68,7 +72,7 @@ def test_a_run_stopped_after_a_checkpoint_resumes_bit_for_bit(objective_runs):
     _, ref_out, ref_ws = objective_runs["ref"]
     res, out, ws = objective_runs["resumed"]
     manifest = json.loads((out / "_manifest.json").read_text())
-    assert manifest["resumed_from_step"] == 10, "from the newest complete checkpoint, not the cut one"
+    assert manifest["resumed_from_step"] == RESUME_AT, "from the newest complete checkpoint, not the cut one"
     assert [r["step"] for r in _metrics(out)] == list(range(1, 41)), "no step lost, none twice"
     # the checkpoint files compared include the objective's own state (InfoXLM: key encoder and queue)
     _assert_bit_identical(out, ws, ref_out, ref_ws)
