@@ -421,12 +421,13 @@ def test_sigterm_ends_a_training_run_within_seconds_and_publishes_nothing(demo_r
     _, demo_ws = demo_run
     ws = linked_data(demo_ws, tmp_path / "ws")
     args = ["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), *SMALL, "--set", "pretrain.steps=400",
+            "--set", "pretrain.checkpoint_every=10",  # the 2 kept checkpoints span 20 steps: time to stop
             "--set", "pretrain.ranks=1", "--set", "pretrain.zero_stage=0", "--set", "pretrain.log_every=1"]
     with open(tmp_path / "stderr", "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "flows.kit.cli", *args], stdout=subprocess.DEVNULL,
                                 stderr=err, env=os.environ.copy())
     deadline = time.time() + 240
-    while not list(ws.glob(f"pretrain/_checkpoints/*/deepspeed/step-{EVERY:08d}/COMPLETE")):
+    while not list(ws.glob("pretrain/_checkpoints/*/deepspeed/step-00000010/COMPLETE")):
         assert proc.poll() is None and time.time() < deadline, (tmp_path / "stderr").read_text()[-3000:]
         time.sleep(0.05)
     at_signal = _steps_written(ws)
@@ -443,7 +444,7 @@ def test_sigterm_ends_a_training_run_within_seconds_and_publishes_nothing(demo_r
     assert _steps_written(ws) < at_signal + 100 < 400, "the ranks stopped with the run, not at its last step"
     assert not _left_running(ws), "no rank outlives the run"
     assert [p.name for p in (ws / "pretrain").iterdir()] == ["_checkpoints"], "nothing published"
-    assert f"step-{EVERY:08d}" in " ".join(str(p) for p in ws.glob("pretrain/_checkpoints/*/deepspeed/*")), \
+    assert "step-00000010" in " ".join(str(p) for p in ws.glob("pretrain/_checkpoints/*/deepspeed/*")), \
         "the checkpoint stays: the same command resumes from it"
     from mlflow.tracking import MlflowClient
 
