@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -52,12 +53,28 @@ def workspace_slot(root: str):
             client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
         # asked, not timed: on a loaded machine taking a free slot can outlast any short timeout
         busy = client.read_global_concurrency_limit_by_name(name).active_slots >= 1
+    log = get_run_logger()
+    notice = ("waiting for the workspace %s: another run holds it (concurrency slot %s)", root, name)
+    got = threading.Event()
+
+    def still_waiting():
+        # two runs can ask in the same instant and both hear "free": the one that loses the race still says why it
+        # waits, once the slot shows taken by someone else (a slow server alone is not "another run")
+        with get_client(sync_client=True) as late_client:
+            taken = late_client.read_global_concurrency_limit_by_name(name).active_slots >= 1
+        if taken and not got.is_set():
+            log.info(*notice)  # the adapter carries its run's id, so this works off the run's thread
+
+    late = threading.Timer(5.0, still_waiting)
     with contextlib.ExitStack() as held:
         if busy:  # a free workspace is taken without a word
-            get_run_logger().info("waiting for the workspace %s: another run holds it (concurrency slot %s)",
-                                  root, name)
+            log.info(*notice)
+        else:
+            late.start()
+            held.callback(late.cancel)
         started = time.monotonic()
         held.enter_context(concurrency(name, occupy=1, strict=True, lease_duration=60))
-        if busy or time.monotonic() - started > 5:  # it was taken between the question and the queue
-            get_run_logger().info("got the workspace %s after %.0f s", root, time.monotonic() - started)
+        got.set()
+        if busy or time.monotonic() - started > 5:
+            log.info("got the workspace %s after %.0f s", root, time.monotonic() - started)
         yield
