@@ -1,8 +1,9 @@
 """Object-storage workspaces against real servers on 127.0.0.1, one per store: S3 (moto's
 server mode), Google Cloud Storage (fake-gcs-server) and Azure Blob (Azurite).  On each:
-the demo's data stages (all six on S3, the first two elsewhere) give the same bytes as on
-disk, a second machine (an empty local cache) reuses them, the training loader reads shards
-from the bucket, and publish, cache and lock keep their guarantees."""
+the data stages of the demo cut to four languages (all six on S3, the first two elsewhere)
+give the same bytes as on disk, a second machine (an empty local cache) reuses them, the
+training loader reads shards from the bucket, and publish, cache and lock keep their
+guarantees."""
 
 from __future__ import annotations
 
@@ -24,13 +25,16 @@ from cost_guard import costs
 
 from xylent.errors import XylentError
 
-pytestmark = pytest.mark.demo_data  # reads the session demo only (pyproject.toml's markers)
-
 # gcsfs would first ask a gRPC endpoint whether the bucket is zonal, which an emulator is not
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"
+# the demo's sources and settings in four of its languages: every stage's path (pairs, sampling, both shard
+# tasks) at a fraction of the work; the stores differ from disk only in where the bytes go
+TINY = {"extends": str(DEMO), "name": "bucket-tiny", "languages": ["en", "de", "fr", "es"],
+        "evaluate": {"tasks": [{"name": "allauth", "kind": "tatoeba", "format": "gettext", "package": "allauth",
+                                "max_pairs": 50, "languages": ["de", "fr"]}]}}
 BUCKET = "xylent-test"
 # Azurite's well-known development account key (public, in Microsoft's docs)
 AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
@@ -184,17 +188,26 @@ def _files(output_dir: str | Path) -> list[tuple[str, str]]:
     return sorted((f["path"], f["sha256"]) for f in manifest["files"])
 
 
-def test_demo_data_stages_on_a_bucket_match_disk_and_another_machine_reuses_them(bucket, demo_run, tmp_path,
-                                                                                  monkeypatch):
+@pytest.fixture(scope="module")
+def on_disk(tmp_path_factory):
+    """TINY's data stages in a workspace on disk: what every store must match, byte for byte."""
+    from conftest import write_spec
+
+    tmp = tmp_path_factory.mktemp("tiny-on-disk")
+    spec = write_spec(tmp / "tiny.yaml", TINY)
+    return spec, _run("run", "pipeline", "--until", "shards", "--spec", spec, "--workspace", tmp / "ws")
+
+
+def test_data_stages_on_a_bucket_match_disk_and_another_machine_reuses_them(bucket, on_disk, tmp_path, monkeypatch):
     """The whole data chain on S3; on GCS and Azure (the stores differ only below Workspace.publish) the
     first two stages, so each store still builds, publishes, reuses and reports real stage outputs."""
-    disk, _ = demo_run
+    spec, disk = on_disk
     url = bucket.url("demo")
     stages = ["download", "prepare", "dedup", "vocab", "sampling", "shards"]
     if bucket.scheme != "s3":
         stages = stages[:2]
     monkeypatch.setenv("XYLENT_CACHE", str(tmp_path / "machine-a"))
-    first = _run("run", "pipeline", "--until", stages[-1], "--spec", DEMO, "--workspace", url)
+    first = _run("run", "pipeline", "--until", stages[-1], "--spec", spec, "--workspace", url)
     assert [s for s in stages if first["stages"][s]["cached"]] == []
     for stage in stages:
         assert first["stages"][stage]["fingerprint"] == disk["stages"][stage]["fingerprint"]
@@ -206,7 +219,7 @@ def test_demo_data_stages_on_a_bucket_match_disk_and_another_machine_reuses_them
 
     # another machine: nothing local; every stage is a cache hit, downloaded and checked
     monkeypatch.setenv("XYLENT_CACHE", str(tmp_path / "machine-b"))
-    second = _run("run", "pipeline", "--until", last, "--spec", DEMO, "--workspace", url)
+    second = _run("run", "pipeline", "--until", last, "--spec", spec, "--workspace", url)
     assert all(second["stages"][s]["cached"] for s in stages), {s: second["stages"][s]["cached"] for s in stages}
     out_b = Path(second["stages"][last]["output_dir"])
     assert str(out_b).startswith(str(tmp_path / "machine-b"))
@@ -217,7 +230,7 @@ def test_demo_data_stages_on_a_bucket_match_disk_and_another_machine_reuses_them
 
     # `xylent status` asks the bucket, downloading nothing
     monkeypatch.setenv("XYLENT_CACHE", str(tmp_path / "machine-c"))
-    status = _run("status", "--spec", DEMO, "--workspace", url)
+    status = _run("status", "--spec", spec, "--workspace", url)
     assert all(status["stages"][s]["cached"] for s in stages)
     assert not [f for f in (tmp_path / "machine-c").rglob("*") if f.suffix in (".arrow", ".parquet")], \
         "status fetched no output"
@@ -248,12 +261,10 @@ def _publish_copy(bucket: Bucket, name: str, src: Path, fp: str) -> None:
     assert bucket.keys(f"{name}/{src.parent.name}/{fp}/") >= {"index.json", "_manifest.json"}
 
 
-SMALL = {"extends": str(DEMO), "name": "bucket-stages",
+SMALL = {**TINY, "name": "bucket-stages",
          "pretrain": {"steps": 6, "checkpoint_every": 3, "warmup_steps": 2, "log_every": 2},
          "audit": {"steps": 4, "resamples": 5},  # room for 3: a warning, not a silent clamp
-         "evaluate": {"models": ["pipeline", "random-init"],
-                      "tasks": [{"name": "allauth", "kind": "tatoeba", "format": "gettext", "package": "allauth",
-                                 "max_pairs": 50, "languages": ["de", "fr"]}]}}
+         "evaluate": {**TINY["evaluate"], "models": ["pipeline", "random-init"]}}
 
 
 @pytest.mark.costs(deepspeed=2)
