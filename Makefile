@@ -59,20 +59,26 @@ acceptance: $(STAMP)
 # every pretraining recipe of the family on the demo corpus, once per seed (each seed its own
 # vocabulary, sampling order and initial weights), evaluated beside random-init and bag-of-subwords,
 # then one table with every claim's paired difference over the seeds: docs/recipes-scorecard.md
-# (~34 min per seed on 2 CPU cores, measured 2026-11-28).  MetaXLM runs at the first of SEEDS only: phase 2's fingerprint
-# holds the phase-1 version it started from (docs/recipes.md).  `make recipes SEEDS=0` for one seed.
+# (~34 min per seed on 2 CPU cores, measured 2026-11-28).  MetaXLM per seed: phase 1 registered under a name
+# per seed, phase 2 started from it, and phase 2 from a random init as its peer (docs/recipes-scorecard-metaxlm.md;
+# the compare's --set names the phase-1 model each seed's phase 2 ran with).  `make recipes SEEDS=0` for one seed.
 RECIPES := electra mlm infoxlm infoxlm-mixup veco electra-mrtd-only electra-en-x
 SEEDS ?= 0 1 2
 CLAIMS := infoxlm:mlm infoxlm-mixup:infoxlm electra:electra-mrtd-only electra:electra-en-x
 recipes: $(STAMP)
 	for s in $(SEEDS); do for r in $(RECIPES); do \
 		$(BIN)/xylent run evaluate --spec data_specs/recipes/$$r.yaml --set seed=$$s || exit 1; done; done
-	$(BIN)/xylent run pretrain --spec data_specs/recipes/metaxlm-phase1.yaml --set seed=$(firstword $(SEEDS))
-	$(BIN)/xylent run evaluate --spec data_specs/recipes/metaxlm-phase2.yaml --set seed=$(firstword $(SEEDS))
+	for s in $(SEEDS); do \
+		$(BIN)/xylent run pretrain --spec data_specs/recipes/metaxlm-phase1.yaml --set seed=$$s \
+			--set pretrain.register_name=xylent-metaxlm-phase1-seed$$s || exit 1; \
+		$(BIN)/xylent run evaluate --spec data_specs/recipes/metaxlm-phase2.yaml --set seed=$$s \
+			--set pretrain.init.from=models:/xylent-metaxlm-phase1-seed$$s/latest || exit 1; \
+		$(BIN)/xylent run evaluate --spec data_specs/recipes/metaxlm-scratch.yaml --set seed=$$s || exit 1; done
 	$(BIN)/xylent compare $(foreach r,$(RECIPES),--spec data_specs/recipes/$(r).yaml) --seeds $(SEEDS) \
 		$(foreach c,$(CLAIMS),--claim $(c)) --out docs/recipes-scorecard.md
-	$(BIN)/xylent compare --spec data_specs/recipes/electra.yaml --spec data_specs/recipes/metaxlm-phase2.yaml \
-		--seeds $(firstword $(SEEDS)) --out docs/recipes-scorecard-metaxlm.md
+	$(BIN)/xylent compare --spec data_specs/recipes/metaxlm-scratch.yaml --spec data_specs/recipes/metaxlm-phase2.yaml \
+		--set 'pretrain.init.from=models:/xylent-metaxlm-phase1-seed{seed}/latest' --seeds $(SEEDS) \
+		--claim metaxlm-phase2:metaxlm-scratch --out docs/recipes-scorecard-metaxlm.md
 
 # every benchmark at full size (about an hour on 2 cores; run it on a quiet machine), then the
 # measured parts of docs/benchmarks.md are rewritten from benchmarks/results/*.json.

@@ -138,6 +138,15 @@ def test_compare_puts_runs_side_by_side_with_their_peers(run_cli, demo_run, tmp_
     assert "not shown: 1 seed (at least 3 measure the spread)" in stdout and "shown: above" not in stdout
     rc, _, err = run_cli("compare", "--spec", DEMO_SHORT, "--workspace", ws, "--seeds", "0", "7")
     assert rc == 2 and f"xylent run evaluate --spec {DEMO_SHORT} --set seed=7" in err, err
+    # a --set after a --spec: what that spec's runs were made with, {seed} each seed (MetaXLM's phase 2 per seed)
+    rc, _, err = run_cli("compare", "--spec", DEMO_SHORT, "--set", "pretrain.register_name=demo-{seed}",
+                         "--workspace", ws, "--seeds", "0")
+    assert rc == 0, err  # an operational field: the same run
+    rc, _, err = run_cli("compare", "--spec", DEMO_SHORT, "--set", "pretrain.lr={seed}e-4", "--workspace", ws,
+                         "--seeds", "7")
+    assert rc == 2 and f"--spec {DEMO_SHORT} --set pretrain.lr=7e-4 --set seed=7" in err, err
+    with pytest.raises(SystemExit):
+        run_cli("compare", "--set", "seed=1", "--spec", DEMO_SHORT)
 
 
 def test_recipe_knobs_out_of_range_are_caught_before_anything_trains(tmp_path):

@@ -453,6 +453,9 @@ def test_metaxlm_recipes_load_and_chain(tmp_path):
     assert one.languages == ["en"], "MetaXLM's phase 1 is an English model"
     assert two.pretrain.init.registry() == {"name": f"xylent-{one.name}", "version": "latest", "alias": None}
     assert len(read_dictionary(two.resolve_path(two.pretrain.init.dictionary))) > 50
+    scratch = load_spec(recipes / "metaxlm-scratch.yaml")  # the claim's peer: phase 2 from a random init
+    assert scratch.pretrain.init is None and scratch.pretrain.model_dump(exclude={"init", "register_name"}) == \
+        two.pretrain.model_dump(exclude={"init", "register_name"}) and scratch.vocab == two.vocab
     ws = Workspace(tmp_path / "ws")
     fp_one, fp_demo = stage_fingerprints(STAGES, one, ws), stage_fingerprints(STAGES, demo, ws)
     assert fp_one["vocab"] != fp_demo["vocab"]  # phase 2 has another vocabulary to match

@@ -11,6 +11,7 @@ import contextlib
 import gc
 import json
 import os
+import shlex
 import sys
 import tempfile
 import traceback
@@ -25,6 +26,18 @@ from xylent.errors import XylentError, environment_error  # noqa: E402
 from xylent.stage import find_stage, stage_fingerprints, workspace_for  # noqa: E402
 from xylent.tracking import tracking_uri_for  # noqa: E402
 from xylent.workspace import read_manifest  # noqa: E402
+
+
+class _SpecSet(argparse.Action):
+    """compare's ``--set``: an override of the ``--spec`` before it (that spec's runs were made with it)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if not namespace.specs:
+            parser.error("--set overrides the --spec before it: write --spec FILE --set KEY=VALUE")
+        sets = dict(getattr(namespace, self.dest) or {})  # a new dict: argparse's default is shared
+        i = len(namespace.specs) - 1
+        sets[i] = [*sets.get(i, []), value]
+        setattr(namespace, self.dest, sets)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
                          "random-init's, and how pretraining ended against its trivial peers (Markdown)")
     cmp.add_argument("--spec", dest="specs", action="append", required=True, metavar="SPEC",
                      help="a spec whose evaluate stage has run (repeat for each run to compare)")
+    cmp.add_argument("--set", dest="spec_sets", action=_SpecSet, default=None, metavar="KEY=VALUE",
+                     help="an override the --spec before it ran with (repeatable; {seed} is each seed of --seeds), "
+                     "e.g. --spec metaxlm-phase2.yaml --set 'pretrain.init.from=models:/phase1-seed{seed}/latest'")
     cmp.add_argument("--workspace", help="for every spec (default: each spec's own 'workspace')")
     cmp.add_argument("--seeds", type=int, nargs="+", metavar="N",
                      help="compare over these seeds: each spec's runs under --set seed=N; mean ± sd per task and "
@@ -124,13 +140,23 @@ def _compare(args) -> dict:
 
     if args.claims and not args.seeds:
         raise XylentError("--claim needs --seeds: a claim is measured over seeds", fix="add --seeds 0 1 2")
+
+    def given(i: int, seed: int | None) -> list[str]:
+        sets = (args.spec_sets or {}).get(i, [])
+        if seed is None:
+            return sets
+        return [o.replace("{seed}", str(seed)) for o in sets] + [f"seed={seed}"]
+
+    def command(spec: str, sets: list[str]) -> str:
+        return " ".join([f"xylent run evaluate --spec {spec}", *(f"--set {shlex.quote(o)}" for o in sets)])
+
     if args.seeds:
         if len(set(args.seeds)) != len(args.seeds):
             raise XylentError(f"--seeds must be distinct, got {args.seeds}", fix="name each seed once")
         groups = []
-        for spec in args.specs:
-            runs = {s: run_of(spec, [f"seed={s}"], f"{Path(spec).stem} (seed {s})",
-                              f"xylent run evaluate --spec {spec} --set seed={s}") for s in args.seeds}
+        for i, spec in enumerate(args.specs):
+            runs = {s: run_of(spec, given(i, s), f"{Path(spec).stem} (seed {s})", command(spec, given(i, s)))
+                    for s in args.seeds}
             groups.append({"label": Path(spec).stem, "objective": next(iter(runs.values()))["objective"],
                            "runs": runs})
         claims = []
@@ -142,7 +168,8 @@ def _compare(args) -> dict:
         markdown, differences = seed_table(groups, claims)
         result = {"groups": groups, "differences": differences, "markdown": markdown}
     else:
-        runs = [run_of(spec, [], Path(spec).stem, f"xylent run evaluate --spec {spec}") for spec in args.specs]
+        runs = [run_of(spec, given(i, None), Path(spec).stem, command(spec, given(i, None)))
+                for i, spec in enumerate(args.specs)]
         result = {"runs": runs, "markdown": table(runs)}
     if args.out:
         Path(args.out).write_text(result["markdown"], encoding="utf-8")
