@@ -1,8 +1,8 @@
 #!/bin/bash
 # (wip) the MetaXLM part of `make recipes` with this branch's code into /work/main/workspace (seed 0's phase 1 was forced once, 2026-11-28, to register per seed; a rerun resumes from the cached stages)
 # MetaXLM per seed with the branch's code, into the recipes' workspace (the demo data stages per seed are cached there)
-cd /tmp/wtm50
-X="env PYTHONPATH=/tmp/wtm50 /work/main/.venv/bin/python -m flows.kit.cli"
+cd "$(dirname "$0")/.."; here=$(pwd)
+X="env PYTHONPATH=$here /work/main/.venv/bin/python -m flows.kit.cli"
 WS=/work/main/workspace
 for s in 0 1 2; do
   echo "== seed $s $(date +%T)"
