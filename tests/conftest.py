@@ -285,7 +285,7 @@ def run_pipeline(spec: Path, ws: Path, *args: str) -> dict:
 @costs(deepspeed=2)  # pretrain and audit, one rank each
 def demo_run(tmp_path_factory, prefect_server, pytestconfig):
     """The whole pipeline on the embedded demo, once per test session, as tests/data/demo-short.yaml
-    trains it (the demo's data stages, 300 pretraining steps): every stage's contract.  A test that
+    trains it (the demo's data stages, 150 pretraining steps): every stage's contract.  A test that
     reruns a stage on this workspace passes ``--spec DEMO_SHORT``; the full demo is acceptance's.
 
     Under xdist's loadgroup (`make test`) both workers share it: whichever asks first builds it in

@@ -13,7 +13,7 @@ import polars as pl
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"
-SHORT_STEPS = 300  # tests/data/demo-short.yaml's pretrain.steps
+SHORT_STEPS = 150  # tests/data/demo-short.yaml's pretrain.steps
 
 
 def _rgb(path: Path) -> np.ndarray:

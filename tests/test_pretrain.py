@@ -605,7 +605,7 @@ def test_the_demo_model_is_exported_tracked_and_registered(demo_run, monkeypatch
     assert len(base) == steps // 2 and all(0.3 < m.value < 0.5 for m in base), "the base rate is logged beside it"
     for key in ("trtd/discriminator_precision", "trtd/discriminator_recall", "mrtd/generator_accuracy",
                 "lr", "grad_norm", "tokens_per_second"):
-        assert len(client.get_metric_history(run_id, key)) >= 150, key
+        assert len(client.get_metric_history(run_id, key)) >= steps // 2, key
     assert any(k.startswith("system/") for k in client.get_run(run_id).data.metrics), "system metrics are on"
     manifest = json.loads((out / "_manifest.json").read_text())
     name = manifest["registered_model"]
