@@ -324,7 +324,7 @@ def sampling_tables(languages: int, repeats: int = 1, seed: int = 0) -> dict:
     folder. Counts: log-normal example counts, a pair with data for 30 % of the language
     pairs (and for neighbours, so none is isolated)."""
     from tasks.sampling import build_tables
-    from tasks.sampling.report import write_output
+    from tasks.sampling.run import write_output
     from xylent.spec import SamplingConfig
 
     cfg = SamplingConfig()

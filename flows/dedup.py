@@ -41,7 +41,7 @@ def apply_task(items, work, out, cfg):
 
 @stage_flow(STAGE_BY_NAME["dedup"])
 def dedup(ctx: StageContext) -> StageOutcome:
-    from tasks.dedup.report import assemble
+    from tasks.dedup.run import assemble
     from tasks.prepare import contract as layout  # the text layout
 
     cfg = ctx.spec.dedup

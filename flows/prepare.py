@@ -28,7 +28,7 @@ def prepare_unit_task(key: str, records: list[dict], ws_root: str, cfg: PrepareC
 def prepare(ctx: StageContext) -> StageOutcome:
     import tasks.prepare.run as prep
     from tasks.download.contract import read_records
-    from tasks.prepare.assemble import assemble, source_options
+    from tasks.prepare.run import assemble, source_options
 
     units = prep.group_units(read_records(ctx.upstream["download"]))
     calls = [{"key": f"{u[0]['source']}/{u[0].get('lang') or u[0].get('pair') or 'catalogs'}", "records": u,

@@ -13,13 +13,13 @@ from flows.registry import STAGE_BY_NAME
 from xylent.spec import SamplingConfig
 
 if TYPE_CHECKING:
-    from tasks.sampling import SamplingTables
+    from tasks.sampling.run import SamplingTables
 
 
 @task(name="sampling-tables", cache_policy=NO_CACHE)
 def tables_task(dedup_dir: Path, cfg: SamplingConfig) -> SamplingTables:
     from tasks.dedup.contract import read_counts
-    from tasks.sampling import build_tables
+    from tasks.sampling.run import build_tables
 
     mono, pairs = read_counts(dedup_dir)
     return build_tables(mono, pairs, cfg)
@@ -27,7 +27,7 @@ def tables_task(dedup_dir: Path, cfg: SamplingConfig) -> SamplingTables:
 
 @stage_flow(STAGE_BY_NAME["sampling"])
 def sampling(ctx: StageContext) -> StageOutcome:
-    from tasks.sampling.report import write_output
+    from tasks.sampling.run import write_output
 
     tables = tables_task.submit(ctx.upstream["dedup"], ctx.spec.sampling).result()
     return write_output(tables, ctx.spec.sampling, ctx.out)

@@ -31,12 +31,10 @@ def pack_task(name: str, tokenized: list[dict], out: Path, cfg: ShardsConfig, sp
 
 @stage_flow(STAGE_BY_NAME["shards"])
 def shards(ctx: StageContext) -> StageOutcome:
-    from tasks.shards.run import assemble, work_items
-    from tasks.vocab.contract import load_tokenizer, tokenizer_path
-    from tasks.vocab.specials import special_ids
+    from tasks.shards.run import assemble, tokenizer_of, work_items
 
-    cfg, model = ctx.spec.shards, tokenizer_path(ctx.upstream["vocab"])
-    specials = special_ids(load_tokenizer(ctx.upstream["vocab"]), str(model))
+    cfg = ctx.spec.shards
+    model, specials = tokenizer_of(ctx.upstream["vocab"])
     parts = batches(work_items(ctx.upstream["dedup"]), task_slots(ctx.spec.runner))
     progress = Progress("shards", len(parts), unit="tasks", key="shards-progress")
     try:

@@ -18,7 +18,7 @@ from xylent.workspace import Workspace
 from tasks.audit import plots
 from tasks.audit.evidence import pair_evidence, reading, sample_pairs, verdict
 from tasks.dedup import run as phases
-from tasks.dedup.report import assemble
+from tasks.dedup.run import assemble
 from tasks.prepare import contract as layout  # the text layout
 from tasks.prepare.writer import BITEXT_SCHEMA, PartWriter
 

@@ -2,8 +2,9 @@
 bitext cleaning (pair duplicates, copies, length-ratio outliers, hubs,
 language identification), as map/reduce over Parquet parts.
 
-    run.py      the four phases the flow calls (map, reduce, resolve, apply) and
-                :func:`near_duplicate_clusters`: the same path over a list of texts, in this process
+    run.py      what the flow calls: the four phases (map, reduce, resolve, apply), then report.py's
+                :func:`assemble`; and :func:`near_duplicate_clusters`: the same path over a list of texts,
+                in this process
     mono.py     monolingual exact and near (MinHash LSH) dedup; bitext.py the bitext rules
     minhash.py  :func:`minhash_signatures`, shingles and LSH band keys
     contract.py the output contract: the stats file and its reader; report.py the report

@@ -1,6 +1,7 @@
 """What the dedup flow calls: the stage's four phases over work items, as plain functions (the flow
-runs each phase's batches as Prefect tasks on the spec's runner), and :func:`near_duplicate_clusters`,
-the same map -> reduce -> resolve path over a list of texts in this process (tests, benchmarks).
+runs each phase's batches as Prefect tasks on the spec's runner), then :func:`assemble` (report.py:
+statistics, evidence, plot and report); and :func:`near_duplicate_clusters`, the same map -> reduce ->
+resolve path over a list of texts in this process (tests, benchmarks).
 
 An item is one input part (:meth:`tasks.prepare.contract.Part.as_dict`); a
 bucket is ``(kind, name, bucket index)``; ``work`` is the stage's scratch folder
@@ -21,7 +22,10 @@ from xylent.spec import DedupConfig
 from tasks.dedup import bitext as bitext_dedup
 from tasks.dedup import mono as mono_dedup
 from tasks.dedup.minhash import usable_threads
+from tasks.dedup.report import assemble  # the flow's last step; its home is report.py
 from tasks.dedup.scratch import write_scratch
+
+__all__ = ["apply_items", "assemble", "map_items", "near_duplicate_clusters", "reduce_buckets", "resolve_languages"]
 
 
 def map_items(items: list[dict], work: Path, cfg: DedupConfig, languages: tuple[str, ...]) -> int:

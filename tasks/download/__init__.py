@@ -1,12 +1,12 @@
 """download stage: fetch every file a spec's sources name, once.
 
-    run.py       :func:`materialise` (one planned file into the workspace, cached by its fingerprint),
-                 :func:`unit_fingerprint`: what the flow calls
+    run.py       what the flow calls: :func:`materialise` (one planned file into the workspace, cached by
+                 its fingerprint), :func:`unit_fingerprint`, :func:`assemble` (the stage's output from its
+                 units), and plan.py's :func:`plan_source`
     plan.py      :func:`plan_source` (what a source consists of), :class:`FetchItem`, :func:`opus_list_pairs`
     http.py      :func:`fetch` (one URL, resumable and verified)
     identity.py  :func:`source_identity`, :func:`spec_slice`: what a source's fingerprint sees
     content.py   the checks a fetched file's content must pass
-    assemble.py  the stage's output assembled from its units
     contract.py  the output contract: the records file and its reader
 
 Names are re-exported on first use: importing one module of the package loads no other.

@@ -1,6 +1,6 @@
 """What the prepare flow calls: one *unit* per downloaded file (a gettext source's catalogs form one unit,
 since its pairs need all languages at once), written and published on its own, so editing one source
-recomputes only that source.
+recomputes only that source; then :func:`assemble` (assemble.py) links the units into the stage's output.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from xylent.spec import PrepareConfig
 from xylent.workspace import Workspace, check_files, fingerprint
 
 from tasks import versions
+from tasks.prepare.assemble import assemble, source_options  # the flow's first and last steps; their home
 from tasks.prepare.clean import clean_array, decode_lines, length_mask
 from tasks.prepare.gettext import read_catalog
 from tasks.prepare.holdout import drop_reserved
@@ -29,7 +30,7 @@ from tasks.prepare.contract import BITEXT, MONO, partition
 from tasks.prepare.readers import iter_line_blocks, iter_moses_pairs, line_cap, lines_to_array
 from tasks.prepare.writer import BITEXT_SCHEMA, MONO_SCHEMA, PartWriter
 
-__all__ = ["VERSION", "group_units", "prepare_unit", "unit_fingerprint"]
+__all__ = ["VERSION", "assemble", "group_units", "prepare_unit", "source_options", "unit_fingerprint"]
 
 # the stage's code version (its fingerprint and every unit's), kept in tasks/versions.py
 VERSION = versions.PREPARE

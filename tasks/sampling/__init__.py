@@ -1,11 +1,11 @@
 """sampling stage: language and language-pair sampling tables with diagnostics.
 
-    run.py     :func:`build_tables` (statistics -> the two tables + metrics), :class:`SamplingTables`,
-               :func:`read_pair_counts`
+    run.py     what the flow calls: :func:`build_tables` (statistics -> the two tables + metrics),
+               :class:`SamplingTables`, :func:`read_pair_counts`, :func:`write_output` (the tables, plots
+               and report written)
     tables.py  the pair distributions: :func:`sinkhorn_pair_distribution`, :func:`m2m_pair_distribution`,
                :func:`smoothed_pair_distribution`
     contract.py  the output contract: file names and the loader's readers
-    report.py  the tables, plots and report written
 
 Names are re-exported on first use: importing the package (as the training ranks do, for
 contract.py's readers) loads neither polars nor the spec.

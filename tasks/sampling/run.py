@@ -1,17 +1,23 @@
-"""The sampling stage's work: the language and language-pair sampling tables (and their
-diagnostics) from the example counts, as :class:`SamplingTables`."""
+"""What the sampling flow calls: :func:`build_tables` (the language and language-pair sampling
+tables and their diagnostics from the example counts, as :class:`SamplingTables`) and
+:func:`write_output` (the tables, plots and report written into the stage's output; the file
+names: :mod:`tasks.sampling.contract`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from xylent.distributions import language_distribution
 from xylent.errors import XylentError
+from xylent.markdown import markdown_table
 from xylent.spec import SamplingConfig
+from xylent.stage import StageOutcome
 
+from tasks.sampling.contract import MONO_TABLE, PAIR_TABLE
 from tasks.sampling.tables import (
     m2m_pair_distribution,
     marginal_error,
@@ -188,3 +194,39 @@ def build_tables(mono_counts: dict[str, int], pair_counts: dict[tuple[str, str],
         matrices={k: v[np.ix_(order, order)] for k, v in mats.items() if v is not None},
         metrics=metrics, notes=notes,
     )
+
+
+def summary(t: SamplingTables, cfg: SamplingConfig) -> str:
+    m = t.metrics
+    if t.bitext.is_empty():
+        lines = ["No bitext: the pair table is empty (MRTD only)."]
+        lines += ["", *[f"- {n}" for n in t.notes], "", "Languages:", "", markdown_table(t.mono.to_dicts())]
+        return "\n".join(lines)
+    lines = [f"Pair table used by the loader: **{cfg.pair_method}** (T = {cfg.temperature}, "
+             f"budget {cfg.bitext_budget:,} sentence pairs).", "",
+             "| | pairs > 0 | support kept | entropy | max marginal error | data never seen |",
+             "|---|---|---|---|---|---|",
+             f"| data Q | {m['pairs.nonzero_q']:.0f} | 1 | {m['entropy.q']:.3f} | | |"]
+    for key, label in (("star", "XY-LENT P*"), ("m2m", "M2M-100 LP")):
+        if f"entropy.{key}" in m:
+            lines.append(f"| {label} | {m[f'pairs.nonzero_{key}']:.0f} | {m[f'support_kept.{key}']:.3f} | "
+                         f"{m[f'entropy.{key}']:.3f} | {m[f'max_marginal_error.{key}']:.1e} | "
+                         f"{m[f'wastage.{key}']:.1%} |")
+    if t.notes:
+        lines += ["", *[f"- {n}" for n in t.notes]]
+    lines += ["", "Languages:", "", markdown_table(t.mono.to_dicts())]
+    return "\n".join(lines)
+
+
+def write_output(t: SamplingTables, cfg: SamplingConfig, out: Path) -> StageOutcome:
+    from tasks.sampling.plots import heatmaps, sorted_pair_probabilities  # matplotlib: not for the loader's ranks
+
+    t.mono.write_parquet(out / MONO_TABLE)
+    t.bitext.write_parquet(out / PAIR_TABLE)
+    if t.matrices:  # no pictures of an empty pair table
+        heatmaps(t.matrices, t.languages, out / "pair_heatmaps.png")
+        sorted_pair_probabilities(t.bitext, out / "pair_probabilities.png")
+    text = summary(t, cfg)
+    (out / "report.md").write_text(text)
+    table = t.bitext.head(200).with_columns(pl.col(pl.Float64).round(8)).to_dicts()
+    return StageOutcome(metrics=t.metrics, table=table, summary=text, manifest={"notes": t.notes})
