@@ -88,6 +88,7 @@ def evaluate(ctx: StageContext) -> StageOutcome:
     from tasks.evaluate.data import probe_warnings
     from tasks.evaluate.sources import EXCLUDED_FILE, task_dirs
     from tasks.evaluate.finetune.task import TaskData
+    from tasks.pretrain.contract import MODEL_DIR
 
     cfg, tracker = ctx.spec.evaluate, ctx.tracker
     cache = ctx.ws.stage_dir("evaluate") / "_cache"  # fetched archives outlive a failed run
@@ -108,7 +109,7 @@ def evaluate(ctx: StageContext) -> StageOutcome:
     for t in cfg.tasks:  # how much of a task was left out because pretraining saw it
         if (excluded := data_dirs[t.name][0] / EXCLUDED_FILE).is_file():
             scores["tasks"][t.name]["excluded_seen"] = json.loads(excluded.read_text())
-    pipeline_dir = ctx.upstream["pretrain"] / "model"
+    pipeline_dir = ctx.upstream["pretrain"] / MODEL_DIR
     check_layers({n: _model_dir(m, ctx.spec, pipeline_dir) for m, n in zip(cfg.models, cfg.model_names())},
                  cfg.tasks)  # a bad path or layer stops the stage before the first model runs
     try:
