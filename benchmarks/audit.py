@@ -12,8 +12,10 @@ audit's per-step overhead against plain pretrain steps of the same model.
    audit's adversary: per-row losses, per-pair sums all-reduced over ranks, EMA
    update, K best-response re-samplings), each launched like the pretrain stage
    (``deepspeed_command`` + ``launch``, 2 CPU ranks over gloo).  Runs alternate
-   plain/audit (ABBA order) ``repeats`` times; the statistic is the median of rank
-   0's ``step_seconds`` after the first ``skip`` steps.  Target: audit ≤ 1.05 × plain.
+   plain/audit (ABBA order) ``repeats`` times; the statistic is rank 0's mean step time over
+   ``audit.baseline_every`` consecutive steps, the median over the run's periods after the first
+   ``skip`` steps: every period holds one of the baseline's extra passes, which a per-step median
+   would leave out.  Target: audit ≤ 1.05 × plain.
    Re-sampling steps (the adversary's schedule) are reported apart; a control run
    (``audit_same_batches``: the audit with ρ = 1e-9, so q stays the prior and the
    batches are nearly the plain run's) separates the bookkeeping from the effect of
@@ -243,10 +245,17 @@ class Watch(threading.Thread):
         self.foreign_cpu_s = max(0.0, (_busy_cpu_s() - self.busy0) - (_own_cpu_s(self.seen) - self.own0))
 
 
-def run_stats(rows: list[dict], skip: int) -> dict:
-    """Rank 0's step_seconds after the first ``skip`` steps; re-sampling steps also apart."""
+def run_stats(rows: list[dict], skip: int, period: int) -> dict:
+    """Rank 0's step_seconds after the first ``skip`` steps: per ``period`` consecutive steps (the
+    audit's baseline passes come once a period; a period's mean leaves its re-sampling steps out,
+    which are timed apart), per step, and the re-sampling steps apart."""
     measured = [r for r in rows if r["step"] > skip]
     sec = [r["step_seconds"] for r in measured]
+    periods = [[r["step_seconds"] for r in measured[i:i + period] if "audit/resample" not in r]
+               for i in range(0, len(measured) - period + 1, period)]
+    if not periods:
+        raise SystemExit(f"audit.py: {len(measured)} measured steps hold no period of {period} steps: "
+                         "raise --steps or lower --skip")
     res = [r for r in measured if "audit/resample" in r]
     other = [r["step_seconds"] for r in measured if "audit/resample" not in r]
     by_task = {}
@@ -254,14 +263,16 @@ def run_stats(rows: list[dict], skip: int) -> dict:
         ts = [r["step_seconds"] for r in measured if f"{t}/generator_loss" in r]
         if ts:
             by_task[t] = round(statistics.median(ts), 6)
-    return {"steps": len(rows), "measured_steps": len(measured), "median_step_s": round(statistics.median(sec), 6),
+    return {"steps": len(rows), "measured_steps": len(measured), "period_steps": period, "periods": len(periods),
+            "period_step_s": round(statistics.median(statistics.fmean(x) for x in periods if x), 6),
+            "median_step_s": round(statistics.median(sec), 6),
             "mean_step_s": round(statistics.fmean(sec), 6), "min_step_s": round(min(sec), 6),
             "median_step_s_by_task": by_task, "median_tokens": statistics.median(r["tokens"] for r in measured),
             "median_non_resample_step_s": round(statistics.median(other), 6),
             "resample_steps": [r["step"] for r in res], "resample_step_s": [round(r["step_seconds"], 6) for r in res]}
 
 
-def one_run(config: Path, ranks: int, skip: int, max_wait_s: float) -> dict:
+def one_run(config: Path, ranks: int, skip: int, max_wait_s: float, period: int) -> dict:
     from xylent.launch import deepspeed_command, launch
 
     waited = wait_until_quiet(max_wait_s)
@@ -275,7 +286,7 @@ def one_run(config: Path, ranks: int, skip: int, max_wait_s: float) -> dict:
         watch.join()
     wall = time.perf_counter() - t
     rows = [json.loads(ln) for ln in (config.parent / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    out = run_stats(rows, skip)
+    out = run_stats(rows, skip, period)
     out.update({"launch_wall_s": round(wall, 2), "waited_s": round(waited, 1),
                 "omp_num_threads_seen": sorted(x for x in watch.omp if x is not None),
                 "samples_with_other_trainers": watch.contended, "samples": watch.samples,
@@ -285,8 +296,8 @@ def one_run(config: Path, ranks: int, skip: int, max_wait_s: float) -> dict:
 
 
 def _summary(runs: list[dict]) -> dict:
-    meds = [r["median_step_s"] for r in runs]
-    return {"runs": runs, "best_median_step_s": min(meds), "median_median_step_s": round(statistics.median(meds), 6),
+    meds = [r["period_step_s"] for r in runs]
+    return {"runs": runs, "best_period_step_s": min(meds), "median_period_step_s": round(statistics.median(meds), 6),
             "mean_mean_step_s": round(statistics.fmean(r["mean_step_s"] for r in runs), 6),
             "spread": round(max(meds) / min(meds) - 1, 4)}
 
@@ -437,7 +448,7 @@ def step_overhead_benchmark(workspace: Path, *, steps: int, repeats: int, task_s
     # compile DeepSpeed's CPU op (first run on a machine) and warm the page cache; not timed
     warm = write_config(spec, upstream, runs_dir / "warmup", steps=min(steps, 12), tasks=task_sets[-1], audit=True)
     t = time.perf_counter()
-    one_run(warm, ranks, 0, max_wait_s)
+    one_run(warm, ranks, 0, max_wait_s, dro.baseline_every)
     print(f"warm-up launch: {time.perf_counter() - t:.0f} s", flush=True)
     variants = []
     for v_i, tasks in enumerate(task_sets):
@@ -450,10 +461,10 @@ def step_overhead_benchmark(workspace: Path, *, steps: int, repeats: int, task_s
                 for _attempt in range(3):  # a run that shared the machine is done again (and kept apart)
                     cfg = write_config(spec, upstream, runs_dir / f"{name}-{kind}-{rep}", steps=steps, tasks=tasks,
                                        audit=kind != "plain", rho=CONTROL_RHO if kind == SAME_BATCHES else None)
-                    r = one_run(cfg, ranks, skip, max_wait_s)
+                    r = one_run(cfg, ranks, skip, max_wait_s, dro.baseline_every)
                     r.update({"repeat": rep, "kind": kind})
                     print(json.dumps({"tasks": name, **{k: r[k] for k in (
-                        "kind", "repeat", "median_step_s", "mean_step_s", "launch_wall_s",
+                        "kind", "repeat", "period_step_s", "median_step_s", "mean_step_s", "launch_wall_s",
                         "samples_with_other_trainers", "other_processes_cores")}}), flush=True)
                     if r["samples_with_other_trainers"] == 0 and r["other_processes_cores"] < MAX_OTHER_CORES:
                         break
@@ -465,12 +476,12 @@ def step_overhead_benchmark(workspace: Path, *, steps: int, repeats: int, task_s
             a = _summary(runs[kind])
             v[kind] = a
             # each repeat's runs ran next to each other: their ratio cancels slow drift of the machine
-            paired = [x["median_step_s"] / y["median_step_s"] for x, y in zip(runs[kind], runs["plain"])]
-            o = {"overhead_median": round(a["median_median_step_s"] / p["median_median_step_s"] - 1, 4),
-                 "overhead_best": round(a["best_median_step_s"] / p["best_median_step_s"] - 1, 4),
+            paired = [x["period_step_s"] / y["period_step_s"] for x, y in zip(runs[kind], runs["plain"])]
+            o = {"overhead_median": round(a["median_period_step_s"] / p["median_period_step_s"] - 1, 4),
+                 "overhead_best": round(a["best_period_step_s"] / p["best_period_step_s"] - 1, 4),
                  "overhead_paired_median": round(statistics.median(paired) - 1, 4),
                  "overhead_paired": [round(x - 1, 4) for x in paired],
-                 # time per step with the re-sampling steps in (the medians leave those out)
+                 # time per step with the re-sampling steps in (the period means leave those out)
                  "overhead_mean": round(a["mean_mean_step_s"] / p["mean_mean_step_s"] - 1, 4)}
             res = [t for r in runs[kind] for t in r["resample_step_s"]]
             if res:
@@ -510,7 +521,9 @@ def step_overhead_benchmark(workspace: Path, *, steps: int, repeats: int, task_s
         "repeats": repeats, "ranks": ranks,
         "backend": "gloo (CPU)", "omp_num_threads_per_rank": omp,
         "versions": {"torch": torch.__version__, "deepspeed": deepspeed.__version__},
-        "statistic": "median of rank 0's step_seconds after the first skip steps; runs alternate plain/audit (ABBA)",
+        "statistic": f"rank 0's mean step_seconds over {dro.baseline_every} consecutive steps (each holds one "
+                     "baseline pass), the median over a run's periods after the first skip steps; runs alternate "
+                     "plain/audit (ABBA)",
         "variants": variants, "components": comp,
         "pass": all(v["pass"] for v in variants),
     }
@@ -548,8 +561,8 @@ def markdown(result: dict) -> str:
             key = "+".join(v["tasks"])
             paired = v["overhead_paired"]
             res = v.get("resample", {})
-            rows.append([names.get(key, key), harness.seconds(v["plain"]["median_median_step_s"]),
-                         harness.seconds(v["audit"]["median_median_step_s"]), f"**{_pct(v['overhead_median'])}**",
+            rows.append([names.get(key, key), harness.seconds(v["plain"]["median_period_step_s"]),
+                         harness.seconds(v["audit"]["median_period_step_s"]), f"**{_pct(v['overhead_median'])}**",
                          f"{_pct(v['overhead_paired_median'])} ({_pct(min(paired))} … {_pct(max(paired))})",
                          _pct(v["overhead_mean"]),
                          harness.seconds(res.get("extra_s_per_resample")) if res else "–"])
@@ -557,8 +570,8 @@ def markdown(result: dict) -> str:
             if ctl:
                 c = ctl["vs_plain"]
                 rows.append([f"control: {key.upper()}, ρ = {CONTROL_RHO:g} (q ≈ Q)",
-                             harness.seconds(v["plain"]["median_median_step_s"]),
-                             harness.seconds(ctl["median_median_step_s"]), _pct(c["overhead_median"]),
+                             harness.seconds(v["plain"]["median_period_step_s"]),
+                             harness.seconds(ctl["median_period_step_s"]), _pct(c["overhead_median"]),
                              f"{_pct(c['overhead_paired_median'])} ({_pct(min(c['overhead_paired']))} … "
                              f"{_pct(max(c['overhead_paired']))})", _pct(c["overhead_mean"]),
                              harness.seconds(c.get("resample", {}).get("extra_s_per_resample"))])
