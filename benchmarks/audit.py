@@ -533,6 +533,13 @@ def _pct(x: float) -> str:
     return f"{x * 100:+.1f} %"
 
 
+def _extra(seconds: float | None) -> str:
+    """A re-sampling step's extra time; a negative difference of medians is noise, not a saving."""
+    if seconds is None:
+        return "–"
+    return harness.seconds(seconds) if seconds >= 0 else f"within noise ({harness.seconds(seconds)})"
+
+
 def markdown(result: dict) -> str:
     out = []
     br = result.get("best_response")
@@ -565,7 +572,7 @@ def markdown(result: dict) -> str:
                          harness.seconds(v["audit"]["median_period_step_s"]), f"**{_pct(v['overhead_median'])}**",
                          f"{_pct(v['overhead_paired_median'])} ({_pct(min(paired))} … {_pct(max(paired))})",
                          _pct(v["overhead_mean"]),
-                         harness.seconds(res.get("extra_s_per_resample")) if res else "–"])
+                         _extra(res.get("extra_s_per_resample")) if res else "–"])
             ctl = v.get(SAME_BATCHES)
             if ctl:
                 c = ctl["vs_plain"]
@@ -574,7 +581,7 @@ def markdown(result: dict) -> str:
                              harness.seconds(ctl["median_period_step_s"]), _pct(c["overhead_median"]),
                              f"{_pct(c['overhead_paired_median'])} ({_pct(min(c['overhead_paired']))} … "
                              f"{_pct(max(c['overhead_paired']))})", _pct(c["overhead_mean"]),
-                             harness.seconds(c.get("resample", {}).get("extra_s_per_resample"))])
+                             _extra(c.get("resample", {}).get("extra_s_per_resample"))])
         target = so["target_max_overhead"]
         worst = max(v["overhead_median"] for v in so["variants"])
         out += [f"**Per-step overhead of the audit** against plain pretrain steps of the same model "
@@ -590,17 +597,26 @@ def markdown(result: dict) -> str:
             ctl = v.get(SAME_BATCHES)
             if ctl:
                 tok = {k: statistics.median(r["median_tokens"] for r in v[k]["runs"]) for k in ("plain", "audit")}
+                a_lo, a_hi = min(v["overhead_paired"]), max(v["overhead_paired"])
+                c_lo, c_hi = min(ctl["vs_plain"]["overhead_paired"]), max(ctl["vs_plain"]["overhead_paired"])
+                # the repeats' spread decides whether the two differ at all
+                rest = ("so the rest is not more tokens: it comes with the rows that q draws instead of Q"
+                        if a_lo > c_hi else
+                        f"but the paired ranges overlap ({_pct(c_lo)} … {_pct(c_hi)} against {_pct(a_lo)} … "
+                        f"{_pct(a_hi)}), so this run does not tell the bookkeeping from the rows q draws")
                 out.append(
                     f"The control does all of the audit's bookkeeping with q ≈ Q and costs "
                     f"{_pct(ctl['vs_plain']['overhead_median'])}; the audit proper costs "
                     f"{_pct(v['overhead_median'])} with {tok['audit']:g} tokens per step against {tok['plain']:g} "
-                    "plain, so the rest is not more tokens: it comes with the rows that q draws instead of Q.")
+                    f"plain, {rest}.")
                 out.append("")
         comp = so.get("components")
         if comp:
             out.append(
                 f"Alone, {comp['threads']} thread (`components`): the per-row loss sums inside forward + backward "
-                f"{comp['per_row_extra_ms']:+.2f} ms of {comp['forward_backward_ms']:.1f} ms, `pair_totals` "
+                + (f"{comp['per_row_extra_ms']:+.2f} ms" if comp["per_row_extra_ms"] >= 0 else
+                   f"below the timing noise ({comp['per_row_extra_ms']:+.2f} ms)")
+                + f" of {comp['forward_backward_ms']:.1f} ms, `pair_totals` "
                 f"{comp['pair_totals_ms_without_allreduce']:.2f} ms, the all-reduce of the {comp['pairs']} per-pair "
                 f"sums {comp['allreduce_ms']['pair_sums']:.2f} ms (the step's own stats all-reduce "
                 f"{comp['allreduce_ms']['step_stats']:.2f} ms), the EMA update {comp['observe_ms']:.2f} ms, a best "

@@ -123,6 +123,7 @@ def test_a_worker_elsewhere_runs_deployments_and_two_runs_on_one_workspace_queue
     waited = [text for text in said if "another run holds it" in text]
     assert len(waited) == 1, f"one run waited and said so; a free workspace is taken without a word: {said}"
     assert "got the workspace" in waited[0], waited
+    assert sum("got the workspace" in text for text in said) == 1, f"the run with a free slot waited for none: {said}"
 
 
 @pytest.mark.costs(cli=3)

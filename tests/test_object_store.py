@@ -246,7 +246,9 @@ def test_data_stages_on_a_bucket_match_disk_and_another_machine_reuses_them(buck
     for task in ("mrtd", "trtd"):
         local = TrainingLoader(disk["stages"]["shards"]["output_dir"], sampling, task=task, batch_size=4)
         remote = TrainingLoader(f"{url}/shards/{shards_fp}", sampling, task=task, batch_size=4)
-        for a, b in zip(local.batches(3), remote.batches(3)):
+        pairs = list(zip(local.batches(3), remote.batches(3)))
+        assert len(pairs) == 3, f"{task}: three batches from each side"
+        for a, b in pairs:
             assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a), task
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -42,8 +41,10 @@ def workspace_slot(root: str):
     if not deployment.id:
         yield
         return
+    import httpx
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError  # the public name; sync raises it too
     from prefect.concurrency.sync import concurrency
     from prefect.exceptions import ObjectAlreadyExists
 
@@ -51,30 +52,17 @@ def workspace_slot(root: str):
     with get_client(sync_client=True) as client:
         with contextlib.suppress(ObjectAlreadyExists):
             client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
-        # asked, not timed: on a loaded machine taking a free slot can outlast any short timeout
-        busy = client.read_global_concurrency_limit_by_name(name).active_slots >= 1
-    log = get_run_logger()
-    notice = ("waiting for the workspace %s: another run holds it (concurrency slot %s)", root, name)
-    got = threading.Event()
-
-    def still_waiting():
-        # two runs can ask in the same instant and both hear "free": the one that loses the race still says why it
-        # waits, once the slot shows taken by someone else (a slow server alone is not "another run")
-        with get_client(sync_client=True) as late_client:
-            taken = late_client.read_global_concurrency_limit_by_name(name).active_slots >= 1
-        if taken and not got.is_set():
-            log.info(*notice)  # the adapter carries its run's id, so this works off the run's thread
-
-    late = threading.Timer(5.0, still_waiting)
+    slot = {"occupy": 1, "strict": True, "lease_duration": 60}
     with contextlib.ExitStack() as held:
-        if busy:  # a free workspace is taken without a word
-            log.info(*notice)
-        else:
-            late.start()
-            held.callback(late.cancel)
-        started = time.monotonic()
-        held.enter_context(concurrency(name, occupy=1, strict=True, lease_duration=60))
-        got.set()
-        if busy or time.monotonic() - started > 5:
+        try:  # one try: the server answers 423 only while another run holds the slot (a slow server never does)
+            held.enter_context(concurrency(name, max_retries=0, **slot))
+        except ConcurrencySlotAcquisitionError as exc:
+            cause = exc.__cause__
+            if not (isinstance(cause, httpx.HTTPStatusError) and cause.response.status_code == 423):
+                raise
+            log = get_run_logger()
+            log.info("waiting for the workspace %s: another run holds it (concurrency slot %s)", root, name)
+            started = time.monotonic()
+            held.enter_context(concurrency(name, **slot))
             log.info("got the workspace %s after %.0f s", root, time.monotonic() - started)
         yield
