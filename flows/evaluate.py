@@ -7,7 +7,6 @@ body: a cached evaluate needs only the flow."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from prefect import get_run_logger, task
@@ -36,7 +35,7 @@ def model_ref(model, name: str, spec, pipeline_dir: Path) -> dict:
 
 
 def load_encoder(model, spec, pipeline_dir: Path):
-    from tasks.evaluate.encoders import load_ref
+    from tasks.evaluate.run import load_ref
 
     name = model if isinstance(model, str) else model.name
     return load_ref(model_ref(model, name, spec, pipeline_dir))
@@ -82,69 +81,38 @@ def _tag_registered_version(ctx: StageContext, tags: dict[str, str]) -> list[str
 
 @stage_flow(STAGE_BY_NAME["evaluate"])
 def evaluate(ctx: StageContext) -> StageOutcome:
-    from tasks.evaluate.encoders import check_layers
-    from tasks.evaluate.run import FINETUNED, sentences_to_embed
-    from tasks.evaluate.scorecard import PRIMARY, headline_tags, mlflow_metrics, references, write_scorecard
-    from tasks.evaluate.data import probe_warnings
-    from tasks.evaluate.sources import EXCLUDED_FILE, task_dirs
-    from tasks.evaluate.finetune.task import TaskData
+    from tasks.evaluate import run
     from tasks.pretrain.contract import MODEL_DIR
 
     cfg, tracker = ctx.spec.evaluate, ctx.tracker
     cache = ctx.ws.stage_dir("evaluate") / "_cache"  # fetched archives outlive a failed run
-    data_dirs = {t.name: task_dirs(t, ctx.spec, ctx.upstream, ctx.out / "data", cache) for t in cfg.tasks}
-    per_model = sum(sentences_to_embed(t, *data_dirs[t.name]) for t in cfg.tasks)  # reads (checks) every file
-    warnings = [w for t in cfg.tasks if t.kind == "probe" for w in probe_warnings(data_dirs[t.name][0], t)]
-    # fine-tuned tasks' files are read (and so checked) before any model is trained
-    finetune_data = {t.name: TaskData(t, data_dirs[t.name][0]) for t in cfg.tasks if t.kind in FINETUNED}
-    checkpoints = checkpoint_dir(ctx) if finetune_data else ctx.out / "_unused"
-    progress = Progress("evaluate: sentences embedded", per_model * len(cfg.models) or None, unit="sentences",
-                        key="evaluate-progress")
-    pre = ctx.spec.pretrain
-    scores = {"models": {}, "tasks": {t.name: t.model_dump(mode="json") for t in cfg.tasks},
-              "references": references(),
-              **({"pipeline": {"objective": pre.objective,  # the scorecard names the recipe it was trained with
-                                "variant": {k: list(v) for k, v in pre.objective_variant().items()}}}
-                 if "pipeline" in cfg.models else {})}
-    for t in cfg.tasks:  # how much of a task was left out because pretraining saw it
-        if (excluded := data_dirs[t.name][0] / EXCLUDED_FILE).is_file():
-            scores["tasks"][t.name]["excluded_seen"] = json.loads(excluded.read_text())
+    inputs = run.read_tasks(ctx.spec, ctx.upstream, ctx.out / "data", cache)
+    warnings = list(inputs.warnings)
+    checkpoints = checkpoint_dir(ctx) if inputs.finetune_data else ctx.out / "_unused"
+    progress = Progress("evaluate: sentences embedded", inputs.sentences_per_model * len(cfg.models) or None,
+                        unit="sentences", key="evaluate-progress")
+    scores = run.new_scores(ctx.spec, inputs.data_dirs)
     pipeline_dir = ctx.upstream["pretrain"] / MODEL_DIR
-    check_layers({n: _model_dir(m, ctx.spec, pipeline_dir) for m, n in zip(cfg.models, cfg.model_names())},
-                 cfg.tasks)  # a bad path or layer stops the stage before the first model runs
+    run.check_layers({n: _model_dir(m, ctx.spec, pipeline_dir) for m, n in zip(cfg.models, cfg.model_names())},
+                     cfg.tasks)  # a bad path or layer stops the stage before the first model runs
     try:
         for model, name in zip(cfg.models, cfg.model_names()):
             run_id = tracker.start_run(f"evaluate: {name}", parent_run_id=ctx.run_id, params=_model_params(model),
                                        tags={"xylent.stage": "evaluate", "xylent.model": name})
             try:
-                result = evaluate_model_task.submit(name, model, ctx.spec, pipeline_dir, data_dirs,
-                                                    ctx.out / "predictions" / name, progress, finetune_data,
-                                                    checkpoints, ctx.out / "labels").result()
+                result = evaluate_model_task.submit(name, model, ctx.spec, pipeline_dir, inputs.data_dirs,
+                                                    ctx.out / "predictions" / name, progress,
+                                                    inputs.finetune_data, checkpoints, ctx.out / "labels").result()
             except BaseException:
                 tracker.end_run(run_id, "FAILED")
                 raise
-            tracker.log_metrics(run_id, mlflow_metrics(result))
+            tracker.log_metrics(run_id, run.mlflow_metrics(result))
             tracker.end_run(run_id)
             scores["models"][name] = result
     finally:
         progress.close()
-    write_scorecard(ctx.out, scores)
+    results = run.write_results(ctx.out, scores)
     if "pipeline" in scores["models"]:
-        warnings += _tag_registered_version(ctx, {**headline_tags(scores), "eval.output": ctx.fingerprint})
-    metrics, table = {}, []
-    for name, result in scores["models"].items():
-        # the stage run too: the pipeline's under eval/, the others under vs/<model>/, which MLflow's UI lists
-        # after eval/ (a model name sorts anywhere: "bag-of-subwords/" came before the encoder's own sections)
-        for m, v in mlflow_metrics(result).items():
-            metrics[m if name == "pipeline" else f"vs/{name}/{m}"] = v
-        for tname, r in result.items():
-            metric = PRIMARY[r["kind"]]
-            for lang, vals in r["languages"].items():
-                table.append({"model": name, "task": tname, "language": lang, "metric": metric,
-                              "value": round(vals.get(metric, float("nan")), 2)})
-    summary = "\n".join(f"- **{t}**: " + ", ".join(f"{m} {r[t]['avg']:.1f}" if r[t]["avg"] is not None else f"{m} –"
-                                                   for m, r in scores["models"].items()) for t in scores["tasks"])
-    return StageOutcome(metrics={k: v for k, v in metrics.items() if v is not None}, table=table,
-                        summary="Average score per task (0–100; details in scorecard.md):\n\n" + summary,
-                        warnings=warnings,
+        warnings += _tag_registered_version(ctx, {**run.headline_tags(scores), "eval.output": ctx.fingerprint})
+    return StageOutcome(metrics=results.metrics, table=results.table, summary=results.summary, warnings=warnings,
                         manifest={"models": cfg.model_names(), "tasks": list(scores["tasks"])})

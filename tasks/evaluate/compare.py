@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 
 from tasks.evaluate.contract import SCORES_FILE, read_scores
-from tasks.pretrain.contract import read_metrics
+from tasks.pretrain.contract import MODEL_DIR, read_metrics
 from xylent.errors import XylentError
 
 # the final-steps pretraining numbers worth a column, each with the trivial peer it is read against
@@ -53,8 +53,8 @@ def read_run(label: str, evaluate_dir: Path | None, pretrain_dir: Path | None,
     if pretrain_dir is not None and (pretrain_dir / "metrics.jsonl").is_file():
         pretrain = final_metrics(pretrain_dir / "metrics.jsonl")
     objective = None
-    if pretrain_dir is not None and (pretrain_dir / "model" / "config.json").is_file():
-        objective = json.loads((pretrain_dir / "model" / "config.json").read_text()).get("objective")
+    if pretrain_dir is not None and (config := pretrain_dir / MODEL_DIR / "config.json").is_file():
+        objective = json.loads(config.read_text()).get("objective")
     return {"label": label, "objective": objective, "scores": scores["models"], "pretrain": pretrain,
             "kinds": {name: t["kind"] for name, t in scores.get("tasks", {}).items()}}
 

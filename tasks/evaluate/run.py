@@ -5,21 +5,29 @@ Retrieval (Tatoeba-style) embeds each sentence once with every layer's pooled
 state and scores every layer (the scorecard plots them); the task's number is
 the one at its ``layer``.  BUCC mines at its layer only (its test sets are
 large).  The probe trains on the task's train language at its layer.
+
+The evaluate flow calls the stage around the models here too: every task's files
+read and checked first (:func:`read_tasks`), the scores started (:func:`new_scores`),
+the scorecard and the stage run's metrics at the end (:func:`write_results`).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from tasks.evaluate.data import read_probe
-from tasks.evaluate.encoders import SentenceEncoder
+from tasks.evaluate.data import probe_warnings, read_probe
+from tasks.evaluate.encoders import SentenceEncoder, check_layers, load_ref
+from tasks.evaluate.finetune.task import TaskData
 from tasks.evaluate.probe import evaluate_probe
 from tasks.evaluate.retrieval import evaluate_bucc, tatoeba_accuracy
 from tasks.evaluate.retrieval_data import read_tatoeba, tatoeba_code
+from tasks.evaluate.scorecard import PRIMARY, headline_tags, mlflow_metrics, references, write_scorecard
+from tasks.evaluate.sources import EXCLUDED_FILE, task_dirs
 from tasks.evaluate.submission import write_predictions
 
 # where a kind's predictions go in the submission layout (XTREME's task folder names)
@@ -171,7 +179,7 @@ class FineTuning:
     and gold labels go."""
 
     load: Callable[[], SentenceEncoder]
-    data: dict            # task name -> tasks.evaluate.finetune.run.TaskData
+    data: dict            # task name -> TaskData
     checkpoints: Path     # <...>/_checkpoints/<fingerprint>/<model>
     labels: Path          # gold test labels in the submission layout
     log: Callable[[str], None] = lambda s: None
@@ -213,3 +221,70 @@ def sentences_to_embed(task, data: Path, labels: Path | None) -> int:
         return sum(len(read_probe(data, lang, "test")[1]) for lang in task.languages) + len(
             read_probe(data, task.train_language, "train")[1])
     return 0  # BUCC: its files are large; the bar counts without a total; fine-tuned tasks train, not embed
+
+
+# ---- the stage around the models: what the evaluate flow calls before, between and after them ----
+
+@dataclass
+class TaskInputs:
+    """Every task's files, read (and so checked) before any model is loaded or trained."""
+
+    data_dirs: dict[str, tuple]  # task name -> (data dir, labels dir or None)
+    sentences_per_model: int     # for the progress bar
+    warnings: list[str]
+    finetune_data: dict[str, TaskData]  # the fine-tuned tasks'
+
+
+def read_tasks(spec, upstream: dict[str, Path], data_out: Path, cache: Path) -> TaskInputs:
+    tasks = spec.evaluate.tasks
+    dirs = {t.name: task_dirs(t, spec, upstream, data_out, cache) for t in tasks}
+    return TaskInputs(data_dirs=dirs,
+                      sentences_per_model=sum(sentences_to_embed(t, *dirs[t.name]) for t in tasks),
+                      warnings=[w for t in tasks if t.kind == "probe" for w in probe_warnings(dirs[t.name][0], t)],
+                      finetune_data={t.name: TaskData(t, dirs[t.name][0]) for t in tasks if t.kind in FINETUNED})
+
+
+def new_scores(spec, data_dirs: dict[str, tuple]) -> dict:
+    """scores.json before any model: the tasks as run, the paper's references, the recipe the pipeline's
+    encoder was trained with, and how much of a task was left out because pretraining saw it."""
+    cfg, pre = spec.evaluate, spec.pretrain
+    scores = {"models": {}, "tasks": {t.name: t.model_dump(mode="json") for t in cfg.tasks},
+              "references": references(),
+              **({"pipeline": {"objective": pre.objective,
+                                "variant": {k: list(v) for k, v in pre.objective_variant().items()}}}
+                 if "pipeline" in cfg.models else {})}
+    for t in cfg.tasks:
+        if (excluded := data_dirs[t.name][0] / EXCLUDED_FILE).is_file():
+            scores["tasks"][t.name]["excluded_seen"] = json.loads(excluded.read_text())
+    return scores
+
+
+@dataclass
+class StageResults:
+    metrics: dict[str, float]  # the stage run's: the pipeline's under eval/, the others under vs/<model>/
+    table: list[dict]          # one row per model, task and language
+    summary: str
+
+
+def write_results(out: Path, scores: dict) -> StageResults:
+    """scorecard.md and scores.json, and what the stage run logs of them."""
+    write_scorecard(out, scores)
+    metrics, table = {}, []
+    for name, result in scores["models"].items():
+        # MLflow's UI lists vs/<model>/ after eval/ (a model name sorts anywhere: "bag-of-subwords/" came
+        # before the encoder's own sections)
+        for m, v in mlflow_metrics(result).items():
+            metrics[m if name == "pipeline" else f"vs/{name}/{m}"] = v
+        for tname, r in result.items():
+            metric = PRIMARY[r["kind"]]
+            for lang, vals in r["languages"].items():
+                table.append({"model": name, "task": tname, "language": lang, "metric": metric,
+                              "value": round(vals.get(metric, float("nan")), 2)})
+    summary = "\n".join(f"- **{t}**: " + ", ".join(f"{m} {r[t]['avg']:.1f}" if r[t]["avg"] is not None else f"{m} –"
+                                                   for m, r in scores["models"].items()) for t in scores["tasks"])
+    return StageResults(metrics={k: v for k, v in metrics.items() if v is not None}, table=table,
+                        summary="Average score per task (0–100; details in scorecard.md):\n\n" + summary)
+
+
+__all__ = ["FINETUNED", "FineTuning", "StageResults", "TaskInputs", "check_layers", "evaluate_model", "headline_tags",
+           "load_ref", "mlflow_metrics", "new_scores", "read_tasks", "sentences_to_embed", "write_results"]
