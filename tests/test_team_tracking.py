@@ -50,7 +50,7 @@ def mlflow_server(tmp_path_factory):
         try:
             if requests.get(f"{uri}/health", timeout=2).ok:
                 break
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # not listening yet, or too busy starting to answer
             time.sleep(0.5)
     else:
         proc.kill()
