@@ -232,6 +232,12 @@ def test_the_q_trajectory_is_exact_after_a_resume_and_the_same_on_two_ranks(demo
     rc, out, err = run_cli(*args, "--force", "--set", "pretrain.ranks=2")
     assert rc == 0, err[-3000:]
     two = _state(out)
-    for a, b in zip(two["trajectory"], whole["trajectory"]):
-        assert a["step"] == b["step"] and np.allclose(a["q"], b["q"], rtol=1e-3, atol=1e-6)
+    assert [a["step"] for a in two["trajectory"]] == [b["step"] for b in whole["trajectory"]]
+    # the first re-sampling agrees to rounding; then the two runs' weights drift apart by float noise (a sum over two
+    # ranks rounds differently), about tenfold a re-sampling period: 9e-8, 3e-4, 2e-3 relative on an Intel Xeon
+    # (2026-12-01), where rtol 1e-3 failed at the third. A rank left out of a sum would be off by O(1).
+    (first, first_ref), *later = zip(two["trajectory"], whole["trajectory"])
+    assert np.allclose(first["q"], first_ref["q"], rtol=1e-5, atol=0)
+    for a, b in later:
+        assert np.allclose(a["q"], b["q"], rtol=1e-2, atol=1e-6), a["step"]
     assert two["rows"] == whole["rows"], "the same rows drawn on 1 and 2 ranks"
