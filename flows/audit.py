@@ -19,10 +19,9 @@ from flows.registry import STAGE_BY_NAME
 
 @task(name="audit-evidence", cache_policy=NO_CACHE)
 def evidence_task(dedup_dir, pairs, spec):
-    from tasks.audit.evidence import pair_evidence
+    from tasks.audit import run
 
-    return pair_evidence(dedup_dir, pairs, hub_min_sources=spec.dedup.hub_min_partners,
-                         max_length_ratio=spec.dedup.max_length_ratio)
+    return run.evidence(spec, dedup_dir, pairs)
 
 
 @stage_flow(STAGE_BY_NAME["audit"])

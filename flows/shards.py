@@ -31,10 +31,11 @@ def pack_task(name: str, tokenized: list[dict], out: Path, cfg: ShardsConfig, sp
 
 @stage_flow(STAGE_BY_NAME["shards"])
 def shards(ctx: StageContext) -> StageOutcome:
-    from tasks.shards.run import assemble, tokenizer_of, work_items
+    from tasks.shards.run import assemble, work_items
+    from tasks.vocab.contract import read_tokenizer, tokenizer_path
 
     cfg = ctx.spec.shards
-    model, specials = tokenizer_of(ctx.upstream["vocab"])
+    model, (_, specials) = tokenizer_path(ctx.upstream["vocab"]), read_tokenizer(ctx.upstream["vocab"])
     parts = batches(work_items(ctx.upstream["dedup"]), task_slots(ctx.spec.runner))
     progress = Progress("shards", len(parts), unit="tasks", key="shards-progress")
     try:

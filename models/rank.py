@@ -35,7 +35,8 @@ def watch_parent() -> None:
     A kill -9 of xylent gives its children no chance to stop the ranks (the
     launcher's own parent-death signal reaches only the launcher, which exits
     without stopping them), so every local rank checks ten times a second and takes its
-    process group (the launcher's, ranks included) down when the parent is gone."""
+    process group down when the parent is gone (the launcher's, ranks included, or, started
+    directly, the rank's own)."""
     spec = os.environ.get("XYLENT_PARENT")
     if not spec:
         return

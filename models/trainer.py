@@ -2,8 +2,8 @@
 
     deepspeed --num_gpus N --module models.trainer --config train.json
 
-(one local CPU rank is started directly by ``xylent.launch``, with the
-command line and environment the launcher would give it).
+(local CPU ranks are started directly by ``xylent.launch``, with the
+command line and environment the launcher would give them).
 
 Each optimizer step runs ``grad_accum`` micro-batches per task it trains
 (``alternate``: one task per step; ``mix``: every task every step).  Losses are

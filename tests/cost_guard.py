@@ -7,7 +7,8 @@ fixtures it requests declare theirs).  Counts are upper bounds.
 
 Counting: the real ``subprocess.Popen.__init__`` is wrapped (and always called): a process
 started with ``XYLENT_PARENT`` in its environment is a DeepSpeed rank launch (the launcher
-sets it for every local rank program, xylent/launch.py), one running ``flows.kit.cli`` or
+sets it for every local rank program, xylent/launch.py; local CPU ranks started without the
+launcher count once, by their rank 0), one running ``flows.kit.cli`` or
 ``xylent`` is a CLI process, one of the servers below is a server.  What happens inside a CLI
 subprocess is that process's business.  A fixture's set-up is counted against the fixture, the
 rest of a test's run against the test.  An item that declares or requests anything is
@@ -44,8 +45,8 @@ _started = time.monotonic()
 
 def kind_of(args, env) -> str | None:
     argv = [str(a) for a in ([args] if isinstance(args, (str, bytes, os.PathLike)) else args)]
-    if env and "XYLENT_PARENT" in env:
-        return "deepspeed"
+    if env and "XYLENT_PARENT" in env:  # a launch's ranks started directly: the launch is its rank 0
+        return "deepspeed" if env.get("LOCAL_RANK", "0") == "0" else None
     names = [Path(a).name for a in argv[:3]]
     if any("flows.kit.cli" in a for a in argv) or (names and names[0] == "xylent"):  # -m, -c and sh -c forms too
         return "cli"

@@ -150,13 +150,6 @@ def test_no_stage_imports_a_downstream_stage():
     assert set(stage_of.values()) <= set(order) | {"versions"}, "every folder of tasks/ is a stage"
 
 
-# what stage flows still take from past their stage's run.py: these names move into run.py with the next
-# `make acceptance`, because tasks/audit/ and tasks/evaluate/ are code the acceptance claims hash (issue 32)
-NOT_YET_THROUGH_RUN = {
-    "audit": {"tasks.audit.evidence"},
-}
-
-
 def _task_modules_imported(path: Path) -> list[tuple[str, int]]:
     """The modules of tasks/ a file imports: ``from tasks.x import run`` is ``tasks.x.run``, a name
     that is not a module (``from tasks.x.run import f``) is its module."""
@@ -176,19 +169,14 @@ def test_a_stage_flow_enters_its_stage_through_run_and_reads_others_through_thei
     ``contract.py``: a stage's other modules can be split or renamed without touching its flow."""
     from flows.registry import STAGE_NAMES
 
-    bad, pending = [], set()
+    bad = []
     for stage in STAGE_NAMES:
         for module, line in _task_modules_imported(ROOT / "flows" / f"{stage}.py"):
             if module == f"tasks.{stage}.run" or module.endswith(".contract"):
                 continue
-            if module in NOT_YET_THROUGH_RUN.get(stage, ()):
-                pending.add((stage, module))
-                continue
             bad.append(f"flows/{stage}.py:{line} imports {module}: call it through tasks/{stage}/run.py"
                        + ("" if module.startswith(f"tasks.{stage}.") else " (another stage's output: its contract.py)"))
     assert not bad, "\n".join(bad)
-    listed = {(stage, m) for stage, ms in NOT_YET_THROUGH_RUN.items() for m in ms}
-    assert listed == pending, f"moved into run.py: take them off NOT_YET_THROUGH_RUN: {sorted(listed - pending)}"
 
 
 def test_models_take_only_the_loader_from_tasks():

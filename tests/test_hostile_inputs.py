@@ -536,6 +536,39 @@ def test_stopping_a_launch_signals_its_launcher_and_ranks_by_identity_and_no_oth
             p.wait()
 
 
+@pytest.mark.costs(deepspeed=2)  # two stand-in launches of two local ranks each, started directly (no torch)
+def test_directly_started_ranks_stop_together_name_the_first_death_and_leave_nothing_behind(tmp_path, monkeypatch):
+    """What DeepSpeed's launcher does for its ranks, done without it (xylent.launch): when one rank exits
+    non-zero the others are stopped and the error names that rank; a rank's leftover child, which holds the
+    output pipe, does not keep a finished launch waiting."""
+    import os
+    import time
+
+    import psutil
+
+    from xylent.errors import XylentError
+    from xylent.launch import deepspeed_command, launch
+
+    (tmp_path / "standin.py").write_text(
+        "import os, subprocess, sys, time\n"
+        "rank = int(os.environ['RANK'])\n"
+        "print(f'rank {rank} up', flush=True)\n"
+        "if sys.argv[-1] == 'die':\n"
+        "    sys.exit(3) if rank == 1 else time.sleep(120)\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])  # a leftover on the pipe\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    start = time.monotonic()
+    with pytest.raises(XylentError, match=r"training rank \(local\) 1 died \(exit code 3\)"):
+        launch([*deepspeed_command(tmp_path / "die", ranks=2, module="standin"), "die"], tmp_path / "a.log")
+    done = launch(deepspeed_command(tmp_path / "exit", ranks=2, module="standin"), tmp_path / "b.log")
+    assert time.monotonic() - start < 60, "rank 0 was stopped and the leftovers killed, not waited for"
+    log = done.log_file.read_text()
+    assert "rank 0 up" in log and "rank 1 up" in log and "2 local CPU rank(s)" in log
+    left = [p for p in psutil.process_iter(["cmdline"]) if "standin" in " ".join(p.info["cmdline"] or [])
+            or "time.sleep(120)" in " ".join(p.info["cmdline"] or [])]
+    assert not left, [p.info["cmdline"] for p in left]
+
+
 def test_the_server_watchdog_stops_only_the_server_it_was_given_never_a_process_that_took_its_number():
     """PIDs wrap within minutes on a busy machine: the watchdog knows its CLI and its server by
     PID and start time, so a reused number, for the parent or the server, is not them."""

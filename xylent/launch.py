@@ -7,15 +7,18 @@ and to a callback.  When a rank dies the launcher kills the others and exits
 non-zero; we turn that into an error naming the rank, its exit code, the end of
 its traceback and the checkpoint a rerun will resume from.
 
-One local CPU rank (``--num_gpus 1``, no hostfile, no GPU) is started directly,
-with the command line and environment the launcher would give it: the launcher
-is two more Python processes (``deepspeed`` and ``deepspeed.launcher.launch``),
-each importing torch and DeepSpeed (and DeepSpeed imports MLflow), seconds
-before the rank even starts, and its watch loop notices the rank's exit up to a
-second late.  ``train.log`` still begins with the ``$ deepspeed ...`` line (the
-launch as given: run by hand, it trains the same), followed by the line that
-says how the rank was started.  ``XYLENT_DEEPSPEED_LAUNCHER=1`` starts every
-launch through the launcher.
+Local CPU ranks (``--num_gpus N``, no hostfile, no GPU) are started directly,
+each with the command line and environment the launcher would give it: the
+launcher is two more Python processes (``deepspeed`` and
+``deepspeed.launcher.launch``), each importing torch and DeepSpeed (and DeepSpeed
+imports MLflow), seconds before the first rank even starts, and its watch loop
+notices a rank's exit up to a second late.  What the launcher does for its ranks
+is kept: their output goes through one pipe (whole lines, as they share its
+stdout), and when one rank exits non-zero the others are stopped and the launch
+fails naming that rank.  ``train.log`` still begins with the ``$ deepspeed ...``
+line (the launch as given: run by hand, it trains the same), followed by the line
+that says how the ranks were started.  ``XYLENT_DEEPSPEED_LAUNCHER=1`` starts
+every launch through the launcher.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,22 +97,26 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def direct_rank(cmd: list[str]) -> tuple[list[str], dict[str, str]] | None:
-    """The one rank of ``deepspeed --num_gpus 1 --master_port P --module M ARGS`` on this machine's CPU, as
+def direct_ranks(cmd: list[str]) -> list[tuple[list[str], dict[str, str]]] | None:
+    """The ranks of ``deepspeed --num_gpus N --master_port P --module M ARGS`` on this machine's CPU, each as
     (its command, the variables the launcher adds to its environment): what ``deepspeed.launcher.runner``
-    and ``deepspeed.launcher.launch`` would start; None for any other launch (more ranks, a hostfile, a
-    GPU, another launcher interpreter, or XYLENT_DEEPSPEED_LAUNCHER=1)."""
+    and ``deepspeed.launcher.launch`` would start; None for any other launch (a hostfile, a GPU, another
+    launcher interpreter, or XYLENT_DEEPSPEED_LAUNCHER=1)."""
     if os.environ.get("XYLENT_DEEPSPEED_LAUNCHER", "") not in ("", "0"):
         return None
-    if len(cmd) < 7 or cmd[1:3] != ["--num_gpus", "1"] or cmd[3] != "--master_port" or cmd[5] != "--module":
+    if len(cmd) < 7 or cmd[1] != "--num_gpus" or not cmd[2].isdigit() or cmd[3] != "--master_port" \
+            or cmd[5] != "--module":
         return None
     if Path(cmd[0]).parent != Path(sys.executable).parent or gpu_available():  # the launcher's python is ours
         return None
-    port, module, args = cmd[4], cmd[6], cmd[7:]
-    rank_env = {"CUDA_VISIBLE_DEVICES": "0",  # the CPU accelerator's "visible devices", as launch.py sets them
-                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "1", "CROSS_RANK": "0",
-                "CROSS_SIZE": "1", "LOCAL_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}
-    return [sys.executable, "-u", "-m", module, "--local_rank=0", *args], rank_env
+    n, port, module, args = int(cmd[2]), cmd[4], cmd[6], cmd[7:]
+    if n < 1:
+        return None
+    shared = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(n))),  # the CPU accelerator's, as launch.py sets them
+              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(n), "CROSS_RANK": "0",
+              "CROSS_SIZE": "1", "LOCAL_SIZE": str(n)}
+    return [([sys.executable, "-u", "-m", module, f"--local_rank={r}", *args],
+             {**shared, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(n)]
 
 
 @dataclass
@@ -195,23 +203,23 @@ def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
     resumed, died, tracebacks, errors = 0, [], {}, []
     sweep_stale_shm_buffers()
-    direct = direct_rank(cmd)
+    direct = direct_ranks(cmd)
     with open(log_file, "a", encoding="utf-8") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         if direct is not None:
-            env.update(direct[1])
-            log.write("xylent: one local CPU rank, started without the launcher's processes: "
-                      + " ".join(f"{k}={v}" for k, v in direct[1].items()) + " " + " ".join(direct[0]) + "\n")
+            log.write(f"xylent: {len(direct)} local CPU rank(s), started without the launcher's processes: "
+                      + " ".join(f"{k}={v}" for k, v in direct[0][1].items()) + " " + " ".join(direct[0][0])
+                      + (" (and so on per rank)" if len(direct) > 1 else "") + "\n")
         log.flush()
-        proc = subprocess.Popen(direct[0] if direct else cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                env=env, text=True, errors="replace", bufsize=1, preexec_fn=_die_with_parent)
+        procs, out = _start(cmd, direct, env)
+        watched = _Watched(procs, stop_others_on_a_death=direct is not None)
         try:
-            for line in proc.stdout:
+            for line in out:
                 log.write(line)
                 log.flush()
                 if m := re.search(r"xylent: resumed from .* at step (\d+)", line):
                     resumed = int(m.group(1))
-                if m := _DIED.search(line):
+                if direct is None and (m := _DIED.search(line)):  # the launcher's report of a rank's death
                     rank = _SPAWNED.search(line)
                     died.append((int(rank.group(1)) if rank else None, int(m.group(1))))
                 if m := _RANK_LINE.match(line):
@@ -220,18 +228,98 @@ def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None
                     errors.append(line.strip())
                 if on_line is not None:
                     on_line(line.rstrip("\n"))
-            rc = proc.wait()
-            if direct is not None and rc != 0:  # the launcher would have said so, naming the rank
-                died.append((0, rc))
+            watched.join()
+            if direct is not None:
+                # as the launcher: the code of the rank that failed first; the ones stopped after it come later
+                died = [watched.death] if watched.death else []
+                rc = watched.death[1] if watched.death else 0
+            else:
+                rc = procs[0].returncode
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait()
+            watched.stop()
+            out.close()
             remove_shm_buffers(cmd)
     if rc != 0:
         raise XylentError(_death_message(rc, died, tracebacks, errors), where=str(log_file),
                           fix=(resume_hint() if resume_hint else "fix the cause and run it again"))
     return LaunchResult(resumed, log_file)
+
+
+def _start(cmd: list[str], direct: list | None, env: dict[str, str]) -> tuple[list[subprocess.Popen], object]:
+    """The launcher, or each local rank, in its own process group and dying with us; -> (the processes, one text
+    stream of all their output).  The ranks share one pipe, as they share the launcher's stdout: lines of two
+    ranks can interleave there as they do under the launcher."""
+    read_fd, write_fd = os.pipe()
+    procs: list[subprocess.Popen] = []
+    try:
+        for rank_cmd, rank_env in direct or [(cmd, {})]:
+            procs.append(subprocess.Popen(rank_cmd, stdout=write_fd, stderr=subprocess.STDOUT,
+                                          env={**env, **rank_env}, preexec_fn=_die_with_parent))
+    except BaseException:
+        for p in procs:  # a rank that cannot start: the ones started would wait for it forever
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)  # unreaped: its group is still its own
+            p.wait()
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)  # the stream ends when the last process holding it exits
+    return procs, open(read_fd, encoding="utf-8", errors="replace")
+
+
+class _Watched:
+    """The processes of one launch (the launcher, or each directly started rank), each watched by a thread of its
+    own that sees it exit before reaping it: while a process is unreaped its pid, and so its process group, cannot
+    name another process, so what is left of its group (a child still holding the output pipe) is killed then.
+    Started directly, the first rank to exit non-zero is the launch's death and the other ranks' groups are
+    stopped, as ``deepspeed.launcher.launch`` stops them (a rank waiting in a collective for a dead peer would
+    wait forever)."""
+
+    def __init__(self, procs: list[subprocess.Popen], stop_others_on_a_death: bool):
+        self.procs, self.stop_others = procs, stop_others_on_a_death
+        self.death: tuple[int, int] | None = None
+        self._lock, self._reaped = threading.Lock(), set()
+        self._threads = [threading.Thread(target=self._watch, args=(r,), daemon=True) for r in range(len(procs))]
+        for t in self._threads:
+            t.start()
+
+    def _watch(self, rank: int) -> None:
+        p = self.procs[rank]
+        try:
+            info = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)  # exited, still unreaped
+            code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+            with self._lock:
+                if self.stop_others and code != 0 and self.death is None:
+                    self.death = (rank, code)
+                    self._signal_unreaped(signal.SIGTERM)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, signal.SIGKILL)  # its own leftovers: nothing of it may outlive it
+                p.wait()
+                self._reaped.add(rank)
+        except BaseException:
+            with self._lock:  # a watch that fails must not leave the other ranks waiting for this one forever
+                self._signal_unreaped(signal.SIGKILL)
+            raise
+
+    def _signal_unreaped(self, sig: int) -> None:
+        for rank, p in enumerate(self.procs):
+            if rank not in self._reaped:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(p.pid, sig)
+
+    def join(self, timeout: float | None = None) -> None:
+        for t in self._threads:
+            t.join(timeout)
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """Every process still running: SIGTERM, then SIGKILL after ``grace_s`` (what a launch stopped early or
+        failing leaves); each is reaped by its watch."""
+        with self._lock:
+            self._signal_unreaped(signal.SIGTERM)
+        self.join(grace_s)
+        with self._lock:
+            self._signal_unreaped(signal.SIGKILL)
+        self.join()
 
 
 def _death_message(rc: int, died: list[tuple[int | None, int]], tracebacks: dict[int, list[str]],
@@ -240,7 +328,7 @@ def _death_message(rc: int, died: list[tuple[int | None, int]], tracebacks: dict
         rank, code = died[0]
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
         who = rank if rank is not None else "?"
-        what = f"training rank (local) {who} died ({how}); the launcher stopped the others"
+        what = f"training rank (local) {who} died ({how}); the others were stopped"
     else:
         what = f"the deepspeed launcher failed (exit code {rc})" + (f": {errors[-1]}" if errors else "")
     for r in sorted(tracebacks)[:1]:  # the first rank that printed a traceback: usually the cause

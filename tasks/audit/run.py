@@ -1,6 +1,7 @@
 """The audit stage's work around its ranks (flows/audit.py launches them, then gathers the
 evidence): :func:`configure` is pretrain's train.json plus the adversary, :func:`export` the
-audit's own model and the adversary's final state, :func:`assemble` the ranking, report and plots."""
+audit's own model and the adversary's final state, :func:`evidence` what dedup's output says of each
+pair, :func:`assemble` the ranking, report and plots."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from models.run_config import TrainConfig
 from xylent.spec import Spec
 from xylent.stage import StageOutcome
 
+from tasks.audit.evidence import pair_evidence
 from tasks.audit.report import write_output
 from tasks.audit.train_config import audit_train_config
 from tasks.pretrain import publish as pub
@@ -35,6 +37,12 @@ def export(spec: Spec, cfg: TrainConfig, resumed_from_step: int, ckdir: Path, up
         "audit": spec.audit.model_dump(mode="json")}, tracker, run_id, resumed_from_step)
     shutil.copy2(ckdir / STATE_FILE, out / STATE_FILE)
     return json.loads((ckdir / STATE_FILE).read_text()), done
+
+
+def evidence(spec: Spec, dedup_dir: Path, pairs: list[str]) -> pl.DataFrame:
+    """Each pair's copy, hub and length evidence, by the same rules dedup applies."""
+    return pair_evidence(dedup_dir, pairs, hub_min_sources=spec.dedup.hub_min_partners,
+                         max_length_ratio=spec.dedup.max_length_ratio)
 
 
 def assemble(state: dict, evidence: pl.DataFrame, done: pub.Published, spec: Spec, resumed_from_step: int,

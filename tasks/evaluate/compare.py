@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 
 from tasks.evaluate.contract import SCORES_FILE, read_scores
-from tasks.pretrain.contract import MODEL_DIR, read_metrics
+from tasks.pretrain.contract import METRICS_FILE, MODEL_DIR, read_metrics
 from xylent.errors import XylentError
 
 # the final-steps pretraining numbers worth a column, each with the trivial peer it is read against
@@ -50,8 +50,8 @@ def read_run(label: str, evaluate_dir: Path | None, pretrain_dir: Path | None,
                           where=str(evaluate_dir), fix=f"run it first: {rerun}")
     scores = read_scores(evaluate_dir)
     pretrain = {}
-    if pretrain_dir is not None and (pretrain_dir / "metrics.jsonl").is_file():
-        pretrain = final_metrics(pretrain_dir / "metrics.jsonl")
+    if pretrain_dir is not None and (metrics := pretrain_dir / METRICS_FILE).is_file():
+        pretrain = final_metrics(metrics)
     objective = None
     if pretrain_dir is not None and (config := pretrain_dir / MODEL_DIR / "config.json").is_file():
         objective = json.loads(config.read_text()).get("objective")

@@ -15,7 +15,8 @@ import json
 from pathlib import Path
 
 MODEL_DIR = "model"
-RUN_FILES = ("train.json", "metrics.jsonl", "train.log")
+METRICS_FILE = "metrics.jsonl"
+RUN_FILES = ("train.json", METRICS_FILE, "train.log")
 
 
 def read_metrics(path: Path) -> list[dict]:

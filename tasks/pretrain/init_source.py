@@ -35,6 +35,7 @@ import numpy as np
 from models.init_from import check_body, file_identity, inspect_source
 from models.run_config import TrainConfig
 from models.vocab_transfer import RULES
+from tasks.pretrain.contract import MODEL_DIR
 from tasks.shards.contract import read_index
 from tasks.vocab.contract import tokenizer_path
 from xylent.atomic import write_atomic, write_json_atomic
@@ -95,7 +96,7 @@ def _registered(spec: Spec, ws: Workspace, reg: dict) -> tuple[Path, dict]:
         raise XylentError(f"{name} version {mv.version} was not registered by an xylent stage (its run has no "
                           "xylent.output_dir tag)", where=f"{WHERE} (run {mv.run_id})",
                           fix="give pretrain.init.from as the model's dir")
-    path = Path(out) / "model"
+    path = Path(out) / MODEL_DIR
     if not path.is_dir():
         raise XylentError(f"{name} version {mv.version} was registered by a pretrain output that is gone",
                           where=str(path), fix=f"rerun the stage that registers it, in this workspace (e.g. xylent "

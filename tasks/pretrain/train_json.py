@@ -11,9 +11,9 @@ from models.run_config import TrainConfig
 from xylent.errors import XylentError
 from xylent.spec import DEFAULT_CLIP, DEFAULT_LR, Spec
 
+from tasks.pretrain.contract import METRICS_FILE
 from tasks.shards.contract import has_rows, read_index
-from tasks.vocab.contract import load_tokenizer
-from tasks.vocab.specials import special_ids
+from tasks.vocab.contract import read_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 ZERO_CONFIGS = REPO / "infra" / "deepspeed"
@@ -66,8 +66,8 @@ def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str
         if not has_rows(index, t):
             raise XylentError(f"pretrain.tasks has {t!r} but the shards hold no {t.upper()} data",
                               where=str(upstream["shards"]), fix=f"drop {t!r} from pretrain.tasks or add sources")
-    tokenizer = load_tokenizer(upstream["vocab"])
-    enc = encoder_config(spec, tokenizer.get_piece_size(), index["seq_len"], special_ids(tokenizer, str(upstream["vocab"])))
+    tokenizer, specials = read_tokenizer(upstream["vocab"])
+    enc = encoder_config(spec, tokenizer.get_piece_size(), index["seq_len"], specials)
     layer = p.infoxlm.layer
     if p.objective == "infoxlm" and layer is not None and layer > enc.layers:
         raise XylentError(f"pretrain.infoxlm.layer is {layer} but the model has {enc.layers} layers",
@@ -79,7 +79,7 @@ def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str
                           fix="use a ZeRO 0-2 DeepSpeed config for objective infoxlm")
     return TrainConfig(
         shards_dir=shards_source or str(upstream["shards"]), sampling_dir=str(upstream["sampling"]),
-        checkpoint_dir=str(ckdir / "deepspeed"), metrics_file=str(ckdir / "metrics.jsonl"),
+        checkpoint_dir=str(ckdir / "deepspeed"), metrics_file=str(ckdir / METRICS_FILE),
         deepspeed_config=str(ds_path), zero_stage=stage, model=enc.to_dict(), pretrain=p.model_dump(mode="json"),
         resolved={"lr": p.lr or DEFAULT_LR[spec.model.size], "clip": p.clip or DEFAULT_CLIP[spec.model.size],
                   "seed": spec.seed, "objective_options": p.objective_options()},

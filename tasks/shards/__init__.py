@@ -1,6 +1,6 @@
 """shards stage and the training data loader.
 
-    run.py     what the flow calls: :func:`tokenizer_of`, :func:`work_items`, :func:`tokenize_items`,
+    run.py     what the flow calls: :func:`work_items`, :func:`tokenize_items`,
                :func:`pack_part`, :func:`assemble`
     build.py   packing text into shards: :func:`pack_language`, :func:`encode_pairs`, :func:`truncate_pair`, ...
     loader.py  :class:`TrainingLoader`, the batches the trainer draws
@@ -15,8 +15,7 @@ from __future__ import annotations
 from xylent.reexport import on_first_use
 
 _HOME = {"TrainingLoader": "tasks.shards.loader",
-         **{name: "tasks.shards.run" for name in ("assemble", "pack_part", "tokenize_items", "tokenizer_of",
-                                                                   "work_items")},
+         **{name: "tasks.shards.run" for name in ("assemble", "pack_part", "tokenize_items", "work_items")},
          **{name: "tasks.shards.build" for name in ("encode_pairs", "pack_language", "pack_tokens", "tokenize_part",
                                                      "truncate_pair")}}
 __getattr__, __all__ = on_first_use(__name__, _HOME)

@@ -1,5 +1,4 @@
-"""What the shards flow calls: the vocab stage's tokenizer and its special ids (:func:`tokenizer_of`),
-which Parquet parts become which work items (:func:`work_items`), each batch's tokenising (:func:`tokenize_items`), each language's
+"""What the shards flow calls: which Parquet parts become which work items (:func:`work_items`), each batch's tokenising (:func:`tokenize_items`), each language's
 packing (:func:`pack_part`), then the index, statistics, plot and report (:func:`assemble`)."""
 
 from __future__ import annotations
@@ -18,16 +17,8 @@ from tasks.prepare import contract as layout  # the text layout
 from tasks.shards.build import encode_pairs, pack_tokens, tokenize_part
 from tasks.shards.contract import MRTD_DIR, STATS_FILE, TRTD_DIR, write_index
 from tasks.shards.plots import tokens_per_language
-from tasks.vocab.contract import load_tokenizer, tokenizer_path
-from tasks.vocab.specials import special_ids
 
 TASK_OF = {layout.MONO: "mrtd", layout.BITEXT: "trtd"}
-
-
-def tokenizer_of(vocab_dir: Path) -> tuple[Path, dict[str, int]]:
-    """The vocab stage's tokenizer file and its special ids (index.json records them for the loader)."""
-    model = tokenizer_path(vocab_dir)
-    return model, special_ids(load_tokenizer(vocab_dir), str(model))
 
 
 def work_items(dedup_dir: Path) -> list[dict]:
