@@ -303,7 +303,7 @@ def test_the_evaluate_probe_in_plug_in_mode_reads_each_text_beside_its_translati
 
     from models.pretrained import export
     from tasks.evaluate.encoders import load_ref
-    from tasks.evaluate.run import evaluate_model
+    from tasks.evaluate.model_eval import evaluate_model
     from tasks.vocab.specials import special_ids
     from xylent.spec.evaluate import EvalTask
 
