@@ -17,7 +17,7 @@
    --until shards``, into a scratch workspace; a few steps, one checkpoint), through
    ``xylent.launch`` exactly as the pretrain stage calls it: through the
    ``deepspeed`` launcher (``XYLENT_DEEPSPEED_LAUNCHER=1``, what every launch did
-   before) and started directly (what one local CPU rank does now). The rank
+   before) and started directly (what every local CPU launch does now). The rank
    writes when each phase of its start ended (``XYLENT_LAUNCH_PHASES``); every
    launch runs in a fresh process that has imported torch, as the pretrain flow
    has. A warm-up launch first (DeepSpeed's compiled CPU op is built on a machine's

@@ -6,8 +6,8 @@ Declarations: ``@pytest.mark.costs(deepspeed=2, cli=1, servers=1)`` on a test;
 fixtures it requests declare theirs).  Counts are upper bounds.
 
 Counting: the real ``subprocess.Popen.__init__`` is wrapped (and always called): a process
-started with ``XYLENT_PARENT`` in its environment is a DeepSpeed rank launch (the launcher
-sets it for every local rank program, xylent/launch.py; local CPU ranks started without the
+started with ``XYLENT_PARENT`` in its environment is a DeepSpeed rank launch (xylent/launch.py
+sets it for the launcher and every local rank program; local CPU ranks started without the
 launcher count once, by their rank 0), one running ``flows.kit.cli`` or
 ``xylent`` is a CLI process, one of the servers below is a server.  What happens inside a CLI
 subprocess is that process's business.  A fixture's set-up is counted against the fixture, the

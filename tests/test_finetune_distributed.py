@@ -1,5 +1,5 @@
-"""Fine-tuning through pretrain's DeepSpeed launcher (``finetune.launcher:
-deepspeed``) on 2 CPU ranks over gloo: it learns, every rank takes its slice of
+"""Fine-tuning through pretrain's launch (``finetune.launcher: deepspeed``; ``xylent.launch``
+starts local CPU ranks directly) on 2 CPU ranks over gloo: it learns, every rank takes its slice of
 each batch, and a kill -9 of the driver mid-training stops the ranks and a
 rerun resumes from DeepSpeed's checkpoint to the same result."""
 

@@ -1,8 +1,8 @@
 """The pretrain stage for real: DeepSpeed CPU ranks over gloo on the demo's shards.
 
 Every run here links the demo workspace's data stages into a fresh workspace and
-trains a tiny model for a few dozen steps through the CLI, the deepspeed launcher
-and MLflow, exactly as a user would.
+trains a tiny model for a few dozen steps through the CLI, ``xylent.launch`` (local CPU
+ranks started directly; one test through DeepSpeed's launcher) and MLflow, exactly as a user would.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def _alive(p: psutil.Process) -> bool:
 
 
 def _left_running(ws: Path) -> list[psutil.Process]:
-    """Processes of a run in ``ws``: the deepspeed launcher and the ranks name its train.json."""
+    """Processes of a run in ``ws``: the ranks (and a deepspeed launcher) name its train.json."""
     found = []
     for p in psutil.process_iter(["cmdline"]):
         if p.info["cmdline"] and str(ws) in " ".join(p.info["cmdline"]) and _alive(p):
@@ -148,7 +148,7 @@ def _left_running(ws: Path) -> list[psutil.Process]:
 
 def _kill_launcher_after_first_checkpoint(ws: Path, *extra: str, ranks: int = 2) -> dict:
     """``xylent run pretrain`` as a child process, SIGKILLed once the first checkpoint (step EVERY) is complete (the
-    flow, and with it the task that runs the deepspeed launcher and streams the ranks' output); then watch
+    flow, and with it the task that starts the ranks and streams their output); then watch
     what is left of its process tree for up to a minute. Whatever is still running then is killed here."""
     args = ["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), *SMALL,
             "--set", f"pretrain.ranks={ranks}", *extra]
@@ -233,13 +233,16 @@ def test_two_cpu_ranks_with_zero2_match_one_rank_with_the_same_global_batch(run_
 
 @pytest.mark.costs(cli=1, deepspeed=1)
 def test_a_killed_rank_is_reported_and_the_rerun_resumes_exactly(run_cli, demo_run, two_ranks, tmp_path):
+    """Through DeepSpeed's own launcher (XYLENT_DEEPSPEED_LAUNCHER=1), as a GPU or multi-node launch runs: the
+    rank's death is read from the launcher's report; the rerun starts its ranks directly and resumes from that
+    checkpoint. (Directly started ranks that die: tests/test_hostile_inputs.py.)"""
     _, demo_ws = demo_run
     _, ref_out, ref_ws = two_ranks
     ws = linked_data(demo_ws, tmp_path / "killed")
     args = ["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), *SMALL,
             "--set", "pretrain.ranks=2", "--set", "pretrain.zero_stage=2"]
     proc = subprocess.Popen([sys.executable, "-m", "flows.kit.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "XYLENT_DEEPSPEED_LAUNCHER": "1"})
     deadline, killed = time.time() + 240, None
     while time.time() < deadline and proc.poll() is None and killed is None:
         if list(ws.glob(f"pretrain/_checkpoints/*/deepspeed/step-{EVERY:08d}/COMPLETE")):
