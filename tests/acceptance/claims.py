@@ -22,6 +22,7 @@ while it still names one is a problem until the name is removed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -109,6 +110,16 @@ def snapshot() -> None:
     _AT_START.update({claim: code_files(claim) for claim in CLAIMS})
 
 
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo; else what platform says)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
 def record(claim: str, figures: dict, thresholds: dict, *, seconds: float, failed: list[str] = ()) -> Path:
     """Write ``results/<claim>.json`` for a claim whose test has just run (with the files as they
     were when the session began; refused if they changed while it ran).  ``failed``: the thresholds
@@ -124,7 +135,9 @@ def record(claim: str, figures: dict, thresholds: dict, *, seconds: float, faile
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "commit": _commit(), "code_hash": code_hash(files), "code_files": files,
         "figures": figures, "thresholds": thresholds, "seconds": round(seconds, 1),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        # the CPU model too: training figures are the same bits on one CPU model, not across models
+        "machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), "python": platform.python_version(),
+                    "platform": platform.platform()},
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{claim}.json"
