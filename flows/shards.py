@@ -35,7 +35,8 @@ def shards(ctx: StageContext) -> StageOutcome:
     from tasks.vocab.contract import read_tokenizer, tokenizer_path
 
     cfg = ctx.spec.shards
-    model, (_, specials) = tokenizer_path(ctx.upstream["vocab"]), read_tokenizer(ctx.upstream["vocab"])
+    model = tokenizer_path(ctx.upstream["vocab"])
+    _, specials = read_tokenizer(ctx.upstream["vocab"])  # refused here when the vocab lacks a special piece
     parts = batches(work_items(ctx.upstream["dedup"]), task_slots(ctx.spec.runner))
     progress = Progress("shards", len(parts), unit="tasks", key="shards-progress")
     try:
