@@ -256,6 +256,41 @@ def test_the_baseline_is_each_sentence_run_alone():
     assert set(ROW_FIELDS) == {"g_loss", "g_count", "d_loss", "d_count", "d_pos"} and got[1].sum() > 0
 
 
+def test_the_language_baseline_in_length_buckets_is_each_sentence_run_alone():
+    """models.audit_step.languages_alone (its sentences in forwards of fixed widths, each in the narrowest that holds it)
+    against every sentence of the packs run by hand, one at a time, with its own noise stream."""
+    from models.audit_step import LANGUAGE_NOISE, SENTENCES_PER_PACK, languages_alone, sentences
+
+    cfg = preset("tiny", vocab_size=300, specials=SPECIALS, dropout=0.0)
+    torch.manual_seed(0)
+    model = ElectraModel(cfg).eval()
+    engine = type("Engine", (), {"module": model, "__call__": lambda self, *a, **k: model(*a, **k)})()
+    bos, eos, pad = SPECIALS["bos"], SPECIALS["eos"], SPECIALS["pad"]
+    rng = np.random.default_rng(0)
+    packs = []
+    for _ in range(6):  # documents of 1 to 40 tokens: mostly short, a few long, as the demo's
+        body = [bos]
+        while len(body) < 100:
+            body += [*rng.integers(5, 300, int(rng.choice([1, 3, 5, 8, 40]))), eos]
+        packs.append(np.array((body + [pad] * 128)[:128]))
+    loader = type("Loader", (), {"bos": bos, "eos": eos, "pad": pad})()
+    batch = {"input_ids": np.stack(packs), "langs": ["de", "fr", "de", "en", "fr", "de"]}
+    languages = ["de", "en", "fr"]
+    got = languages_alone(engine, batch, loader, languages, 7, 3, 0, 1, "cpu")
+    want = torch.zeros_like(got)
+    n = 0
+    with torch.no_grad():
+        for k, (pack, lang) in enumerate(zip(batch["input_ids"], batch["langs"])):
+            for j, piece in enumerate(sentences(pack, bos, eos, pad)):
+                one = torch.as_tensor([[bos, *piece.tolist(), eos]])
+                noise = row_noise(7, 3, LANGUAGE_NOISE, [k * SENTENCES_PER_PACK + j], [one.shape[1]], one.shape[1])
+                r = model(one, one == pad, None, noise, per_row=True).rows[:, 0].double()
+                want[languages.index(lang), :-1] += r
+                want[languages.index(lang), -1] += 1
+                n += 1
+    assert n > 20 and torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_the_partner_baseline_reruns_the_same_tokens_beside_another_rows_translation():
     """models.audit_step.partners_swapped against rows built by hand: x of each row, y of the next
     row of its pair, every token with its training-pass noise; a row alone of its pair is left out,
@@ -336,8 +371,8 @@ def test_the_heldout_baseline_runs_the_held_out_rows_as_they_are_and_beside_othe
     swapped, kept = partners_swapped(engine, ids, pad, seg, noise, [index[p] for p in names], 0, 1)
     kept_names = [names[i] for i in kept]
     assert kept == [0, 1, 2, 3, 5] and base[2, -1] == 0 and paired[2, -1] == 0, "b-c has one row: no partner"
-    assert torch.allclose(paired, pair_totals(own[:, kept], kept_names, index, 1))
-    assert torch.allclose(base, pair_totals(swapped, kept_names, index, 1))
+    assert torch.allclose(paired, pair_totals(own[:, kept], kept_names, index))
+    assert torch.allclose(base, pair_totals(swapped, kept_names, index))
 
 
 def test_the_baselines_are_measured_on_the_first_trtd_step_of_each_period():
