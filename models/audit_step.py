@@ -304,7 +304,8 @@ def partner_rotation(pairs: list[int]) -> dict[int, int]:
 
 @torch.no_grad()
 def partners_swapped(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Tensor, noise: torch.Tensor,
-                     keys: list[int], rank: int, world: int) -> tuple[torch.Tensor, list[int]]:
+                     keys: list[int], rank: int, world: int, corrupted: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, list[int]]:
     """The partner baseline: each TRTD row ``<s> x_i </s> y_i </s>`` rebuilt as
     ``<s> x_i </s> y_j </s>``, y_j the second sentence of another row of the same pair and direction
     (``keys``: :func:`directed`; :func:`partner_rotation` over the global micro-batch, so any world
@@ -313,16 +314,22 @@ def partners_swapped(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Te
     sampled, segment by segment), run forward (no backward).  Returns the per-row losses and counts
     (ROW_FIELDS × kept rows) and this rank's kept rows: summed over a pair, the very tokens of the
     training pass's rows, each beside another translation.  A row without a partner runs as it is
-    (every rank runs one forward of its own size) and is not kept."""
+    (every rank runs one forward of its own size) and is not kept.  ``corrupted``: the discriminator's
+    input of the rows as they were (ELECTRA), swapped with them and replayed: the generator's
+    replacements depend on the partner, so sampled again they would differ between the two passes
+    by more than the translation's help (on the planted corpus a shuffled pair read as helped by
+    0.8 of a loss of 23), and only the partner would not be what moved."""
     width = torch.tensor([ids.shape[1]], device=ids.device)
     if world > 1:
         dist.all_reduce(width, op=dist.ReduceOp.MAX)
     grow = int(width[0]) - ids.shape[1]
     pad_id = engine.module.cfg.special("pad")
-    all_ids, all_seg, all_noise, all_pairs = (gather_rows(t) for t in (
+    replay = corrupted is not None
+    all_ids, all_seg, all_noise, all_pairs, all_corrupted = (gather_rows(t) for t in (
         F.pad(ids, (0, grow), value=pad_id), F.pad(seg.long(), (0, grow)),
         F.pad(noise, (0, grow), value=2.0).transpose(0, 1).contiguous(),
-        torch.as_tensor(keys, dtype=torch.long, device=ids.device)))
+        torch.as_tensor(keys, dtype=torch.long, device=ids.device),
+        F.pad(corrupted if replay else ids, (0, grow), value=pad_id)))
     partner = partner_rotation(all_pairs.tolist())
     real = all_ids != pad_id
     first, second = real & (all_seg == 0), real & (all_seg == 1)
@@ -331,17 +338,21 @@ def partners_swapped(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Te
     for g in mine:
         j = partner.get(g, g)
         rows.append((torch.cat([all_ids[g][first[g]], all_ids[j][second[j]]]), int(first[g].sum()),
-                     torch.cat([all_noise[g][:, first[g]], all_noise[j][:, second[j]]], 1)))
+                     torch.cat([all_noise[g][:, first[g]], all_noise[j][:, second[j]]], 1),
+                     torch.cat([all_corrupted[g][first[g]], all_corrupted[j][second[j]]])))
     width = max(len(r[0]) for r in rows)
     out = torch.full((len(rows), width), pad_id, dtype=ids.dtype, device=ids.device)
     out_seg = torch.zeros((len(rows), width), dtype=seg.dtype, device=ids.device)
     out_noise = torch.full((noise.shape[0], len(rows), width), 2.0, dtype=noise.dtype, device=noise.device)
-    for k, (row, nx, rn) in enumerate(rows):
+    out_corrupted = torch.full_like(out, pad_id)
+    for k, (row, nx, rn, rc) in enumerate(rows):
         out[k, : len(row)] = row
         out_seg[k, nx: len(row)] = 1
         out_noise[:, k, : len(row)] = rn
+        out_corrupted[k, : len(row)] = rc
     kept = [k for k, g in enumerate(mine) if g in partner]
-    return engine(out, out == pad_id, out_seg, out_noise, per_row=True).rows[:, kept], kept
+    replayed = {"corrupted": out_corrupted} if replay else {}
+    return engine(out, out == pad_id, out_seg, out_noise, per_row=True, **replayed).rows[:, kept], kept
 
 
 @torch.no_grad()
@@ -350,7 +361,7 @@ def heldout_help(engine, batch: dict, index: dict[str, int], seed: int, step: in
     """The held-out baselines: one measurement batch of rows held out of training
     (``TrainingLoader.heldout_batch``), run forward as it is and with each row's second sentence
     swapped for another row's of the same pair (:func:`partners_swapped`: the same tokens under the
-    same noise).  Returns this rank's per-pair sums of the rows that had a partner, as they
+    same noise, and with ELECTRA the same replacements).  Returns this rank's per-pair sums of the rows that had a partner, as they
     are (``paired``) and swapped (``base``): paired − base is the help of a translation the model
     never trained on."""
     ids = torch.from_numpy(batch["input_ids"]).long().to(device)
@@ -359,8 +370,10 @@ def heldout_help(engine, batch: dict, index: dict[str, int], seed: int, step: in
     rows = [rank + world * k for k in range(ids.shape[0])]
     noise = row_noise(seed, step, HELDOUT_NOISE, rows, (~pad).sum(1).tolist(), ids.shape[1]).to(device)
     own = engine(ids, pad, seg, noise, per_row=True).rows
+    # ELECTRA's replacements come from its generator, which reads the partner: replayed in the swapped pass
+    corrupted = engine.module.corrupted if engine.module.objective == "electra" else None
     swapped, kept = partners_swapped(engine, ids, pad, seg, noise, directed(batch["pairs"], batch["flipped"], index),
-                                     rank, world)
+                                     rank, world, corrupted)
     names = [batch["pairs"][i] for i in kept]
     return pair_totals(own[:, kept], names, index), pair_totals(swapped, names, index)
 

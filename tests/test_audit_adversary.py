@@ -353,8 +353,10 @@ def test_the_partner_baseline_is_the_loss_less_the_translations_help():
 
 def test_the_heldout_baseline_runs_the_held_out_rows_as_they_are_and_beside_other_partners():
     """models.audit_step.heldout_help: the held-out batch's own loss and its partner-swapped loss,
-    both under the measurement's own noise, summed per pair over the rows that had a partner."""
-    from models.audit_step import HELDOUT_NOISE, heldout_help, pair_totals, partners_swapped
+    both under the measurement's own noise, summed per pair over the rows that had a partner; the
+    swapped pass replays the generator's replacements of the rows as they are (the same tokens
+    replaced, the same count), so only the partner moves."""
+    from models.audit_step import HELDOUT_NOISE, heldout_help, pair_totals, partner_rotation, partners_swapped
 
     cfg = preset("tiny", vocab_size=300, specials=SPECIALS, dropout=0.0)
     torch.manual_seed(0)
@@ -368,11 +370,19 @@ def test_the_heldout_baseline_runs_the_held_out_rows_as_they_are_and_beside_othe
     noise = row_noise(7, 30, HELDOUT_NOISE, list(range(6)), (~pad).sum(1).tolist(), ids.shape[1])
     with torch.no_grad():
         own = model(ids, pad, seg, noise, per_row=True).rows
-    swapped, kept = partners_swapped(engine, ids, pad, seg, noise, [index[p] for p in names], 0, 1)
+    as_they_are = model.corrupted
+    swapped, kept = partners_swapped(engine, ids, pad, seg, noise, [index[p] for p in names], 0, 1, as_they_are)
     kept_names = [names[i] for i in kept]
     assert kept == [0, 1, 2, 3, 5] and base[2, -1] == 0 and paired[2, -1] == 0, "b-c has one row: no partner"
     assert torch.allclose(paired, pair_totals(own[:, kept], kept_names, index))
     assert torch.allclose(base, pair_totals(swapped, kept_names, index))
+    replaced = ROW_FIELDS.index("d_pos")
+    assert torch.equal(base[:, replaced], paired[:, replaced]) and paired[:2, replaced].min() > 0
+    partner = partner_rotation([index[p] for p in names])
+    for i in kept:  # what the swapped pass's discriminator read: x_i and y_j as they were corrupted
+        x, y = (~pad[i]) & (seg[i] == 0), (~pad[partner[i]]) & (seg[partner[i]] == 1)
+        want = torch.cat([as_they_are[i][x], as_they_are[partner[i]][y]])
+        assert torch.equal(model.corrupted[i][: len(want)], want)
 
 
 def test_the_baselines_are_measured_on_the_first_trtd_step_of_each_period():
