@@ -201,9 +201,10 @@ def test_the_language_baseline_puts_memorised_pairs_down_and_noisy_ones_up():
 
 
 def test_the_larger_baseline_holds_a_memorised_pair_to_its_languages():
-    """baseline larger: max(its sentences alone, its languages' text shifted by the median gap
-    between the two).  A hub whose repeated target is far easier alone than its languages is held
-    to them; a noisy and a clean pair keep their own sentences' baseline."""
+    """baseline larger: its sentences alone, raised by how far the pair's loss sits below its languages'
+    beyond the median pair's.  A hub whose repeated target makes its text far easier than its
+    languages goes down by the difference; a noisy and a clean pair keep their own sentences'
+    baseline."""
     adv = _adversary(baseline="larger", weights=(1.0, 1.0), languages=["a", "b", "c", "d"])
     #            g_loss, g_count, d_loss, d_count, d_pos, rows
     pair = _sums({0: (20.0, 10, 2.0, 20, 5, 1),    # a-b, a hub: 2.1
@@ -215,10 +216,10 @@ def test_the_larger_baseline_holds_a_memorised_pair_to_its_languages():
     own = np.array([(40.0, 10, 2.0, 20, 5, 2), (80.0, 10, 2.0, 20, 5, 2), (40.0, 10, 2.0, 20, 5, 2),
                     (0.0, 0, 0.0, 0, 0, 0)])       # a 4.1, b 8.1, c 4.1: pairs 6.1, 4.1, 6.1
     adv.observe(0, pair, alone, own)
-    # gaps language - sides: 4.0, -1.0, -0.5; median -0.5: the languages' baselines + 0.5
-    assert adv.baselines()[:3] == pytest.approx([6.6, 5.1, 6.6]) and np.isnan(adv.baselines()[3])
-    assert adv.pair_losses()[:3] == pytest.approx([-4.5, 0.0, -0.5])
-    assert pair_baselines(json.loads(json.dumps(adv.state_dict())))[:3] == pytest.approx([6.6, 5.1, 6.6])
+    # loss - language: -4.0, 1.0, 0.0; median 0.0: the hub's sides + 4.0, the others' sides as they are
+    assert adv.baselines()[:3] == pytest.approx([6.1, 5.1, 6.6]) and np.isnan(adv.baselines()[3])
+    assert adv.pair_losses()[:3] == pytest.approx([-4.0, 0.0, -0.5])
+    assert pair_baselines(json.loads(json.dumps(adv.state_dict())))[:3] == pytest.approx([6.1, 5.1, 6.6])
 
 
 def test_the_language_baseline_runs_the_whole_documents_of_a_pack():
@@ -343,9 +344,9 @@ def test_the_partner_baseline_is_the_loss_less_the_translations_help():
     own = np.array([(90.0, 10, 2.0, 20, 5, 2), (40.0, 10, 2.0, 20, 5, 2), (60.0, 10, 2.0, 20, 5, 2),
                     (0.0, 0, 0.0, 0, 0, 0)])  # a 9.1, b 4.1, c 6.1: pairs a-b 6.6, a-c 7.6
     larger.observe(0, pair, other, own, paired=same)
-    # gaps 3.0 and 2.5, median 2.75: a-b max(3.6, 3.85), a-c max(5.1, 4.85)
-    assert larger.baselines()[:2] == pytest.approx([3.85, 5.1])
-    for kind, want in (("heldout", [3.6, 5.1]), ("heldout-larger", [3.85, 5.1])):  # the same reading, held-out rows
+    # loss - language: a-b 3.1 - 6.6 = -3.5, a-c 5.1 - 7.6 = -2.5, median -3.0: a-b 3.6 + 0.5, a-c 5.1 + 0
+    assert larger.baselines()[:2] == pytest.approx([4.1, 5.1])
+    for kind, want in (("heldout", [3.6, 5.1]), ("heldout-larger", [4.1, 5.1])):  # the same reading, held-out rows
         held = _adversary(baseline=kind, weights=(1.0, 1.0), languages=["a", "b", "c", "d"])
         held.observe(0, pair, other, own, paired=same)
         assert held.baselines()[:2] == pytest.approx(want), kind
