@@ -54,9 +54,9 @@ class PairAdversary:
           repeated target, a copy) sits far below it; a noisy pair near it.
         - ``sides``: the same loss of the pair's own two sentences run alone (``base``): what the
           translation does not explain, pair by pair.
-        - ``larger``: the larger of ``sides`` and ``sides`` raised by how far the pair's loss sits below
-          its languages' beyond the median pair's (see :func:`excess_baselines`): a pair whose text is
-          far easier than its languages' (memorised repeats, a copy) goes down by the difference.
+        - ``larger``: ``sides`` raised by how far the pair's loss sits below its languages' beyond the
+          median pair's (see :func:`excess_baselines`): a pair whose text is far easier than its
+          languages' (memorised repeats, a copy) goes down by the difference.
         - ``partner``: the same loss of the same tokens under the same masks, each sentence beside
           another row's partner of the same pair (``base``), against the training pass's loss of those
           very rows (``paired``): the translation's help alone, paired token by token.
@@ -207,30 +207,30 @@ def near_baseline(kind: str | None, ema: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def excess_baselines(kind: str | None, sides: np.ndarray, languages: np.ndarray | None,
-                     loss: np.ndarray | None = None) -> np.ndarray:
+                     loss: np.ndarray) -> np.ndarray:
     """Each pair's baseline for pair_loss excess (NaN until measured), from the EMAs of its sides
     run alone (or its loss less the translation's measured help: :func:`near_baseline`), of its two
     languages' monolingual text (the mean of the two) and of its own loss.
 
     The ``-larger`` kinds (``larger``, ``partner-larger``, ``heldout-larger``) read two defects, one
-    term each: the translation's help (loss − sides: near 0 for a noisy pair) and how far the pair's
-    loss sits below its languages' (loss − language), beyond where the median pair sits (the
-    monolingual text is packed documents, not single sentences, so its loss is at another level,
-    about 3 above the pairs' on the planted corpus; only differences between pairs mean anything).
-    The baseline is the sides' raised by that shortfall, so the excess is the help less it: a typical
-    pair keeps its own sentences' baseline, a pair whose text is easier than its languages by more
-    than the median pair's (a hub's repeated target, a copy, another language's text) goes down by
-    the difference.  The shortfall is read on the loss itself, not on the loss less the help (the
-    form until 2026-12-02): there the help counted twice, and a shuffled pair, which the
-    translation does not help, read as easier than its languages and went down with the hubs
-    (planted corpus, seed 2)."""
+    term each: the loss the translation leaves (loss − sides: below 0 as far as the translation
+    helps, near 0 for a noisy pair) and how far the pair's loss sits below its languages' (loss −
+    language) beyond where the median pair sits (the monolingual text is packed documents, not
+    single sentences, so its loss is at another level, about 3 above the pairs' on the planted
+    corpus; only differences between pairs mean anything).  The baseline is the sides' raised by
+    that shortfall, so the excess is loss − sides less it: a typical pair keeps its own sentences'
+    baseline, a pair whose text is easier than its languages by more than the median pair's (a
+    hub's repeated target, a copy, another language's text) goes down by the difference.  The
+    shortfall is read on the loss itself, not on the sides' loss (the form until 2026-12-02): there
+    the help entered both terms, and a shuffled pair, whose own partner read as worse than another
+    row's, read as easier than its languages and went down with the hubs (planted corpus, seed 2)."""
     if kind is None:
         return np.full(len(sides), np.nan)
     if kind in ("sides", "partner", "heldout"):
         return sides
     if kind == "language":
         return languages
-    below = loss - languages
+    below = np.where(np.isfinite(sides), loss - languages, np.nan)  # the median over pairs with both baselines
     if not np.isfinite(below).any():
         return np.full(len(sides), np.nan)
     return sides + np.maximum(0.0, np.nanmedian(below) - below)  # NaN until both were measured

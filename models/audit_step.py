@@ -234,19 +234,44 @@ def sentence_rows(engine, batch: dict, loader: TrainingLoader, seed: int, step: 
     # function of its own length, the same on any world size. One forward padded to the batch's longest sentence ran
     # 4.2-7.8x the real tokens on the demo, whose documents are mostly short and a few long; the language baseline
     # then cost more than a training step (py-spy, 2026-12-01)
-    width_of = [next(w for w in (*widths, len(r) + 2) if w >= len(r) + 2) for r in rows]
-    for width in sorted(set(width_of)):
+    framed = [len(r) + 2 for r in rows]
+    runs = bucket_widths(framed, widths, world, device)
+    width_of = [next(w for w in runs if w >= n) for n in framed]
+    for width in runs:
         bucket = [i for i, w in enumerate(width_of) if w == width]
-        ids = torch.full((len(bucket), width), loader.pad, dtype=torch.long)
-        for k, i in enumerate(bucket):
-            ids[k, : len(rows[i]) + 2] = torch.as_tensor([loader.bos, *rows[i].tolist(), loader.eos])
+        pieces = [[loader.bos, *rows[i].tolist(), loader.eos] for i in bucket] or [[loader.bos, loader.eos]]
+        ids = torch.full((len(pieces), width), loader.pad, dtype=torch.long)
+        for k, piece in enumerate(pieces):
+            ids[k, : len(piece)] = torch.as_tensor(piece)
         ids = ids.to(device)
         pad = ids == loader.pad
         # each row's noise is its own stream's (by its key), whatever the bucket's width: the same masks
-        noise = row_noise(seed, step, LANGUAGE_NOISE, [keys[i] for i in bucket], (~pad).sum(1).tolist(),
-                          width).to(device)
-        per_row[:, torch.as_tensor(bucket, device=device)] = engine(ids, pad, None, noise, per_row=True).rows
+        noise = row_noise(seed, step, LANGUAGE_NOISE, [keys[i] for i in bucket] or [BASELINE_ROWS],
+                          (~pad).sum(1).tolist(), width).to(device)
+        out = engine(ids, pad, None, noise, per_row=True).rows
+        if bucket:  # else a stand-in row: this rank runs the forward the others run, its loss is dropped
+            per_row[:, torch.as_tensor(bucket, device=device)] = out
     return per_row, langs, keys
+
+
+def bucket_widths(framed: list[int], widths: tuple[int, ...], world: int, device) -> list[int]:
+    """The widths the language baseline runs a forward at this step, the same list on every rank
+    (ZeRO-3 gathers the parameters in every forward, so each rank must run as many): each width of
+    ``widths`` that a sentence of any rank needs (``framed``: lengths with ``<s>`` and ``</s>``), and
+    one width for every longer sentence, the longest rounded up to a multiple of the last width."""
+    top = widths[-1]
+    need = torch.zeros(len(widths) + 1, dtype=torch.long)
+    for n in framed:
+        k = next((k for k, w in enumerate(widths) if w >= n), None)
+        if k is None:
+            need[-1] = max(int(need[-1]), -(-n // top) * top)
+        else:
+            need[k] = 1
+    if world > 1:
+        need = need.to(device)
+        dist.all_reduce(need, op=dist.ReduceOp.MAX)
+        need = need.cpu()
+    return [w for w, k in zip(widths, need[:-1].tolist()) if k] + ([int(need[-1])] if need[-1] else [])
 
 
 def sentences(pack, bos: int, eos: int, pad: int, window: int = 32) -> list:
@@ -324,12 +349,12 @@ def partners_swapped(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Te
         dist.all_reduce(width, op=dist.ReduceOp.MAX)
     grow = int(width[0]) - ids.shape[1]
     pad_id = engine.module.cfg.special("pad")
-    replay = corrupted is not None
-    all_ids, all_seg, all_noise, all_pairs, all_corrupted = (gather_rows(t) for t in (
+    all_ids, all_seg, all_noise, all_pairs = (gather_rows(t) for t in (
         F.pad(ids, (0, grow), value=pad_id), F.pad(seg.long(), (0, grow)),
         F.pad(noise, (0, grow), value=2.0).transpose(0, 1).contiguous(),
-        torch.as_tensor(keys, dtype=torch.long, device=ids.device),
-        F.pad(corrupted if replay else ids, (0, grow), value=pad_id)))
+        torch.as_tensor(keys, dtype=torch.long, device=ids.device)))
+    replay = corrupted is not None  # the same on every rank (the objective decides): so is the gather
+    all_corrupted = gather_rows(F.pad(corrupted, (0, grow), value=pad_id)) if replay else all_ids
     partner = partner_rotation(all_pairs.tolist())
     real = all_ids != pad_id
     first, second = real & (all_seg == 0), real & (all_seg == 1)
@@ -351,7 +376,7 @@ def partners_swapped(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Te
         out_noise[:, k, : len(row)] = rn
         out_corrupted[k, : len(row)] = rc
     kept = [k for k, g in enumerate(mine) if g in partner]
-    replayed = {"corrupted": out_corrupted} if replay else {}
+    replayed = {"replay": out_corrupted} if replay else {}
     return engine(out, out == pad_id, out_seg, out_noise, per_row=True, **replayed).rows[:, kept], kept
 
 

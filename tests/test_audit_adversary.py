@@ -259,8 +259,13 @@ def test_the_baseline_is_each_sentence_run_alone():
 
 def test_the_language_baseline_in_length_buckets_is_each_sentence_run_alone():
     """models.audit_step.languages_alone (its sentences in forwards of fixed widths, each in the narrowest that holds it)
-    against every sentence of the packs run by hand, one at a time, with its own noise stream."""
-    from models.audit_step import LANGUAGE_NOISE, SENTENCES_PER_PACK, languages_alone, sentences
+    against every sentence of the packs run by hand, one at a time, with its own noise stream; the widths
+    (the same list on every rank: ZeRO-3 needs as many forwards) put every longer sentence in one forward."""
+    from models.audit_step import (BUCKET_WIDTHS, LANGUAGE_NOISE, SENTENCES_PER_PACK, bucket_widths, languages_alone,
+                                   sentences)
+
+    assert bucket_widths([3, 10, 12, 130, 300], BUCKET_WIDTHS, 1, "cpu") == [8, 12, 384]
+    assert bucket_widths([], BUCKET_WIDTHS, 1, "cpu") == []
 
     cfg = preset("tiny", vocab_size=300, specials=SPECIALS, dropout=0.0)
     torch.manual_seed(0)
