@@ -237,8 +237,8 @@ def test_the_q_trajectory_is_exact_after_a_resume_and_the_same_on_two_ranks(demo
     # about tenfold a re-sampling period: 9e-8, 3e-4, 2e-3 relative on an Intel Xeon (2026-12-01), where rtol 1e-3
     # failed at the third. Weights 1e-7 apart already flip a generator sample now and then (its inverse-CDF draw lands
     # on the other side of a boundary): in one of six language-baseline batches of the demo, 7.6e-3 on one sentence's
-    # loss, in one forward or in length buckets alike. The first re-sampling's q was 9e-8 off without a flip, 7.6e-5
-    # with the buckets (2026-12-01). A rank left out of a sum would be off by O(1).
+    # loss, in one forward or in length buckets alike. The first re-sampling's q was 9e-8 off in a run that drew no
+    # flip, 7.6e-5 in one that drew one (2026-12-01). A rank left out of a sum would be off by O(1).
     (first, first_ref), *later = zip(two["trajectory"], whole["trajectory"])
     assert np.allclose(first["q"], first_ref["q"], rtol=1e-3, atol=0)
     for a, b in later:
