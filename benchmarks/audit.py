@@ -345,7 +345,7 @@ def allreduce_ms(n_pairs: int, repeats: int = 200) -> dict:
 def components(spec, upstream: dict[str, Path], scratch: Path, batches: int) -> dict:
     """The audit's pieces timed alone, one thread (as each of 2 ranks has): the per-row loss
     bookkeeping inside forward + backward (per_row=True vs False on the same TRTD batches, paired),
-    pair_totals without its all-reduce, the all-reduce, the EMA update and one re-sampling."""
+    pair_totals (this rank's sums), the all-reduce, the EMA update and one re-sampling."""
     import itertools
 
     import torch
@@ -403,7 +403,7 @@ def components(spec, upstream: dict[str, Path], scratch: Path, batches: int) -> 
         totals = []
         for r, pairs in rows * 5:
             t = time.perf_counter()
-            pair_totals(r, pairs, adv.index, 1)
+            pair_totals(r, pairs, adv.index)
             totals.append(time.perf_counter() - t)
         rng = np.random.default_rng(0)
         sums = np.abs(rng.normal(size=(len(adv.pairs), 6))) * 10

@@ -85,7 +85,7 @@ STAGES = order_stages([
              "the encoder", version="3", reads=("model", "pretrain", "seed"), upstream=("vocab", "sampling", "shards"),
              identity=_pretrain_identity),
     _declare("audit", description="DRO bitext audit (XY-LENT §6.6): train under a χ² adversary over language pairs, "
-             "rank pairs by w = q/Q, evidence for the flagged ones", version="3",  # 3: the held-out baseline by default
+             "rank pairs by w = q/Q, evidence for the flagged ones", version="4",  # 4: the two-term -larger baselines
              reads=("model", "pretrain", "audit", "seed", "dedup"),
              upstream=("dedup", "vocab", "sampling", "shards", "pretrain"),
              conditions=(("pretrain", lambda spec: spec.audit.init == "pretrain"),), identity=_audit_identity),

@@ -32,11 +32,11 @@ def pack_task(name: str, tokenized: list[dict], out: Path, cfg: ShardsConfig, sp
 @stage_flow(STAGE_BY_NAME["shards"])
 def shards(ctx: StageContext) -> StageOutcome:
     from tasks.shards.run import assemble, work_items
-    from tasks.vocab.contract import read_tokenizer, tokenizer_path
+    from tasks.vocab.contract import tokenizer_and_specials, tokenizer_path
 
     cfg = ctx.spec.shards
     model = tokenizer_path(ctx.upstream["vocab"])
-    _, specials = read_tokenizer(ctx.upstream["vocab"])  # refused here when the vocab lacks a special piece
+    _, specials = tokenizer_and_specials(ctx.upstream["vocab"])  # refused here when the vocab lacks a special piece
     parts = batches(work_items(ctx.upstream["dedup"]), task_slots(ctx.spec.runner))
     progress = Progress("shards", len(parts), unit="tasks", key="shards-progress")
     try:

@@ -54,9 +54,9 @@ class PairAdversary:
           repeated target, a copy) sits far below it; a noisy pair near it.
         - ``sides``: the same loss of the pair's own two sentences run alone (``base``): what the
           translation does not explain, pair by pair.
-        - ``larger``: the larger of the two, the language's put on the sides' scale first (see
-          :func:`excess_baselines`): a pair whose own sentences are far easier than its languages'
-          text (memorised repeats, a copy) is held to its languages' difficulty.
+        - ``larger``: ``sides`` raised by how far the pair's loss sits below its languages' beyond the
+          median pair's (see :func:`excess_baselines`): a pair whose text is far easier than its
+          languages' (memorised repeats, a copy) goes down by the difference.
         - ``partner``: the same loss of the same tokens under the same masks, each sentence beside
           another row's partner of the same pair (``base``), against the training pass's loss of those
           very rows (``paired``): the translation's help alone, paired token by token.
@@ -136,7 +136,7 @@ class PairAdversary:
     def baselines(self) -> np.ndarray:
         """Each pair's baseline (NaN until seen; all NaN without one)."""
         own = self.lang_ema[self.sides].mean(axis=1) if self.baseline in USES_LANGUAGES else None
-        return excess_baselines(self.baseline, near_baseline(self.baseline, self.ema), own)
+        return excess_baselines(self.baseline, near_baseline(self.baseline, self.ema), own, self.ema["loss"])
 
     def pair_losses(self) -> np.ndarray:
         """What the adversary ranks: each pair's loss EMA, or its excess over the baseline
@@ -206,28 +206,34 @@ def near_baseline(kind: str | None, ema: dict[str, np.ndarray]) -> np.ndarray:
     return ema["base"]
 
 
-def excess_baselines(kind: str | None, sides: np.ndarray, languages: np.ndarray | None) -> np.ndarray:
+def excess_baselines(kind: str | None, sides: np.ndarray, languages: np.ndarray | None,
+                     loss: np.ndarray) -> np.ndarray:
     """Each pair's baseline for pair_loss excess (NaN until measured), from the EMAs of its sides
-    run alone and of its two languages' monolingual text (the mean of the two).
+    run alone (or its loss less the translation's measured help: :func:`near_baseline`), of its two
+    languages' monolingual text (the mean of the two) and of its own loss.
 
-    ``larger`` compares the two on one scale: the monolingual text is packed documents, not
-    single sentences, so its loss sits at another level (about 3 above the sides' on the planted
-    corpus, the same for every pair); only its differences between pairs mean anything.  The
-    language baselines are shifted by the median gap over the pairs, then the larger of the two is
-    taken: a typical pair keeps its own sentences' baseline (the translation's help, measured on
-    the very sentences), a pair whose sentences are easier than its languages by more than
-    pairs typically are (a hub's repeated target, a copy, another language's text) is measured
-    against its languages."""
+    The ``-larger`` kinds (``larger``, ``partner-larger``, ``heldout-larger``) read two defects, one
+    term each: the loss the translation leaves (loss − sides: below 0 as far as the translation
+    helps, near 0 for a noisy pair) and how far the pair's loss sits below its languages' (loss −
+    language) beyond where the median pair sits (the monolingual text is packed documents, not
+    single sentences, so its loss is at another level, about 3 above the pairs' on the planted
+    corpus; only differences between pairs mean anything).  The baseline is the sides' raised by
+    that shortfall, so the excess is loss − sides less it: a typical pair keeps its own sentences'
+    baseline, a pair whose text is easier than its languages by more than the median pair's (a
+    hub's repeated target, a copy, another language's text) goes down by the difference.  The
+    shortfall is read on the loss itself, not on the sides' loss (the form until 2026-12-02): there
+    the help entered both terms, and a shuffled pair, whose own partner read as worse than another
+    row's, read as easier than its languages and went down with the hubs (planted corpus, seed 2)."""
     if kind is None:
         return np.full(len(sides), np.nan)
     if kind in ("sides", "partner", "heldout"):
         return sides
     if kind == "language":
         return languages
-    gap = languages - sides
-    if not np.isfinite(gap).any():
+    below = np.where(np.isfinite(sides), loss - languages, np.nan)  # the median over pairs with both baselines
+    if not np.isfinite(below).any():
         return np.full(len(sides), np.nan)
-    return np.maximum(sides, languages - np.nanmedian(gap))  # NaN until both were measured
+    return sides + np.maximum(0.0, np.nanmedian(below) - below)  # NaN until both were measured
 
 
 def _list(a: np.ndarray) -> list:

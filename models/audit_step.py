@@ -10,8 +10,8 @@ plain pretrain run (every hook does nothing), and calls the same hooks either wa
     sides alone (baseline sides, larger) or its rows beside other rows' partners (partner,
     partner-larger), and the per-row losses of the training pass → fold the step into the EMAs
 
-Every per-pair or per-language sum is all-reduced, so all ranks hold the same state; each
-measurement draws its masking noise from a stream of its own, so the training passes' masks
+Every per-pair or per-language sum is all-reduced once, at the step's end, so all ranks hold the
+same state; each measurement draws its masking noise from a stream of its own, so the training passes' masks
 never move.
 """
 
@@ -35,6 +35,7 @@ LANGUAGE_NOISE = BASELINE_NOISE + 1
 HELDOUT_NOISE = BASELINE_NOISE + 2
 BASELINE_SEED = 1 << 16
 SENTENCES_PER_PACK = 1 << 10
+BUCKET_WIDTHS = (8, 12, 16, 24, 32, 48, 64, 96, 128)  # the language baseline's padded widths: one forward each
 
 
 class NoAudit:
@@ -118,7 +119,7 @@ class PairAudit(NoAudit):
 
     def begin(self, step: int, iters: dict) -> None:
         n, due = len(self.adversary.pairs), baseline_due(self.cfg, step)
-        self._pair = torch.zeros(n, len(ROW_FIELDS) + 1, dtype=torch.float64, device=self.device)
+        self._pair = torch.zeros(n, len(ROW_FIELDS) + 1, dtype=torch.float64)  # this rank's, until end()
         near = due and self.dro.baseline in ("sides", "larger", "partner", "partner-larger")  # on the training rows
         self._base = torch.zeros_like(self._pair) if near else None
         self._paired = torch.zeros_like(self._pair) if near and self.dro.baseline in PAIRED else None
@@ -142,25 +143,25 @@ class PairAudit(NoAudit):
             return
         if self._paired is None:
             self._base += pair_totals(sides_alone(self.engine, ids, pad, seg, self.cfg.seed, step, micro, rows),
-                                      batch["pairs"], self.adversary.index, self.world)
+                                      batch["pairs"], self.adversary.index)
             return
         swapped, self._kept = partners_swapped(self.engine, ids, pad, seg, noise,
                                                directed(batch["pairs"], batch["flipped"], self.adversary.index),
                                                self.rank, self.world)
-        self._base += pair_totals(swapped, [batch["pairs"][i] for i in self._kept], self.adversary.index, self.world)
+        self._base += pair_totals(swapped, [batch["pairs"][i] for i in self._kept], self.adversary.index)
 
     def after_pass(self, st, batch: dict) -> None:
-        self._pair += pair_totals(st.rows, batch["pairs"], self.adversary.index, self.world)
+        self._pair += pair_totals(st.rows, batch["pairs"], self.adversary.index)
         if self._kept is not None:
             self._paired += pair_totals(st.rows[:, self._kept], [batch["pairs"][i] for i in self._kept],
-                                        self.adversary.index, self.world)
+                                        self.adversary.index)
             self._kept = None
 
     def end(self, step: int) -> None:
-        self.adversary.observe(step, self._pair.cpu().numpy(),
-                               None if self._base is None else self._base.cpu().numpy(),
-                               None if self._lang is None else self._lang.cpu().numpy(),
-                               None if self._paired is None else self._paired.cpu().numpy())
+        sums = [self._pair, self._base, self._lang, self._paired]
+        if self.world > 1:
+            sums = summed_over_ranks(sums, self.device)
+        self.adversary.observe(step, *(None if t is None else t.numpy() for t in sums))
 
     def state(self) -> dict:
         return {"adversary": self.adversary.state_dict()}
@@ -210,28 +211,67 @@ def language_baseline_loader(cfg: TrainConfig, rank: int, world: int) -> Trainin
 @torch.no_grad()
 def languages_alone(engine, batch: dict, loader: TrainingLoader, languages: list[str], seed: int, step: int,
                     rank: int, world: int, device) -> torch.Tensor:
-    """The language baseline: one forward pass (no backward) over sentences of each language's
+    """The language baseline: forward passes (no backward) over sentences of each language's
     monolingual text, framed as a TRTD side is run alone (``<s> x </s>``: the loss of a 128-token
-    pack is not comparable with a sentence's), their per-row losses summed per language over all
-    ranks."""
+    pack is not comparable with a sentence's), their per-row losses summed per language over this
+    rank's sentences (:func:`summed_over_ranks` adds the ranks' at the step's end)."""
+    per_row, langs, _ = sentence_rows(engine, batch, loader, seed, step, rank, world, device)
+    return pair_totals(per_row, langs, {x: i for i, x in enumerate(languages)})
+
+
+def sentence_rows(engine, batch: dict, loader: TrainingLoader, seed: int, step: int, rank: int, world: int,
+                  device, widths: tuple[int, ...] = BUCKET_WIDTHS) -> tuple[torch.Tensor, list[str], list[int]]:
+    """The language baseline's per-row losses and counts (ROW_FIELDS × sentences), each sentence's
+    language and its global key."""
     rows, langs, keys = [], [], []
     for k, (pack, lang) in enumerate(zip(batch["input_ids"], batch["langs"])):
         for j, piece in enumerate(sentences(pack, loader.bos, loader.eos, loader.pad)):
             rows.append(piece)
             langs.append(lang)
             keys.append((rank + world * k) * SENTENCES_PER_PACK + j)  # global: the same on any world size
-    width = max((len(r) for r in rows), default=0) + 2
-    ids = torch.full((len(rows), width), loader.pad, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r) + 2] = torch.as_tensor([loader.bos, *r.tolist(), loader.eos])
-    ids = ids.to(device)
-    pad = ids == loader.pad
-    per_row = torch.zeros(len(ROW_FIELDS), 0, device=device)
-    if rows:
-        noise = row_noise(seed, step, LANGUAGE_NOISE, keys, (~pad).sum(1).tolist(), width).to(device)
-        per_row = engine(ids, pad, None, noise, per_row=True).rows
-    # every rank runs the all-reduce, rows or none
-    return pair_totals(per_row, langs, {x: i for i, x in enumerate(languages)}, world)
+    per_row = torch.zeros(len(ROW_FIELDS), len(rows), device=device)
+    # one forward per width of BUCKET_WIDTHS, each sentence in the narrowest that holds it: a sentence's width is a
+    # function of its own length, the same on any world size. One forward padded to the batch's longest sentence ran
+    # 4.2-7.8x the real tokens on the demo, whose documents are mostly short and a few long; the language baseline
+    # then cost more than a training step (py-spy, 2026-12-01)
+    framed = [len(r) + 2 for r in rows]
+    runs = bucket_widths(framed, widths, world, device)
+    width_of = [next(w for w in runs if w >= n) for n in framed]
+    for width in runs:
+        bucket = [i for i, w in enumerate(width_of) if w == width]
+        pieces = [[loader.bos, *rows[i].tolist(), loader.eos] for i in bucket] or [[loader.bos, loader.eos]]
+        ids = torch.full((len(pieces), width), loader.pad, dtype=torch.long)
+        for k, piece in enumerate(pieces):
+            ids[k, : len(piece)] = torch.as_tensor(piece)
+        ids = ids.to(device)
+        pad = ids == loader.pad
+        # each row's noise is its own stream's (by its key), whatever the bucket's width: the same masks
+        noise = row_noise(seed, step, LANGUAGE_NOISE, [keys[i] for i in bucket] or [BASELINE_ROWS],
+                          (~pad).sum(1).tolist(), width).to(device)
+        out = engine(ids, pad, None, noise, per_row=True).rows
+        if bucket:  # else a stand-in row: this rank runs the forward the others run, its loss is dropped
+            per_row[:, torch.as_tensor(bucket, device=device)] = out
+    return per_row, langs, keys
+
+
+def bucket_widths(framed: list[int], widths: tuple[int, ...], world: int, device) -> list[int]:
+    """The widths the language baseline runs a forward at this step, the same list on every rank
+    (ZeRO-3 gathers the parameters in every forward, so each rank must run as many): each width of
+    ``widths`` that a sentence of any rank needs (``framed``: lengths with ``<s>`` and ``</s>``), and
+    one width for every longer sentence, the longest rounded up to a multiple of the last width."""
+    top = widths[-1]
+    need = torch.zeros(len(widths) + 1, dtype=torch.long)
+    for n in framed:
+        k = next((k for k, w in enumerate(widths) if w >= n), None)
+        if k is None:
+            need[-1] = max(int(need[-1]), -(-n // top) * top)
+        else:
+            need[k] = 1
+    if world > 1:
+        need = need.to(device)
+        dist.all_reduce(need, op=dist.ReduceOp.MAX)
+        need = need.cpu()
+    return [w for w, k in zip(widths, need[:-1].tolist()) if k] + ([int(need[-1])] if need[-1] else [])
 
 
 def sentences(pack, bos: int, eos: int, pad: int, window: int = 32) -> list:
@@ -289,7 +329,8 @@ def partner_rotation(pairs: list[int]) -> dict[int, int]:
 
 @torch.no_grad()
 def partners_swapped(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Tensor, noise: torch.Tensor,
-                     keys: list[int], rank: int, world: int) -> tuple[torch.Tensor, list[int]]:
+                     keys: list[int], rank: int, world: int, corrupted: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, list[int]]:
     """The partner baseline: each TRTD row ``<s> x_i </s> y_i </s>`` rebuilt as
     ``<s> x_i </s> y_j </s>``, y_j the second sentence of another row of the same pair and direction
     (``keys``: :func:`directed`; :func:`partner_rotation` over the global micro-batch, so any world
@@ -298,7 +339,11 @@ def partners_swapped(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Te
     sampled, segment by segment), run forward (no backward).  Returns the per-row losses and counts
     (ROW_FIELDS × kept rows) and this rank's kept rows: summed over a pair, the very tokens of the
     training pass's rows, each beside another translation.  A row without a partner runs as it is
-    (every rank runs one forward of its own size) and is not kept."""
+    (every rank runs one forward of its own size) and is not kept.  ``corrupted``: the discriminator's
+    input of the rows as they were (ELECTRA), swapped with them and replayed: the generator's
+    replacements depend on the partner, so sampled again they would differ between the two passes
+    by more than the translation's help (on the planted corpus a shuffled pair read as helped by
+    0.8 of a loss of 23), and only the partner would not be what moved."""
     width = torch.tensor([ids.shape[1]], device=ids.device)
     if world > 1:
         dist.all_reduce(width, op=dist.ReduceOp.MAX)
@@ -308,6 +353,8 @@ def partners_swapped(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Te
         F.pad(ids, (0, grow), value=pad_id), F.pad(seg.long(), (0, grow)),
         F.pad(noise, (0, grow), value=2.0).transpose(0, 1).contiguous(),
         torch.as_tensor(keys, dtype=torch.long, device=ids.device)))
+    replay = corrupted is not None  # the same on every rank (the objective decides): so is the gather
+    all_corrupted = gather_rows(F.pad(corrupted, (0, grow), value=pad_id)) if replay else all_ids
     partner = partner_rotation(all_pairs.tolist())
     real = all_ids != pad_id
     first, second = real & (all_seg == 0), real & (all_seg == 1)
@@ -316,17 +363,21 @@ def partners_swapped(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Te
     for g in mine:
         j = partner.get(g, g)
         rows.append((torch.cat([all_ids[g][first[g]], all_ids[j][second[j]]]), int(first[g].sum()),
-                     torch.cat([all_noise[g][:, first[g]], all_noise[j][:, second[j]]], 1)))
+                     torch.cat([all_noise[g][:, first[g]], all_noise[j][:, second[j]]], 1),
+                     torch.cat([all_corrupted[g][first[g]], all_corrupted[j][second[j]]])))
     width = max(len(r[0]) for r in rows)
     out = torch.full((len(rows), width), pad_id, dtype=ids.dtype, device=ids.device)
     out_seg = torch.zeros((len(rows), width), dtype=seg.dtype, device=ids.device)
     out_noise = torch.full((noise.shape[0], len(rows), width), 2.0, dtype=noise.dtype, device=noise.device)
-    for k, (row, nx, rn) in enumerate(rows):
+    out_corrupted = torch.full_like(out, pad_id)
+    for k, (row, nx, rn, rc) in enumerate(rows):
         out[k, : len(row)] = row
         out_seg[k, nx: len(row)] = 1
         out_noise[:, k, : len(row)] = rn
+        out_corrupted[k, : len(row)] = rc
     kept = [k for k, g in enumerate(mine) if g in partner]
-    return engine(out, out == pad_id, out_seg, out_noise, per_row=True).rows[:, kept], kept
+    replayed = {"replay": out_corrupted} if replay else {}
+    return engine(out, out == pad_id, out_seg, out_noise, per_row=True, **replayed).rows[:, kept], kept
 
 
 @torch.no_grad()
@@ -335,7 +386,7 @@ def heldout_help(engine, batch: dict, index: dict[str, int], seed: int, step: in
     """The held-out baselines: one measurement batch of rows held out of training
     (``TrainingLoader.heldout_batch``), run forward as it is and with each row's second sentence
     swapped for another row's of the same pair (:func:`partners_swapped`: the same tokens under the
-    same noise).  Returns the per-pair sums over all ranks of the rows that had a partner, as they
+    same noise, and with ELECTRA the same replacements).  Returns this rank's per-pair sums of the rows that had a partner, as they
     are (``paired``) and swapped (``base``): paired − base is the help of a translation the model
     never trained on."""
     ids = torch.from_numpy(batch["input_ids"]).long().to(device)
@@ -344,19 +395,31 @@ def heldout_help(engine, batch: dict, index: dict[str, int], seed: int, step: in
     rows = [rank + world * k for k in range(ids.shape[0])]
     noise = row_noise(seed, step, HELDOUT_NOISE, rows, (~pad).sum(1).tolist(), ids.shape[1]).to(device)
     own = engine(ids, pad, seg, noise, per_row=True).rows
+    # ELECTRA's replacements come from its generator, which reads the partner: replayed in the swapped pass
+    corrupted = engine.module.corrupted if engine.module.objective == "electra" else None
     swapped, kept = partners_swapped(engine, ids, pad, seg, noise, directed(batch["pairs"], batch["flipped"], index),
-                                     rank, world)
+                                     rank, world, corrupted)
     names = [batch["pairs"][i] for i in kept]
-    return pair_totals(own[:, kept], names, index, world), pair_totals(swapped, names, index, world)
+    return pair_totals(own[:, kept], names, index), pair_totals(swapped, names, index)
 
 
-def pair_totals(rows: torch.Tensor, names: list[str], index: dict[str, int], world: int) -> torch.Tensor:
-    """Per-pair (or per-language) sums of a micro-batch's per-row losses and counts (+ a row
-    count), summed over all ranks: a batch mixes pairs, and each rank holds a different share."""
+def pair_totals(rows: torch.Tensor, names: list[str], index: dict[str, int]) -> torch.Tensor:
+    """This rank's per-pair (or per-language) sums of a micro-batch's per-row losses and counts
+    (+ a row count), in float64 on the CPU."""
     # on the CPU (a few rows): index_add_ on CUDA adds atomically, in no fixed order
     per = torch.cat([rows.detach().cpu().double(), torch.ones(1, rows.shape[1], dtype=torch.float64)]).T
     idx = torch.tensor([index[p] for p in names], dtype=torch.long)
-    out = torch.zeros(len(index), per.shape[1], dtype=torch.float64).index_add_(0, idx, per).to(rows.device)
-    if world > 1:
-        dist.all_reduce(out)
+    return torch.zeros(len(index), per.shape[1], dtype=torch.float64).index_add_(0, idx, per)
+
+
+def summed_over_ranks(sums: list[torch.Tensor | None], device) -> list[torch.Tensor | None]:
+    """A step's per-pair and per-language sums (each rank's own share: a batch mixes pairs) added
+    over all ranks in one all-reduce: one a step, not one a micro-batch and measurement.  Every
+    rank holds the same sums (``None`` where the step measured nothing) in the same order."""
+    flat = torch.cat([t.flatten() for t in sums if t is not None]).to(device)
+    dist.all_reduce(flat)
+    flat, out, at = flat.cpu(), [], 0
+    for t in sums:
+        out.append(None if t is None else flat[at: at + t.numel()].view_as(t))
+        at += 0 if t is None else t.numel()
     return out

@@ -69,9 +69,12 @@ class ElectraModel(nn.Module):
         self.apply(init_weights)
 
     def forward(self, ids: torch.Tensor, pad: torch.Tensor, segments: torch.Tensor | None,
-                noise: torch.Tensor, per_row: bool = False) -> Stats:
+                noise: torch.Tensor, per_row: bool = False, replay: torch.Tensor | None = None) -> Stats:
         """``per_row``: also the losses and counts of each row (Stats.rows), for the audit's
-        per-pair losses; the totals are then the sums of the per-token losses."""
+        per-pair losses; the totals are then the sums of the per-token losses.  ``replay``: a
+        discriminator input whose tokens at the masked positions are taken instead of the generator's
+        samples (the audit's partner-swapped pass reads the replacements its rows got as they are).
+        The input the discriminator read is kept as ``self.corrupted``."""
         masked = choose_masked(ids, segments, self.mask_prob, noise[0], self.special_ids)
         g_hidden = self.generator(self.embeddings(ids.masked_fill(masked, self.mask_id)), pad)
         g_logits = self.generator_head(g_hidden[masked], self.embeddings.tokens.weight)
@@ -82,9 +85,10 @@ class ElectraModel(nn.Module):
         else:
             g_loss = F.cross_entropy(g_logits.float(), target, reduction="sum")
         with torch.no_grad():  # no gradient through the sample
-            sampled = sample_tokens(g_logits, noise[1][masked])
+            sampled = sample_tokens(g_logits, noise[1][masked]) if replay is None else replay[masked]
             g_correct = (g_logits.argmax(-1) == target).sum()
         corrupted, replaced = corrupt(ids, masked, sampled)
+        self.corrupted = corrupted
         d_logits = self.discriminator_head(self.discriminator(self.embeddings(corrupted), pad))
         real = ~pad
         y = replaced[real]

@@ -30,7 +30,7 @@ def restore_rng(path: Path, cuda: bool) -> None:
 
 
 def watch_parent() -> None:
-    """Die with the xylent process that started the launcher (XYLENT_PARENT=pid:start, xylent/process_identity.py).
+    """Die with the xylent process that started the launch (XYLENT_PARENT=pid:start, xylent/process_identity.py).
 
     A kill -9 of xylent gives its children no chance to stop the ranks (the
     launcher's own parent-death signal reaches only the launcher, which exits

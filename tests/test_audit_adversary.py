@@ -201,9 +201,10 @@ def test_the_language_baseline_puts_memorised_pairs_down_and_noisy_ones_up():
 
 
 def test_the_larger_baseline_holds_a_memorised_pair_to_its_languages():
-    """baseline larger: max(its sentences alone, its languages' text shifted by the median gap
-    between the two).  A hub whose repeated target is far easier alone than its languages is held
-    to them; a noisy and a clean pair keep their own sentences' baseline."""
+    """baseline larger: its sentences alone, raised by how far the pair's loss sits below its languages'
+    beyond the median pair's.  A hub whose repeated target makes its text far easier than its
+    languages goes down by the difference; a noisy and a clean pair keep their own sentences'
+    baseline."""
     adv = _adversary(baseline="larger", weights=(1.0, 1.0), languages=["a", "b", "c", "d"])
     #            g_loss, g_count, d_loss, d_count, d_pos, rows
     pair = _sums({0: (20.0, 10, 2.0, 20, 5, 1),    # a-b, a hub: 2.1
@@ -215,10 +216,10 @@ def test_the_larger_baseline_holds_a_memorised_pair_to_its_languages():
     own = np.array([(40.0, 10, 2.0, 20, 5, 2), (80.0, 10, 2.0, 20, 5, 2), (40.0, 10, 2.0, 20, 5, 2),
                     (0.0, 0, 0.0, 0, 0, 0)])       # a 4.1, b 8.1, c 4.1: pairs 6.1, 4.1, 6.1
     adv.observe(0, pair, alone, own)
-    # gaps language - sides: 4.0, -1.0, -0.5; median -0.5: the languages' baselines + 0.5
-    assert adv.baselines()[:3] == pytest.approx([6.6, 5.1, 6.6]) and np.isnan(adv.baselines()[3])
-    assert adv.pair_losses()[:3] == pytest.approx([-4.5, 0.0, -0.5])
-    assert pair_baselines(json.loads(json.dumps(adv.state_dict())))[:3] == pytest.approx([6.6, 5.1, 6.6])
+    # loss - language: -4.0, 1.0, 0.0; median 0.0: the hub's sides + 4.0, the others' sides as they are
+    assert adv.baselines()[:3] == pytest.approx([6.1, 5.1, 6.6]) and np.isnan(adv.baselines()[3])
+    assert adv.pair_losses()[:3] == pytest.approx([-4.0, 0.0, -0.5])
+    assert pair_baselines(json.loads(json.dumps(adv.state_dict())))[:3] == pytest.approx([6.1, 5.1, 6.6])
 
 
 def test_the_language_baseline_runs_the_whole_documents_of_a_pack():
@@ -254,6 +255,46 @@ def test_the_baseline_is_each_sentence_run_alone():
                 want[:, k] += model(one, one == SPECIALS["pad"], None, noise, per_row=True).rows[:, 0]
     assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
     assert set(ROW_FIELDS) == {"g_loss", "g_count", "d_loss", "d_count", "d_pos"} and got[1].sum() > 0
+
+
+def test_the_language_baseline_in_length_buckets_is_each_sentence_run_alone():
+    """models.audit_step.languages_alone (its sentences in forwards of fixed widths, each in the narrowest that holds it)
+    against every sentence of the packs run by hand, one at a time, with its own noise stream; the widths
+    (the same list on every rank: ZeRO-3 needs as many forwards) put every longer sentence in one forward."""
+    from models.audit_step import (BUCKET_WIDTHS, LANGUAGE_NOISE, SENTENCES_PER_PACK, bucket_widths, languages_alone,
+                                   sentences)
+
+    assert bucket_widths([3, 10, 12, 130, 300], BUCKET_WIDTHS, 1, "cpu") == [8, 12, 384]
+    assert bucket_widths([], BUCKET_WIDTHS, 1, "cpu") == []
+
+    cfg = preset("tiny", vocab_size=300, specials=SPECIALS, dropout=0.0)
+    torch.manual_seed(0)
+    model = ElectraModel(cfg).eval()
+    engine = type("Engine", (), {"module": model, "__call__": lambda self, *a, **k: model(*a, **k)})()
+    bos, eos, pad = SPECIALS["bos"], SPECIALS["eos"], SPECIALS["pad"]
+    rng = np.random.default_rng(0)
+    packs = []
+    for _ in range(6):  # documents of 1 to 40 tokens: mostly short, a few long, as the demo's
+        body = [bos]
+        while len(body) < 100:
+            body += [*rng.integers(5, 300, int(rng.choice([1, 3, 5, 8, 40]))), eos]
+        packs.append(np.array((body + [pad] * 128)[:128]))
+    loader = type("Loader", (), {"bos": bos, "eos": eos, "pad": pad})()
+    batch = {"input_ids": np.stack(packs), "langs": ["de", "fr", "de", "en", "fr", "de"]}
+    languages = ["de", "en", "fr"]
+    got = languages_alone(engine, batch, loader, languages, 7, 3, 0, 1, "cpu")
+    want = torch.zeros_like(got)
+    n = 0
+    with torch.no_grad():
+        for k, (pack, lang) in enumerate(zip(batch["input_ids"], batch["langs"])):
+            for j, piece in enumerate(sentences(pack, bos, eos, pad)):
+                one = torch.as_tensor([[bos, *piece.tolist(), eos]])
+                noise = row_noise(7, 3, LANGUAGE_NOISE, [k * SENTENCES_PER_PACK + j], [one.shape[1]], one.shape[1])
+                r = model(one, one == pad, None, noise, per_row=True).rows[:, 0].double()
+                want[languages.index(lang), :-1] += r
+                want[languages.index(lang), -1] += 1
+                n += 1
+    assert n > 20 and torch.allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_the_partner_baseline_reruns_the_same_tokens_beside_another_rows_translation():
@@ -308,9 +349,9 @@ def test_the_partner_baseline_is_the_loss_less_the_translations_help():
     own = np.array([(90.0, 10, 2.0, 20, 5, 2), (40.0, 10, 2.0, 20, 5, 2), (60.0, 10, 2.0, 20, 5, 2),
                     (0.0, 0, 0.0, 0, 0, 0)])  # a 9.1, b 4.1, c 6.1: pairs a-b 6.6, a-c 7.6
     larger.observe(0, pair, other, own, paired=same)
-    # gaps 3.0 and 2.5, median 2.75: a-b max(3.6, 3.85), a-c max(5.1, 4.85)
-    assert larger.baselines()[:2] == pytest.approx([3.85, 5.1])
-    for kind, want in (("heldout", [3.6, 5.1]), ("heldout-larger", [3.85, 5.1])):  # the same reading, held-out rows
+    # loss - language: a-b 3.1 - 6.6 = -3.5, a-c 5.1 - 7.6 = -2.5, median -3.0: a-b 3.6 + 0.5, a-c 5.1 + 0
+    assert larger.baselines()[:2] == pytest.approx([4.1, 5.1])
+    for kind, want in (("heldout", [3.6, 5.1]), ("heldout-larger", [4.1, 5.1])):  # the same reading, held-out rows
         held = _adversary(baseline=kind, weights=(1.0, 1.0), languages=["a", "b", "c", "d"])
         held.observe(0, pair, other, own, paired=same)
         assert held.baselines()[:2] == pytest.approx(want), kind
@@ -318,8 +359,10 @@ def test_the_partner_baseline_is_the_loss_less_the_translations_help():
 
 def test_the_heldout_baseline_runs_the_held_out_rows_as_they_are_and_beside_other_partners():
     """models.audit_step.heldout_help: the held-out batch's own loss and its partner-swapped loss,
-    both under the measurement's own noise, summed per pair over the rows that had a partner."""
-    from models.audit_step import HELDOUT_NOISE, heldout_help, pair_totals, partners_swapped
+    both under the measurement's own noise, summed per pair over the rows that had a partner; the
+    swapped pass replays the generator's replacements of the rows as they are (the same tokens
+    replaced, the same count), so only the partner moves."""
+    from models.audit_step import HELDOUT_NOISE, heldout_help, pair_totals, partner_rotation, partners_swapped
 
     cfg = preset("tiny", vocab_size=300, specials=SPECIALS, dropout=0.0)
     torch.manual_seed(0)
@@ -333,11 +376,19 @@ def test_the_heldout_baseline_runs_the_held_out_rows_as_they_are_and_beside_othe
     noise = row_noise(7, 30, HELDOUT_NOISE, list(range(6)), (~pad).sum(1).tolist(), ids.shape[1])
     with torch.no_grad():
         own = model(ids, pad, seg, noise, per_row=True).rows
-    swapped, kept = partners_swapped(engine, ids, pad, seg, noise, [index[p] for p in names], 0, 1)
+    as_they_are = model.corrupted
+    swapped, kept = partners_swapped(engine, ids, pad, seg, noise, [index[p] for p in names], 0, 1, as_they_are)
     kept_names = [names[i] for i in kept]
     assert kept == [0, 1, 2, 3, 5] and base[2, -1] == 0 and paired[2, -1] == 0, "b-c has one row: no partner"
-    assert torch.allclose(paired, pair_totals(own[:, kept], kept_names, index, 1))
-    assert torch.allclose(base, pair_totals(swapped, kept_names, index, 1))
+    assert torch.allclose(paired, pair_totals(own[:, kept], kept_names, index))
+    assert torch.allclose(base, pair_totals(swapped, kept_names, index))
+    replaced = ROW_FIELDS.index("d_pos")
+    assert torch.equal(base[:, replaced], paired[:, replaced]) and paired[:2, replaced].min() > 0
+    partner = partner_rotation([index[p] for p in names])
+    for i in kept:  # what the swapped pass's discriminator read: x_i and y_j as they were corrupted
+        x, y = (~pad[i]) & (seg[i] == 0), (~pad[partner[i]]) & (seg[partner[i]] == 1)
+        want = torch.cat([as_they_are[i][x], as_they_are[partner[i]][y]])
+        assert torch.equal(model.corrupted[i][: len(want)], want)
 
 
 def test_the_baselines_are_measured_on_the_first_trtd_step_of_each_period():

@@ -233,11 +233,14 @@ def test_the_q_trajectory_is_exact_after_a_resume_and_the_same_on_two_ranks(demo
     assert rc == 0, err[-3000:]
     two = _state(out)
     assert [a["step"] for a in two["trajectory"]] == [b["step"] for b in whole["trajectory"]]
-    # the first re-sampling agrees to rounding; then the two runs' weights drift apart by float noise (a sum over two
-    # ranks rounds differently), about tenfold a re-sampling period: 9e-8, 3e-4, 2e-3 relative on an Intel Xeon
-    # (2026-12-01), where rtol 1e-3 failed at the third. A rank left out of a sum would be off by O(1).
+    # the two runs' weights drift apart by float noise from the first step (a sum over two ranks rounds differently),
+    # about tenfold a re-sampling period: 9e-8, 3e-4, 2e-3 relative on an Intel Xeon (2026-12-01), where rtol 1e-3
+    # failed at the third. Weights 1e-7 apart already flip a generator sample now and then (its inverse-CDF draw lands
+    # on the other side of a boundary): in one of six language-baseline batches of the demo, 7.6e-3 on one sentence's
+    # loss, in one forward or in length buckets alike. The first re-sampling's q was 9e-8 off in a run that drew no
+    # flip, 7.6e-5 in one that drew one (2026-12-01). A rank left out of a sum would be off by O(1).
     (first, first_ref), *later = zip(two["trajectory"], whole["trajectory"])
-    assert np.allclose(first["q"], first_ref["q"], rtol=1e-5, atol=0)
+    assert np.allclose(first["q"], first_ref["q"], rtol=1e-3, atol=0)
     for a, b in later:
         assert np.allclose(a["q"], b["q"], rtol=1e-2, atol=1e-6), a["step"]
     assert two["rows"] == whole["rows"], "the same rows drawn on 1 and 2 ranks"

@@ -13,8 +13,8 @@ launcher is two more Python processes (``deepspeed`` and
 ``deepspeed.launcher.launch``), each importing torch and DeepSpeed (and DeepSpeed
 imports MLflow), seconds before the first rank even starts, and its watch loop
 notices a rank's exit up to a second late.  What the launcher does for its ranks
-is kept: their output goes through one pipe (whole lines, as they share its
-stdout), and when one rank exits non-zero the others are stopped and the launch
+is kept: their output goes through one pipe (lines of two ranks can interleave, as
+under the launcher), and when one rank exits non-zero the others are stopped and the launch
 fails naming that rank.  ``train.log`` still begins with the ``$ deepspeed ...``
 line (the launch as given: run by hand, it trains the same), followed by the line
 that says how the ranks were started.  ``XYLENT_DEEPSPEED_LAUNCHER=1`` starts

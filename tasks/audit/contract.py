@@ -65,7 +65,7 @@ def pair_baselines(state: dict) -> np.ndarray:
     if kind in USES_LANGUAGES:
         own = dict(zip(state["languages"], (np.nan if x is None else x for x in state["lang_ema"])))
         langs = np.array([np.mean([own[x] for x in p.split("-")]) for p in state["pairs"]], dtype=np.float64)
-    return excess_baselines(kind, near_baseline(kind, ema), langs)
+    return excess_baselines(kind, near_baseline(kind, ema), langs, ema["loss"])
 
 
 def audit_table(state: dict, evidence: pl.DataFrame | None = None) -> pl.DataFrame:

@@ -13,7 +13,7 @@ from xylent.spec import DEFAULT_CLIP, DEFAULT_LR, Spec
 
 from tasks.pretrain.contract import METRICS_FILE
 from tasks.shards.contract import has_rows, read_index
-from tasks.vocab.contract import read_tokenizer
+from tasks.vocab.contract import tokenizer_and_specials
 
 REPO = Path(__file__).resolve().parents[2]
 ZERO_CONFIGS = REPO / "infra" / "deepspeed"
@@ -66,7 +66,7 @@ def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str
         if not has_rows(index, t):
             raise XylentError(f"pretrain.tasks has {t!r} but the shards hold no {t.upper()} data",
                               where=str(upstream["shards"]), fix=f"drop {t!r} from pretrain.tasks or add sources")
-    tokenizer, specials = read_tokenizer(upstream["vocab"])
+    tokenizer, specials = tokenizer_and_specials(upstream["vocab"])
     enc = encoder_config(spec, tokenizer.get_piece_size(), index["seq_len"], specials)
     layer = p.infoxlm.layer
     if p.objective == "infoxlm" and layer is not None and layer > enc.layers:

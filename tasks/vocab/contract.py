@@ -29,7 +29,7 @@ def load_tokenizer(vocab_dir: Path):
     return spm.SentencePieceProcessor(model_file=str(tokenizer_path(vocab_dir)))
 
 
-def read_tokenizer(vocab_dir: Path):
+def tokenizer_and_specials(vocab_dir: Path):
     """(the tokenizer, its special ids: unk, bos, eos, pad, mask), refused when a special piece is missing:
     what the shards' index records for the loader and what pretrain's model config takes."""
     from tasks.vocab.specials import special_ids

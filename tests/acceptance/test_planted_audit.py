@@ -1,6 +1,7 @@
 """Planted defects at full size (tests/audit_planted.py: 1500 audit steps from scratch), issue 34's
-bar on three seeds with the default pair loss (the excess over the larger of held-out rows' loss
-beside another row's translation and the pair's languages' monolingual loss): the copied pair in
+bar on three seeds with the default pair loss (held-out rows' loss as they are less beside another
+row's translation, less how far the pair's loss sits below its languages' beyond the median pair's:
+models.adversary.excess_baselines): the copied pair in
 the bottom 2, the hub-aligned pair in the bottom half (both trivial: XY-LENT §6.6 pushes them
 down), the shuffled pair in the top 3 and above every clean pair, all by w averaged over the
 re-samplings.  A dose-response on the three seeds (w and the

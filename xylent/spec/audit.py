@@ -44,9 +44,9 @@ class AuditConfig(Strict):
         "reads as noisy); partner: the same tokens under the same masks, each sentence beside another row's "
         "translation of the same pair (the translation's help, paired token by token); language: the mean of "
         "its two languages' losses on their monolingual text (trivial pairs fall far below it, but it is too "
-        "coarse to tell a noisy pair from a clean one); larger and partner-larger: the larger of "
-        "sides (or partner) and language, the language's shifted onto the pair's scale by the median gap over "
-        "the pairs; heldout and heldout-larger (default): partner and partner-larger measured on rows held out "
+        "coarse to tell a noisy pair from a clean one); larger and partner-larger: sides (or partner) raised "
+        "by how far the pair's loss sits below its languages' beyond the median pair's (hubs and copies go "
+        "down by it); heldout and heldout-larger (default): partner and partner-larger measured on rows held out "
         "of the audit's training (audit.holdout), so a pairing the model memorised is not read as the "
         "translation's help. Left unset with pretrain.objective infoxlm, larger (a held-out pass would feed "
         "XLCo's key queue)")

@@ -1,9 +1,9 @@
-"""Fine-tuning on several ranks through pretrain's DeepSpeed launcher.
+"""Fine-tuning on several ranks, launched as pretrain's are.
 
 ``finetune.launcher: deepspeed`` runs each seed's training as
 ``deepspeed --num_gpus N --module tasks.evaluate.finetune.distributed --config job.json``
-(``xylent.launch``: the same launcher, log streaming, death messages and
-orphan protection as pretrain).  Each rank takes its slice of every global batch;
+(``xylent.launch``: on local CPU ranks started directly; the same log streaming,
+death messages and orphan protection as pretrain).  Each rank takes its slice of every global batch;
 DeepSpeed averages the gradients, clips at 1.0, steps AdamW (ZeRO stage
 ``finetune.zero_stage``, bf16 on GPUs) and saves resumable checkpoints
 (``ds/``; the epoch position and every rank's RNG in its client state).  Rank 0
