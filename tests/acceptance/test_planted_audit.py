@@ -1,13 +1,13 @@
 """Planted defects at full size (tests/audit_planted.py: 1500 audit steps from scratch), issue 34's
 bar on three seeds with the default pair loss (held-out rows' loss as they are less beside another
 row's translation, less how far the pair's loss sits below its languages' beyond the median pair's:
-models.adversary.excess_baselines): the copied pair in
-the bottom 2, the hub-aligned pair in the bottom half (both trivial: XY-LENT §6.6 pushes them
-down), the shuffled pair in the top 3 and above every clean pair, all by w averaged over the
-re-samplings.  A dose-response on the three seeds (w and the
-excess loss of the noisy pair at 0, 25, 50, 100 % of it shuffled, and their means over the seeds)
-and the paper's form (L_D + λ·L_G) on the same corpora are recorded, not held: on seed 0 alone, w
-did not rise with the share at this size."""
+models.adversary.excess_baselines): the copied pair in the bottom 2, the hub-aligned pair in the
+bottom half (both trivial: XY-LENT §6.6 pushes them down), the shuffled pair in the top 3 and above
+every clean pair, all by w_final, the final distribution against the initial one: XY-LENT's Figure 4
+ranks the pairs "between the initial and final language distributions", and the report ranks by it.
+The same ranks by w averaged over the re-samplings (w_mean), a dose-response on the three seeds (w
+and the excess loss of the noisy pair at 0, 25, 50, 100 % of it shuffled, and their means over the
+seeds) and the paper's form (L_D + λ·L_G) on the same corpora are recorded, not held."""
 
 from __future__ import annotations
 
@@ -37,24 +37,30 @@ def _audit(run_cli, spec: Path, ws: Path, *extra: str) -> pl.DataFrame:
     return read_audit(audit_dir).with_columns(pl.lit(report).alias("_report"))
 
 
-def _ranks(table: pl.DataFrame) -> dict[str, int]:
-    return dict(zip(table["pair"], table["rank_up_mean"]))
+def _ranks(table: pl.DataFrame, column: str = "rank_up") -> dict[str, int]:
+    """pair -> its rank, 1 the most up-weighted: by w_final (``rank_up``) or by w_mean (``rank_up_mean``)."""
+    return dict(zip(table["pair"], table[column]))
 
 
 @pytest.mark.costs(deepspeed=15)  # each seed's default and paper-form audit, three dose corpora per seed
 def test_planted_defects_rank_as_section_6_6_reads_them_on_three_seeds(run_cli, tmp_path):
     start, figures, held = time.monotonic(), {}, []
-    dose_w, dose_x = {s: {} for s in SEEDS}, {s: {} for s in SEEDS}
+    dose_w, dose_m, dose_x = ({s: {} for s in SEEDS} for _ in range(3))
     for seed in SEEDS:
         spec = write_corpus(tmp_path / f"corpus-{seed}", seed=seed)
         table = _audit(run_cli, spec, tmp_path / f"ws-{seed}")
-        n, rank = table.height, _ranks(table)
+        n, rank, by_mean = table.height, _ranks(table), _ranks(table, "rank_up_mean")
         clean = [p for p in table["pair"] if p not in (COPY, NOISY, HUB)]
-        w = dict(zip(table["pair"], table["w_mean"]))
+        w = dict(zip(table["pair"], table["w_final"]))
+        w_mean = dict(zip(table["pair"], table["w_mean"]))
         excess = dict(zip(table["pair"], table["excess_loss_ema"]))
         figures[f"seed {seed}: rank of copy / hub / noisy (of {n})"] = f"{rank[COPY]} / {rank[HUB]} / {rank[NOISY]}"
-        figures[f"seed {seed}: w_mean of copy / hub / noisy / best clean"] = \
+        figures[f"seed {seed}: w_final of copy / hub / noisy / best clean"] = \
             f"{w[COPY]:.2f} / {w[HUB]:.2f} / {w[NOISY]:.2f} / {max(w[p] for p in clean):.2f}"
+        figures[f"seed {seed}, by w_mean: rank of copy / hub / noisy (of {n})"] = \
+            f"{by_mean[COPY]} / {by_mean[HUB]} / {by_mean[NOISY]}"
+        figures[f"seed {seed}: w_mean of copy / hub / noisy / best clean"] = \
+            f"{w_mean[COPY]:.2f} / {w_mean[HUB]:.2f} / {w_mean[NOISY]:.2f} / {max(w_mean[p] for p in clean):.2f}"
         figures[f"seed {seed}: excess of copy / hub / noisy / clean (mean)"] = \
             f"{excess[COPY]:.2f} / {excess[HUB]:.2f} / {excess[NOISY]:.2f} / " \
             f"{sum(excess[p] for p in clean) / len(clean):.2f}"
@@ -62,45 +68,45 @@ def test_planted_defects_rank_as_section_6_6_reads_them_on_three_seeds(run_cli, 
         figures[f"seed {seed}: the report's reading of the copy"] = \
             copy_section.split("- reading: ", 1)[-1].split("\n", 1)[0] if "- reading: " in copy_section else "not shown"
         ok = (rank[COPY] >= n - 1, rank[HUB] > n // 2, rank[NOISY] <= 3 and all(rank[NOISY] < rank[p] for p in clean))
-        held.append((seed, ok, table.select("pair", "w_mean", "loss_ema", "baseline_loss_ema",
+        held.append((seed, ok, table.select("pair", "w_final", "w_mean", "loss_ema", "baseline_loss_ema",
                                             "excess_loss_ema").to_dicts()))
-        dose_w[seed][1.0], dose_x[seed][1.0] = w[NOISY], excess[NOISY]
-        paper = _ranks(_audit(run_cli, spec, tmp_path / f"ws-{seed}", *PAPER))
-        figures[f"seed {seed}, paper form: rank of copy / hub / noisy (of {n})"] = \
-            f"{paper[COPY]} / {paper[HUB]} / {paper[NOISY]}"
+        dose_w[seed][1.0], dose_m[seed][1.0], dose_x[seed][1.0] = w[NOISY], w_mean[NOISY], excess[NOISY]
+        paper = _audit(run_cli, spec, tmp_path / f"ws-{seed}", *PAPER)
+        figures[f"seed {seed}, paper form: rank of copy / hub / noisy (of {n}), by w_final; by w_mean"] = \
+            "; ".join(" / ".join(str(r[p]) for p in (COPY, HUB, NOISY))
+                      for r in (_ranks(paper), _ranks(paper, "rank_up_mean")))
     for seed in SEEDS:
         for share in DOSES:
             spec = write_corpus(tmp_path / f"dose-{seed}-{share}", seed=seed, shuffled=share)
             table = _audit(run_cli, spec, tmp_path / f"dose-ws-{seed}-{share}")
             row = table.filter(pl.col("pair") == NOISY).row(0, named=True)
-            dose_w[seed][share], dose_x[seed][share] = row["w_mean"], row["excess_loss_ema"]
+            dose_w[seed][share], dose_m[seed][share], dose_x[seed][share] = \
+                row["w_final"], row["w_mean"], row["excess_loss_ema"]
     doses = sorted(dose_w[0])
-    mean_w = {d: sum(dose_w[s][d] for s in SEEDS) / len(SEEDS) for d in doses}
-    mean_x = {d: sum(dose_x[s][d] for s in SEEDS) / len(SEEDS) for d in doses}
     for seed in SEEDS:
-        figures[f"dose-response, seed {seed}: w_mean / excess of the noisy pair at 0 / 25 / 50 / 100 % shuffled"] = \
-            " / ".join(f"{dose_w[seed][d]:.2f}" for d in doses) + "; " + \
-            " / ".join(f"{dose_x[seed][d]:.2f}" for d in doses)
-    figures["dose-response, mean of the seeds: w_mean at 0 / 25 / 50 / 100 %"] = \
-        " / ".join(f"{mean_w[d]:.2f}" for d in doses)
-    figures["dose-response, mean of the seeds: excess at 0 / 25 / 50 / 100 %"] = \
-        " / ".join(f"{mean_x[d]:.2f}" for d in doses)
-    figures["dose-response, mean of the seeds: w_mean rises with the share"] = \
-        all(mean_w[a] < mean_w[b] for a, b in zip(doses, doses[1:]))
-    figures["dose-response, mean of the seeds: excess rises with the share"] = \
-        all(mean_x[a] < mean_x[b] for a, b in zip(doses, doses[1:]))
+        figures[f"dose-response, seed {seed}: w_final / w_mean / excess of the noisy pair at 0 / 25 / 50 / 100 % "
+                "shuffled"] = "; ".join(" / ".join(f"{by[seed][d]:.2f}" for d in doses)
+                                        for by in (dose_w, dose_m, dose_x))
+    for name, by in (("w_final", dose_w), ("w_mean", dose_m), ("excess", dose_x)):
+        mean = {d: sum(by[s][d] for s in SEEDS) / len(SEEDS) for d in doses}
+        figures[f"dose-response, mean of the seeds: {name} at 0 / 25 / 50 / 100 %"] = \
+            " / ".join(f"{mean[d]:.2f}" for d in doses)
+        figures[f"dose-response, mean of the seeds: {name} rises with the share"] = \
+            all(mean[a] < mean[b] for a, b in zip(doses, doses[1:]))
     print(json.dumps(figures, indent=1))  # shown by pytest when the assertion below fails
     failed = []
     for seed, (copy_ok, hub_ok, noisy_ok), rows in held:
-        top = sorted(rows, key=lambda r: -r["w_mean"])[:4]
-        above = ", ".join(f"{r['pair']} {r['w_mean']:.2f}" for r in top)
-        failed += [f"seed {seed}: {what} (top by w_mean: {above})" for ok, what in (
+        top = sorted(rows, key=lambda r: -r["w_final"])[:4]
+        above = ", ".join(f"{r['pair']} {r['w_final']:.2f}" for r in top)
+        failed += [f"seed {seed}: {what} (top by w_final: {above})" for ok, what in (
             (copy_ok, "the copy is not in the bottom 2"), (hub_ok, "the hub is not in the bottom half"),
             (noisy_ok, "the shuffled pair is not in the top 3 above every clean pair")) if not ok]
     record("planted-audit", figures,
-           {"default pair loss (excess, baseline heldout-larger), by w_mean, every seed of " + str(list(SEEDS)):
+           {"default pair loss (excess, baseline heldout-larger), by w_final (Figure 4's final against initial "
+            "distribution), every seed of " + str(list(SEEDS)):
             "copy in the bottom 2, hub in the bottom half, noisy in the top 3 and above every clean pair",
-            "dose-response": "recorded, not held: one seed's w_mean moved more between corpora than a quarter of "
+            "the same by w_mean": "recorded, not held",
+            "dose-response": "recorded, not held: one seed's w moved more between corpora than a quarter of "
                              "the pair shuffled (issue 34); the mean over the seeds is the reading",
             "paper form (pair_loss paper)": "recorded beside, not held"},
            seconds=time.monotonic() - start, failed=failed)
