@@ -83,7 +83,8 @@ class PairAdversary:
         self.index = {p: i for i, p in enumerate(self.pairs)}
         self.prior = np.asarray(prior, dtype=np.float64) / np.sum(prior)
         self.rho, self.min_ratio, self.ema_rate = rho, min_ratio, ema  # the spec's audit.ema
-        self.lang_rate = 1.0 - (1.0 - ema) ** language_every
+        # N = 1 keeps ema itself: 1 - (1 - ema) ** 1 is not ema in floating point (0.1 -> 0.09999999999999998)
+        self.lang_rate = ema if language_every == 1 else 1.0 - (1.0 - ema) ** language_every
         self.weights = (float(weights[0]), float(weights[1]))
         self.schedule = resample_steps(steps, resamples)
         n = len(self.pairs)

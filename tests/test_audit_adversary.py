@@ -202,6 +202,8 @@ def test_the_language_baseline_puts_memorised_pairs_down_and_noisy_ones_up():
     sparse.observe(0, pair, lang=own)
     sparse.observe(40, pair, lang=own * [2, 1, 2, 1, 1, 1])  # measured 4 periods later: every loss doubled
     assert sparse.lang_ema[0] == pytest.approx(4.1 + (1 - 0.9 ** 4) * 4.1), "moved as far as 4 of the pairs' updates"
+    for ema in (0.1, 0.05, 0.03):  # N = 1 is the rate itself, bit for bit: 1 - (1 - 0.1) ** 1 is not 0.1
+        assert _adversary(baseline="language", languages=["a", "b", "c", "d"], ema=ema).lang_rate == ema
 
 
 def test_the_larger_baseline_holds_a_memorised_pair_to_its_languages():

@@ -116,6 +116,7 @@ def test_a_build_lock_left_by_a_killed_build_is_cleared_and_a_live_builds_kept(t
     """A killed op build leaves torch's build lock, and DeepSpeed's ranks would wait on it forever."""
     import os
     import subprocess
+    import threading
     import time
 
     from xylent.build_locks import clear_stale_build_locks
@@ -138,3 +139,22 @@ def test_a_build_lock_left_by_a_killed_build_is_cleared_and_a_live_builds_kept(t
     assert live.exists() and not stale.exists() and not young.exists()
     assert [line.split(" ")[1] for line in said] == ["waiting", "removed", "removed"], said
     assert "just_killed" in said[0] and "untouched for 60 min" in said[2], said
+    # a folder written while it waits has a build elsewhere (a shared cache): its lock is left, and said
+    elsewhere = tmp_path / "shared_cache" / "py311_cpu" / "op" / "lock"
+    elsewhere.parent.mkdir(parents=True)
+    elsewhere.touch()
+    stop = threading.Event()
+
+    def compile_elsewhere():
+        while not stop.wait(0.05):
+            (elsewhere.parent / "obj.o").touch()
+
+    writer = threading.Thread(target=compile_elsewhere)
+    writer.start()
+    try:
+        assert clear_stale_build_locks([tmp_path / "shared_cache"], min_age_s=1.0, poll_s=0.05,
+                                       say=(said := []).append) == []
+    finally:
+        stop.set()
+        writer.join()
+    assert elsewhere.exists() and said[-1].startswith(f"xylent: left the build lock {elsewhere}"), said

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-MIN_AGE_S = 300.0  # a build of the shm op takes about a minute on 2 cores
+MIN_AGE_S = 600.0  # a build of the shm op takes about a minute on 2 cores; a CUDA op can go minutes between writes
 
 
 def extension_roots() -> list[Path]:
@@ -56,11 +56,18 @@ def last_written(build_dir: Path) -> float:
 def clear_stale_build_locks(roots: list[Path] | None = None, min_age_s: float = MIN_AGE_S, poll_s: float = 5.0,
                             say: Callable[[str], None] = print) -> list[Path]:
     """Remove each build lock that no build on this machine holds once nothing in its build folder
-    was written for ``min_age_s``, waiting for a younger one to go or to age (a build on another
-    machine sharing the cache is not seen: it writes its objects and releases its lock in about a
-    minute).  A lock this user cannot read or remove is left, and said.  Returns the locks removed."""
+    was written for ``min_age_s``, waiting at most that long for a younger one to go or to age.  A
+    folder written to during the wait has a live build somewhere (another machine sharing the cache,
+    another user): its lock is left, and said, never removed.  A lock or folder this user cannot
+    read or remove is left, and said.  Returns the locks removed."""
+    try:
+        locks = build_locks(extension_roots() if roots is None else roots)
+    except OSError as exc:
+        say(f"xylent: cannot look for stale op build locks ({exc}); if the ranks hang while they start, look for a "
+            "`lock` file under the torch extensions folder (TORCH_EXTENSIONS_DIR) and remove it by hand")
+        return []
     removed = []
-    for lock in build_locks(extension_roots() if roots is None else roots):
+    for lock in locks:
         deadline, said = time.monotonic() + min_age_s, False  # the local clock bounds the wait, not file times
         while True:
             try:
@@ -69,12 +76,17 @@ def clear_stale_build_locks(roots: list[Path] | None = None, min_age_s: float = 
                 if building(lock.parent):
                     break  # torch waits for a live build itself
                 idle = time.time() - last_written(lock.parent)
-                if idle >= min_age_s or time.monotonic() >= deadline:
+                if idle >= min_age_s:
                     lock.unlink()
                     removed.append(lock)
                     say(f"xylent: removed {lock}, a build lock that no build holds, its folder untouched for "
                         f"{idle / 60:.0f} min (a build killed half-way leaves it, and every rank would wait on it "
                         "forever)")
+                    break
+                if time.monotonic() >= deadline:
+                    say(f"xylent: left the build lock {lock}: its folder was written {idle:.0f} s ago, so a build "
+                        "elsewhere may hold it; if the ranks hang while they start and no build runs, remove it "
+                        "by hand")
                     break
             except FileNotFoundError:
                 break
@@ -83,7 +95,8 @@ def clear_stale_build_locks(roots: list[Path] | None = None, min_age_s: float = 
                 break
             if not said:
                 say(f"xylent: waiting up to {min(min_age_s - idle, deadline - time.monotonic()):.0f} s for the build "
-                    f"lock {lock} (no build on this machine holds it: if none finishes elsewhere, it is removed then)")
+                    f"lock {lock} (no build on this machine holds it: one untouched for {min_age_s / 60:.0f} min is "
+                    "removed)")
                 said = True
             time.sleep(poll_s)
     return removed

@@ -167,21 +167,36 @@ def register_cached(tracker, manifest: dict, name: str) -> dict:
     if first_name in (None, name):
         return {}
     client = tracker.client
+    where = f"the MLflow registry at {redact_text(tracker.uri)}"
     try:
         first = client.get_model_version(first_name, str(first_version))
     except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise _registry_error(exc, name, where) from exc
         raise XylentError(f"the cached output's model was registered as {first_name} v{first_version}, which this "
                           "workspace's MLflow registry no longer has, so it cannot be registered again as "
-                          f"{name}", where=f"the MLflow registry at {redact_text(tracker.uri)}",
+                          f"{name}", where=where,
                           fix="rerun the stage with --force to export and register its model again") from exc
-    again = next((v for v in client.search_model_versions(f"name='{name}'") if v.source == first.source), None)
-    if again is None:
-        _registered_model(client, name)
-        tags = {**first.tags, "registered_first_as": f"{first_name} v{first_version}"}
-        again = client.create_model_version(name, first.source, run_id=first.run_id, description=first.description,
-                                            tags=tags)
+    try:
+        again = next((v for v in client.search_model_versions(f"name='{name}'") if v.source == first.source), None)
+        if again is None:
+            _registered_model(client, name)
+            tags = {**first.tags, "registered_first_as": f"{first_name} v{first_version}"}
+            again = client.create_model_version(name, first.source, run_id=first.run_id,
+                                                description=first.description, tags=tags)
+    except MlflowException as exc:
+        raise _registry_error(exc, name, where) from exc
     return {"registered_model": name, "registered_version": int(again.version),
             "model_uri": f"models:/{name}/{again.version}"}
+
+
+def _registry_error(exc, name: str, where: str) -> XylentError:
+    """Any other answer of the registry (down, refused, no permission): the cached output is fine,
+    so retraining (--force) is not the fix."""
+    return XylentError(f"cannot register the cached model as {name}: the registry answered {exc.error_code} "
+                       f"({redact_text(str(exc.message))[:300]})", where=where,
+                       fix="check that the MLflow server is up and that this user may write to its registry, "
+                       "then rerun: the stage's output stays cached")
 
 
 def _export_meta(model_dir: Path) -> dict:
