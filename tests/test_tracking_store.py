@@ -188,3 +188,22 @@ def test_a_cached_models_new_name_tells_a_lost_version_from_a_refusing_registry(
         server.shutdown()
         server.server_close()
     assert "--force" not in refused.value.fix and "stays cached" in refused.value.fix
+
+
+def test_evaluations_tag_every_registration_of_the_same_model(tmp_path):
+    """A cached pretrain registered again under a new pretrain.register_name is the same model: evaluate's
+    headline tags reach both names' versions, and no other model's."""
+    from flows.evaluate import tag_registrations
+
+    tracker = tracking.Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "xylent-test")
+    client = tracker.client
+    run = client.create_run(tracker.experiment_id).info.run_id
+    for name in ("xylent-demo", "team-encoder", "other"):
+        client.create_registered_model(name)
+    first = client.create_model_version("xylent-demo", "file:///ws/pretrain/abc/model", run_id=run)
+    again = client.create_model_version("team-encoder", first.source, run_id=run)
+    other = client.create_model_version("other", "file:///ws/pretrain/def/model", run_id=run)
+    tagged = tag_registrations(client, "xylent-demo", str(first.version), {"eval.xnli": "0.61"})
+    assert tagged == [("xylent-demo", "1"), ("team-encoder", "1")]
+    assert client.get_model_version("team-encoder", str(again.version)).tags["eval.xnli"] == "0.61"
+    assert "eval.xnli" not in client.get_model_version("other", str(other.version)).tags
