@@ -13,8 +13,9 @@ audit's per-step overhead against plain pretrain steps of the same model.
    update, K best-response re-samplings), each launched like the pretrain stage
    (``deepspeed_command`` + ``launch``, 2 CPU ranks over gloo).  Runs alternate
    plain/audit (ABBA order) ``repeats`` times; the statistic is rank 0's mean step time over
-   ``audit.baseline_every`` consecutive steps, the median over the run's periods after the first
-   ``skip`` steps: every period holds one of the baseline's extra passes, which a per-step median
+   ``audit.baseline_every`` × ``audit.language_every`` consecutive steps, the median over the run's
+   periods after the first ``skip`` steps: every period holds each of the baselines' extra passes
+   as often as the run does, which a per-step median
    would leave out.  Target: audit ≤ 1.05 × plain.
    Re-sampling steps (the adversary's schedule) are reported apart; a control run
    (``audit_same_batches``: the audit with ρ = 1e-9, so q stays the prior and the
@@ -54,6 +55,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # `python benchmarks/audit
 import harness  # noqa: E402
 import numpy as np  # noqa: E402
 
+from models.adversary import USES_LANGUAGES  # noqa: E402
 from models.dro import chi2_best_response, chi2_divergence  # noqa: E402
 
 TARGET_MS_AT_10K = 50.0
@@ -445,10 +447,12 @@ def step_overhead_benchmark(workspace: Path, *, steps: int, repeats: int, task_s
     spec = load_bench_spec()
     dro = bench_config(spec, upstream, workspace / "runs" / "x", steps=steps, tasks=["trtd"], audit=True).dro
     runs_dir = workspace / "runs"
+    # a period holds every kind of extra pass once: the language baseline runs on every language_every-th baseline step
+    period = dro.baseline_every * (dro.language_every if dro.baseline in USES_LANGUAGES else 1)
     # compile DeepSpeed's CPU op (first run on a machine) and warm the page cache; not timed
     warm = write_config(spec, upstream, runs_dir / "warmup", steps=min(steps, 12), tasks=task_sets[-1], audit=True)
     t = time.perf_counter()
-    one_run(warm, ranks, 0, max_wait_s, dro.baseline_every)
+    one_run(warm, ranks, 0, max_wait_s, dro.baseline_every)  # not timed: any period its 12 steps hold
     print(f"warm-up launch: {time.perf_counter() - t:.0f} s", flush=True)
     variants = []
     for v_i, tasks in enumerate(task_sets):
@@ -461,7 +465,7 @@ def step_overhead_benchmark(workspace: Path, *, steps: int, repeats: int, task_s
                 for _attempt in range(3):  # a run that shared the machine is done again (and kept apart)
                     cfg = write_config(spec, upstream, runs_dir / f"{name}-{kind}-{rep}", steps=steps, tasks=tasks,
                                        audit=kind != "plain", rho=CONTROL_RHO if kind == SAME_BATCHES else None)
-                    r = one_run(cfg, ranks, skip, max_wait_s, dro.baseline_every)
+                    r = one_run(cfg, ranks, skip, max_wait_s, period)
                     r.update({"repeat": rep, "kind": kind})
                     print(json.dumps({"tasks": name, **{k: r[k] for k in (
                         "kind", "repeat", "period_step_s", "median_step_s", "mean_step_s", "launch_wall_s",
@@ -521,7 +525,7 @@ def step_overhead_benchmark(workspace: Path, *, steps: int, repeats: int, task_s
         "repeats": repeats, "ranks": ranks,
         "backend": "gloo (CPU)", "omp_num_threads_per_rank": omp,
         "versions": {"torch": torch.__version__, "deepspeed": deepspeed.__version__},
-        "statistic": f"rank 0's mean step_seconds over {dro.baseline_every} consecutive steps (each holds one "
+        "statistic": f"rank 0's mean step_seconds over {period} consecutive steps (each holds one of every "
                      "baseline pass), the median over a run's periods after the first skip steps; runs alternate "
                      "plain/audit (ABBA)",
         "variants": variants, "components": comp,

@@ -63,7 +63,7 @@ def _model_params(model) -> dict:
 
 
 def _tag_registered_version(ctx: StageContext, tags: dict[str, str]) -> list[str]:
-    """The encoder's registered version (pretrain's manifest names it) carries its headline evaluation;
+    """The encoder's registered versions (pretrain's manifest names the first) carry its headline evaluation;
     a version this store cannot tag (deleted, another server) is a warning, not a lost evaluation."""
     from mlflow.exceptions import MlflowException
 
@@ -72,11 +72,23 @@ def _tag_registered_version(ctx: StageContext, tags: dict[str, str]) -> list[str
         return []
     name, version = pre["registered_model"], str(pre["registered_version"])
     try:
-        for key, value in tags.items():
-            ctx.tracker.client.set_model_version_tag(name, version, key, value)
+        tag_registrations(ctx.tracker.client, name, version, tags)
     except MlflowException as exc:
         return [f"the registered encoder {name} v{version} was not tagged with its evaluation: {exc.message}"]
     return []
+
+
+def tag_registrations(client, name: str, version: str, tags: dict[str, str]) -> list[tuple[str, str]]:
+    """Tag version ``version`` of ``name`` and every other registration of the same model (a cached
+    pretrain registered again under a new pretrain.register_name: same run, same source); returns
+    the (name, version)s tagged."""
+    first = client.get_model_version(name, version)
+    same = [(v.name, str(v.version)) for v in client.search_model_versions(f"run_id = '{first.run_id}'")
+            if v.source == first.source and (v.name, str(v.version)) != (name, version)] if first.run_id else []
+    for n, v in [(name, version), *same]:
+        for key, value in tags.items():
+            client.set_model_version_tag(n, v, key, value)
+    return [(name, version), *same]
 
 
 @stage_flow(STAGE_BY_NAME["evaluate"])

@@ -64,6 +64,19 @@ def _audit_identity(spec: Spec, ws: Workspace) -> dict:
     return {}  # nothing beyond the spec: the fingerprint is the spec's alone
 
 
+def _register_pretrain(spec: Spec, manifest: dict, tracker) -> dict:
+    from tasks.pretrain.publish import model_name, register_cached
+
+    return register_cached(tracker, manifest, model_name(spec))
+
+
+def _register_audit(spec: Spec, manifest: dict, tracker) -> dict:
+    from tasks.audit.run import audit_model_name
+    from tasks.pretrain.publish import register_cached
+
+    return register_cached(tracker, manifest, audit_model_name(spec))
+
+
 def _declare(name: str, **fields) -> StageDef:
     return StageDef(name=name, body=_Body(name), **fields)
 
@@ -83,12 +96,13 @@ STAGES = order_stages([
              version="1", reads=("shards",), upstream=("dedup", "vocab")),
     _declare("pretrain", description="ELECTRA (MRTD + TRTD) pretraining under DeepSpeed ZeRO; exports and registers "
              "the encoder", version="3", reads=("model", "pretrain", "seed"), upstream=("vocab", "sampling", "shards"),
-             identity=_pretrain_identity),
+             identity=_pretrain_identity, on_cached=_register_pretrain),
     _declare("audit", description="DRO bitext audit (XY-LENT §6.6): train under a χ² adversary over language pairs, "
              "rank pairs by w = q/Q, evidence for the flagged ones", version="4",  # 4: the two-term -larger baselines
              reads=("model", "pretrain", "audit", "seed", "dedup"),
              upstream=("dedup", "vocab", "sampling", "shards", "pretrain"),
-             conditions=(("pretrain", lambda spec: spec.audit.init == "pretrain"),), identity=_audit_identity),
+             conditions=(("pretrain", lambda spec: spec.audit.init == "pretrain"),), identity=_audit_identity,
+             on_cached=_register_audit),
     _declare("evaluate", description="scorecard: Tatoeba/BUCC retrieval and zero-shot probes for each encoder "
              "side by side (XTREME conventions), with a random-init baseline", version="1",
              reads=("evaluate", "sources"), upstream=("download", "dedup", "pretrain")),

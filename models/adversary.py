@@ -44,7 +44,7 @@ def binary_entropy(p: np.ndarray) -> np.ndarray:
 class PairAdversary:
     def __init__(self, pairs: list[str], prior: np.ndarray, *, rho: float, min_ratio: float, ema: float,
                  weights: tuple[float, float], steps: int, resamples: int, baseline: str | None = None,
-                 languages: list[str] | None = None):
+                 languages: list[str] | None = None, language_every: int = 1):
         """``weights``: (w_G, w_D), each pair's loss is w_G·L_G + w_D·L_D.  ``baseline``: the adversary
         reads each pair's loss minus a baseline (pair_loss excess), None: the loss itself.
 
@@ -64,7 +64,11 @@ class PairAdversary:
         - ``heldout`` / ``heldout-larger``: ``partner`` / ``partner-larger`` measured on rows held out
           of training (``paired`` is then those rows as they are, not the training pass): the help
           of a translation the model never trained on, so a pairing it memorised (a shuffled pair
-          seen for epochs) does not read as help."""
+          seen for epochs) does not read as help.
+
+        ``language_every``: the language baseline is measured that many times less often than the
+        pairs' baselines; its EMA then moves as far per measurement as ``ema`` moves in that many,
+        so it spans the same stretch of the run."""
         if baseline not in BASELINES:
             raise ValueError(f"unknown baseline {baseline!r}")
         self.baseline = baseline
@@ -79,6 +83,8 @@ class PairAdversary:
         self.index = {p: i for i, p in enumerate(self.pairs)}
         self.prior = np.asarray(prior, dtype=np.float64) / np.sum(prior)
         self.rho, self.min_ratio, self.ema_rate = rho, min_ratio, ema  # the spec's audit.ema
+        # N = 1 keeps ema itself: 1 - (1 - ema) ** 1 is not ema in floating point (0.1 -> 0.09999999999999998)
+        self.lang_rate = ema if language_every == 1 else 1.0 - (1.0 - ema) ** language_every
         self.weights = (float(weights[0]), float(weights[1]))
         self.schedule = resample_steps(steps, resamples)
         n = len(self.pairs)
@@ -109,7 +115,8 @@ class PairAdversary:
         first = upd & np.isnan(old)
         old[first] = x[first]
         later = upd & ~first
-        old[later] = (1 - self.ema_rate) * old[later] + self.ema_rate * x[later]
+        rate = self.lang_rate if key == "lang" else self.ema_rate
+        old[later] = (1 - rate) * old[later] + rate * x[later]
 
     def observe(self, step: int, sums: np.ndarray, base: np.ndarray | None = None,
                 lang: np.ndarray | None = None, paired: np.ndarray | None = None) -> None:

@@ -25,6 +25,7 @@ class DroConfig:
     weights: list[float]        # (w_G, w_D): each pair's loss is w_G·L_G + w_D·L_D
     baseline: str | None        # pair_loss excess: models.adversary.BASELINES; None: the loss itself
     baseline_every: int
+    language_every: int         # the language baseline on every Nth baseline_every period (the -larger kinds)
     holdout: float              # baseline heldout(-larger): each pair's share held out of training; else 0
     state_file: str             # where rank 0 writes the adversary's final state
 

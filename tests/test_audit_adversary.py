@@ -14,7 +14,7 @@ from models.electra import ElectraModel, MaskedLMModel
 from models.stats import ROW_FIELDS
 from models.masking import row_noise
 from models.dro import chi2_best_response
-from models.audit_step import baseline_due
+from models.audit_step import baseline_due, language_due
 from models.run_config import DroConfig, TrainConfig
 from models.adversary import SUM_FIELDS, PairAdversary, binary_entropy, resample_steps
 from tasks.audit.contract import audit_table, pair_baselines, trajectory_table
@@ -198,6 +198,12 @@ def test_the_language_baseline_puts_memorised_pairs_down_and_noisy_ones_up():
         _adversary(baseline="sides", weights=(1.0, 1.0)).load_state_dict(state)
     with pytest.raises(ValueError, match="no monolingual baseline for language"):
         _adversary(baseline="language", languages=["a", "b"])
+    sparse = _adversary(baseline="language", weights=(1.0, 1.0), languages=["a", "b", "c", "d"], language_every=4)
+    sparse.observe(0, pair, lang=own)
+    sparse.observe(40, pair, lang=own * [2, 1, 2, 1, 1, 1])  # measured 4 periods later: every loss doubled
+    assert sparse.lang_ema[0] == pytest.approx(4.1 + (1 - 0.9 ** 4) * 4.1), "moved as far as 4 of the pairs' updates"
+    for ema in (0.1, 0.05, 0.03):  # N = 1 is the rate itself, bit for bit: 1 - (1 - 0.1) ** 1 is not 0.1
+        assert _adversary(baseline="language", languages=["a", "b", "c", "d"], ema=ema).lang_rate == ema
 
 
 def test_the_larger_baseline_holds_a_memorised_pair_to_its_languages():
@@ -399,8 +405,12 @@ def test_the_baselines_are_measured_on_the_first_trtd_step_of_each_period():
     cfg = TrainConfig(**{f.name: None for f in dataclasses.fields(TrainConfig)})
     cfg.tasks, cfg.task_schedule, cfg.trtd_ratio, cfg.grad_accum = ["mrtd", "trtd"], "alternate", 0.5, 1
     cfg.dro = DroConfig(rho=0.05, min_ratio=0.2, ema=0.1, resamples=2, weights=[1.0, 1.0], baseline="larger",
-                        baseline_every=10, holdout=0.0, state_file="")
+                        baseline_every=10, language_every=2, holdout=0.0, state_file="")
     assert [s for s in range(40) if baseline_due(cfg, s)] == [1, 11, 21, 31]
+    assert [s for s in range(40) if language_due(cfg, s)] == [1, 21]  # every second period's
+    cfg.trtd_ratio = 0.05  # TRTD on steps 19, 39, 59, ...: odd periods only: by the window, not never
+    assert [s for s in range(120) if language_due(cfg, s)] == [19, 39, 59, 79, 99, 119]
+    cfg.trtd_ratio = 0.5
     cfg.dro.baseline_every = 5
     assert [s for s in range(20) if baseline_due(cfg, s)] == [1, 5, 11, 15]
     cfg.task_schedule = "mix"

@@ -212,7 +212,7 @@ def test_the_q_trajectory_is_exact_after_a_resume_and_the_same_on_two_ranks(demo
 
     whole_ws = linked("whole")
     args = ["run", "audit", "--spec", str(DEMO), "--json", *SHORT, "--set", "pretrain.keep_checkpoints=4",
-            "--set", "audit.baseline_every=5"]
+            "--set", "audit.baseline_every=5", "--set", "audit.language_every=2"]
     rc, out, err = run_cli(*args, "--workspace", whole_ws)
     assert rc == 0, err[-3000:]
     whole = _state(out)
@@ -227,6 +227,7 @@ def test_the_q_trajectory_is_exact_after_a_resume_and_the_same_on_two_ranks(demo
     manifest = json.loads((Path(json.loads(out)["stages"]["audit"]["output_dir"]) / "_manifest.json").read_text())
     assert manifest["resumed_from_step"] == 20
     assert resumed["trajectory"] == whole["trajectory"] and resumed["ema"] == whole["ema"], "exact after the resume"
+    assert resumed["lang_ema"] == whole["lang_ema"], "the language baseline's batches too (step 30 measures them)"
 
     args = [*args, "--workspace", whole_ws]
     rc, out, err = run_cli(*args, "--force", "--set", "pretrain.ranks=2")

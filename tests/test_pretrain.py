@@ -21,7 +21,7 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import linked_data
+from conftest import DEMO_SHORT, linked_data
 from cost_guard import costs
 
 from models.optim import param_groups, warmup_linear_decay
@@ -576,7 +576,7 @@ def test_warmup_then_linear_decay_and_no_decay_on_norms_and_biases():
         "the generator's output layer is the shared embedding matrix, not a copy"
 
 
-def test_the_demo_model_is_exported_tracked_and_registered(demo_run, monkeypatch):
+def test_the_demo_model_is_exported_tracked_and_registered(demo_run, run_cli, monkeypatch):
     import mlflow
     import torch
     from mlflow import MlflowClient
@@ -618,6 +618,18 @@ def test_the_demo_model_is_exported_tracked_and_registered(demo_run, monkeypatch
     assert manifest["registered_version"] == int(mine[0].version)
     assert mine[0].tags["objective"] == "electra" and mine[0].tags["fingerprint"] == out.name
     assert mine[0].description.startswith("electra encoder, 2 layers x 64 wide")
+    # pretrain.register_name is operational: another name is a cache hit that registers the same model, once
+    for _ in range(2):
+        rc, stdout, err = run_cli("run", "pretrain", "--spec", DEMO_SHORT, "--workspace", ws, "--json",
+                                  "--set", "pretrain.register_name=team-encoder")
+        assert rc == 0, err
+    again = json.loads(stdout)["stages"]["pretrain"]
+    assert again["cached"] and again["output_dir"] == str(out) and again["registered_model"] == "team-encoder"
+    team = client.search_model_versions("name='team-encoder'")
+    assert len(team) == 1 and (team[0].source, team[0].run_id) == (mine[0].source, run_id)
+    assert team[0].tags["registered_first_as"] == f"{name} v{mine[0].version}"
+    assert team[0].tags["fingerprint"] == out.name
+    assert again["model_uri"] == f"models:/team-encoder/{team[0].version}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{ws}/mlflow.db")  # undone after the test, unlike
     monkeypatch.setenv("MLFLOW_REGISTRY_URI", f"sqlite:///{ws}/mlflow.db")  # mlflow.set_tracking_uri
     served = mlflow.pyfunc.load_model(f"models:/{name}/{mine[0].version}")

@@ -110,3 +110,51 @@ def test_stale_deepspeed_shm_segments_are_swept_and_live_ones_kept(tmp_path):
     assert launch.shm_buffers(cmd, tmp_path) == [live]
     launch.remove_shm_buffers(cmd, tmp_path)
     assert not live.exists() and other.exists()
+
+
+def test_a_build_lock_left_by_a_killed_build_is_cleared_and_a_live_builds_kept(tmp_path):
+    """A killed op build leaves torch's build lock, and DeepSpeed's ranks would wait on it forever."""
+    import os
+    import subprocess
+    import threading
+    import time
+
+    from xylent.build_locks import clear_stale_build_locks
+
+    root = tmp_path / "torch_extensions"
+    stale, live, young = (root / "py311_cpu" / op / "lock" for op in ("killed", "compiling", "just_killed"))
+    for lock in (stale, live, young):
+        lock.parent.mkdir(parents=True)
+        lock.touch()
+    for lock in (stale, live):
+        for path in (lock, lock.parent):  # nothing written in its build folder for an hour
+            os.utime(path, (time.time() - 3600, time.time() - 3600))
+    said = []
+    ninja = subprocess.Popen(["sleep", "30"], cwd=live.parent)  # a build works in its op's directory
+    try:
+        assert clear_stale_build_locks([root], min_age_s=1.0, poll_s=0.05, say=said.append) == [young, stale]
+    finally:
+        ninja.kill()
+        ninja.wait()
+    assert live.exists() and not stale.exists() and not young.exists()
+    assert [line.split(" ")[1] for line in said] == ["waiting", "removed", "removed"], said
+    assert "just_killed" in said[0] and "untouched for 60 min" in said[2], said
+    # a folder written while it waits has a build elsewhere (a shared cache): its lock is left, and said
+    elsewhere = tmp_path / "shared_cache" / "py311_cpu" / "op" / "lock"
+    elsewhere.parent.mkdir(parents=True)
+    elsewhere.touch()
+    stop = threading.Event()
+
+    def compile_elsewhere():
+        while not stop.wait(0.05):
+            (elsewhere.parent / "obj.o").touch()
+
+    writer = threading.Thread(target=compile_elsewhere)
+    writer.start()
+    try:
+        assert clear_stale_build_locks([tmp_path / "shared_cache"], min_age_s=1.0, poll_s=0.05,
+                                       say=(said := []).append) == []
+    finally:
+        stop.set()
+        writer.join()
+    assert elsewhere.exists() and said[-1].startswith(f"xylent: left the build lock {elsewhere}"), said

@@ -140,3 +140,70 @@ def test_a_runs_owner_is_its_process_not_its_pid(tmp_path):
     assert tracking.owner_is_gone(tag) and tracking.owner_is_gone(written_before), "its process has ended"
     assert not tracking.owner_is_gone(f"elsewhere.example:{child.pid}:0.000"), "another host: unknowable, kept"
     assert not tracking.owner_is_gone("not a tag")
+
+
+def test_a_cached_models_new_name_tells_a_lost_version_from_a_refusing_registry(tmp_path):
+    """pretrain.register_name on a cache hit registers the cached model again: a first version the
+    registry no longer has asks for --force (export again); a registry that refuses (a loopback server
+    answering 403, as a server with auth does) is not told to retrain, which would cost hours."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import pytest
+    from mlflow import MlflowClient
+
+    from tasks.pretrain.publish import register_cached
+    from xylent.errors import XylentError
+
+    tracker = tracking.Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "xylent-test")
+    manifest = {"registered_model": "xylent-gone", "registered_version": 1}
+    assert register_cached(tracker, {"registered_model": "team"}, "team") == {}, "the same name: nothing to do"
+    with pytest.raises(XylentError, match="no longer has") as lost:
+        register_cached(tracker, manifest, "team")
+    assert "--force" in lost.value.fix
+
+    class Refuses(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps({"error_code": "PERMISSION_DENIED", "message": "user may not read models"}).encode()
+            self.send_response(403)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_POST = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuses)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        tracker.uri = f"http://127.0.0.1:{server.server_address[1]}"
+        tracker.client = MlflowClient(tracking_uri=tracker.uri)
+        with pytest.raises(XylentError, match="the registry answered PERMISSION_DENIED") as refused:
+            register_cached(tracker, manifest, "team")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "--force" not in refused.value.fix and "stays cached" in refused.value.fix
+
+
+def test_evaluations_tag_every_registration_of_the_same_model(tmp_path):
+    """A cached pretrain registered again under a new pretrain.register_name is the same model: evaluate's
+    headline tags reach both names' versions, and no other model's."""
+    from flows.evaluate import tag_registrations
+
+    tracker = tracking.Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "xylent-test")
+    client = tracker.client
+    run = client.create_run(tracker.experiment_id).info.run_id
+    for name in ("xylent-demo", "team-encoder", "other"):
+        client.create_registered_model(name)
+    first = client.create_model_version("xylent-demo", "file:///ws/pretrain/abc/model", run_id=run)
+    again = client.create_model_version("team-encoder", first.source, run_id=run)
+    other = client.create_model_version("other", "file:///ws/pretrain/def/model", run_id=run)
+    tagged = tag_registrations(client, "xylent-demo", str(first.version), {"eval.xnli": "0.61"})
+    assert tagged == [("xylent-demo", "1"), ("team-encoder", "1")]
+    assert client.get_model_version("team-encoder", str(again.version)).tags["eval.xnli"] == "0.61"
+    assert "eval.xnli" not in client.get_model_version("other", str(other.version)).tags

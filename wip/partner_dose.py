@@ -15,10 +15,11 @@ for f in sorted(glob.glob(f"{sys.argv[1]}/out-*.json")):
     s = json.load(open(d + "/adversary.json"))
     df = pl.read_parquet(d + "/audit.parquet")
     w = dict(zip(df["pair"], df["w_mean"]))
+    wf = dict(zip(df["pair"], df["w_final"]))
     helped = {p: a - b for p, a, b in zip(s["pairs"], s["ema"]["paired"], s["ema"]["base"])
               if a is not None and b is not None}
     rank = {p: i + 1 for i, p in enumerate(df.sort("w_mean", descending=True)["pair"])}
     clean = [p for p in w if p not in (NOISY, COPY, HUB)]
-    print(f"{f}: {NOISY} w_mean {w[NOISY]:.2f} rank {rank[NOISY]} help {helped[NOISY]:.2f} | clean help mean "
+    print(f"{f}: {NOISY} w_mean {w[NOISY]:.2f} w_final {wf[NOISY]:.2f} rank {rank[NOISY]} help {helped[NOISY]:.2f} | clean help mean "
           f"{sum(helped[p] for p in clean) / len(clean):.2f} | best clean w {max(w[p] for p in clean):.2f} | "
           f"copy/hub rank {rank[COPY]}/{rank[HUB]}")

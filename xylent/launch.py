@@ -40,6 +40,7 @@ from typing import Callable
 
 import psutil
 
+from xylent.build_locks import clear_stale_build_locks
 from xylent.errors import XylentError
 from xylent.process_identity import mark
 
@@ -203,8 +204,11 @@ def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
     resumed, died, tracebacks, errors = 0, [], {}, []
     sweep_stale_shm_buffers()
+    notes: list[str] = []
+    clear_stale_build_locks(say=lambda line: (notes.append(line), print(line, file=sys.stderr, flush=True)))
     direct = direct_ranks(cmd)
     with open(log_file, "a", encoding="utf-8") as log:
+        log.writelines(line + "\n" for line in notes)
         log.write("$ " + " ".join(cmd) + "\n")
         if direct is not None:
             log.write(f"xylent: {len(direct)} local CPU rank(s), started without the launcher's processes: "

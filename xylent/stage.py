@@ -91,6 +91,9 @@ class StageDef:
     model's version in the workspace's MLflow store): ``identity(spec, ws) -> dict``,
     hashed (under ``_identity``) only when not empty.  ``body`` is the flow-side
     callable that builds the output: ``body(ctx: StageContext) -> StageOutcome``.
+    ``on_cached`` does what a cache hit still owes the spec's operational fields
+    (pretrain.register_name: the model registered under the name asked for):
+    ``on_cached(spec, manifest, tracker) -> dict`` of fields added to the stage's result.
     """
 
     name: str
@@ -103,6 +106,7 @@ class StageDef:
     # upstream stages read only when the spec says so: (name, spec -> bool)
     conditions: tuple[tuple[str, Callable[[Spec], bool]], ...] = ()
     identity: Callable[[Spec, Workspace], dict] | None = None
+    on_cached: Callable[[Spec, dict, Any], dict] | None = None
 
     def upstream_of(self, spec: Spec) -> tuple[str, ...]:
         """The upstream stages this spec makes the stage read (a conditional one only when its test holds)."""

@@ -252,6 +252,8 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
             inv.tracker.set_tags(inv.parent_run_id, {f"xylent.cached.{stage.name}": built_by or fp})
             _cached_artifacts(inv, stage.name, fp, out, built_by or inv.parent_run_id)
             result = _result(out, manifest, cached=True)
+            if stage.on_cached is not None:
+                result.update(stage.on_cached(inv.spec, manifest, inv.tracker))
             inv.results[stage.name] = result
             return Completed(name="Cached", message=f"{stage.name} output {fp} is up to date", data=result)
 

@@ -27,11 +27,15 @@ def configure(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str | 
     return audit_train_config(spec, upstream, ckdir, run_id, tracking_uri, shards_source=shards_source)
 
 
+def audit_model_name(spec: Spec) -> str:
+    return f"{pub.model_name(spec)}-audit"
+
+
 def export(spec: Spec, cfg: TrainConfig, resumed_from_step: int, ckdir: Path, upstream: dict[str, Path], out: Path,
            tracker, run_id: str, fingerprint: str) -> tuple[dict, pub.Published]:
     """(the adversary's final state, the exported and registered audit model)."""
     p = spec.pretrain
-    name = f"{p.register_name or f'xylent-{spec.name}'}-audit"
+    name = audit_model_name(spec)
     done = pub.export_and_register(cfg, ckdir, upstream, out, {
         "objective": p.objective, "steps": cfg.steps, "fingerprint": fingerprint, "registered_model": name,
         "audit": spec.audit.model_dump(mode="json")}, tracker, run_id, resumed_from_step)

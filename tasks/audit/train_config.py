@@ -67,6 +67,7 @@ def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_i
     cfg.dro = DroConfig(rho=a.rho, min_ratio=a.min_ratio, ema=a.ema, resamples=a.resamples,
                         weights=pair_loss_weights(a.pair_loss, p.objective, p.disc_weight),
                         baseline=baseline if a.pair_loss == "excess" else None, baseline_every=a.baseline_every,
+                        language_every=a.language_every,
                         holdout=a.holdout if heldout else 0.0, state_file=str(ckdir / STATE_FILE))
     if a.init == "pretrain":
         weights = Path(upstream["pretrain"]) / FULL_WEIGHTS

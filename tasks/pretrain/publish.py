@@ -8,16 +8,27 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from models.run_config import TrainConfig
+from xylent.errors import XylentError
 from xylent.markdown import markdown_table
+from xylent.redact import redact_text
 
 from xylent.launch import REPO
 from tasks.pretrain.contract import MODEL_DIR, RUN_FILES, read_metrics
 from tasks.pretrain.plots import loss_curves
 from tasks.shards.contract import read_index
+
+if TYPE_CHECKING:
+    from xylent.spec import Spec
+
+
+def model_name(spec: Spec) -> str:
+    """The MLflow registered model of the spec's pretrain output (the audit's: this + ``-audit``)."""
+    return spec.pretrain.register_name or f"xylent-{spec.name}"
 
 
 def summary_metrics(rows: list[dict], n_params: int, enc_params: int) -> dict[str, float]:
@@ -108,7 +119,6 @@ def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Pa
     (set_tracking_uri, start_run, log_model) is process-global and would redirect every
     later run of this process to this store."""
     import mlflow.pyfunc
-    from mlflow.exceptions import MlflowException
 
     local = scratch / "mlflow-model"
     mlflow.pyfunc.save_model(path=str(local), python_model=str(REPO / "models" / "pyfunc_entry.py"),
@@ -124,11 +134,7 @@ def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Pa
     client.finalize_logged_model(logged.model_id, "READY")
     client.log_outputs(run_id, models=[LoggedModelOutput(logged.model_id, step=step)])
     shutil.rmtree(local, ignore_errors=True)
-    try:
-        client.create_registered_model(name, description="xylent encoders (embeddings + discriminator)")
-    except MlflowException as exc:
-        if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
-            raise
+    _registered_model(client, name)
     # the logged model's own location: a models:/<id> source would be looked up in the process-global store.
     # MLflow's SQL registry keeps no model_id (the version reads model_id=None), so the link is a tag and a
     # line of the description, relative to the UI it is read in
@@ -137,6 +143,60 @@ def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Pa
                                           description=f"{version_description(model_dir)}\n\nLogged model: {link}",
                                           tags={**version_tags(model_dir), "logged_model_id": logged.model_id})
     return f"models:/{name}/{version.version}", int(version.version)
+
+
+def _registered_model(client, name: str) -> None:
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(name, description="xylent encoders (embeddings + discriminator)")
+    except MlflowException as exc:
+        if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
+            raise
+
+
+def register_cached(tracker, manifest: dict, name: str) -> dict:
+    """A cached output's model under the name asked for now: pretrain.register_name is operational,
+    so a new name reuses the output and registers its model again, as a version of ``name`` with
+    the first version's source, run, description and tags (once: a version of ``name`` with that
+    source is reused).  Returns the stage result's registration fields ({} when the name is the
+    one the output was registered under)."""
+    from mlflow.exceptions import MlflowException
+
+    first_name, first_version = manifest.get("registered_model"), manifest.get("registered_version")
+    if first_name in (None, name):
+        return {}
+    client = tracker.client
+    where = f"the MLflow registry at {redact_text(tracker.uri)}"
+    try:
+        first = client.get_model_version(first_name, str(first_version))
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise _registry_error(exc, name, where) from exc
+        raise XylentError(f"the cached output's model was registered as {first_name} v{first_version}, which this "
+                          "workspace's MLflow registry no longer has, so it cannot be registered again as "
+                          f"{name}", where=where,
+                          fix="rerun the stage with --force to export and register its model again") from exc
+    try:
+        again = next((v for v in client.search_model_versions(f"name='{name}'") if v.source == first.source), None)
+        if again is None:
+            _registered_model(client, name)
+            tags = {**first.tags, "registered_first_as": f"{first_name} v{first_version}"}
+            again = client.create_model_version(name, first.source, run_id=first.run_id,
+                                                description=first.description, tags=tags)
+    except MlflowException as exc:
+        raise _registry_error(exc, name, where) from exc
+    return {"registered_model": name, "registered_version": int(again.version),
+            "model_uri": f"models:/{name}/{again.version}"}
+
+
+def _registry_error(exc, name: str, where: str) -> XylentError:
+    """Any other answer of the registry (down, refused, no permission): the cached output is fine,
+    so retraining (--force) is not the fix."""
+    return XylentError(f"cannot register the cached model as {name}: the registry answered {exc.error_code} "
+                       f"({redact_text(str(exc.message))[:300]})", where=where,
+                       fix="check that the MLflow server is up and that this user may write to its registry, "
+                       "then rerun: the stage's output stays cached")
 
 
 def _export_meta(model_dir: Path) -> dict:

@@ -28,7 +28,7 @@ def configure(spec: Spec, ws, upstream: dict[str, Path], ckdir: Path, run_id: st
 def publish(spec: Spec, cfg: TrainConfig, init: dict | None, resumed_from_step: int, ckdir: Path,
             upstream: dict[str, Path], out: Path, tracker, run_id: str, fingerprint: str) -> StageOutcome:
     p = spec.pretrain
-    name = p.register_name or f"xylent-{spec.name}"
+    name = pub.model_name(spec)
     done = pub.export_and_register(cfg, ckdir, upstream, out, {
         "objective": p.objective, "steps": p.steps, "fingerprint": fingerprint, "registered_model": name,
         **({"init": init["source"]} if init else {})}, tracker, run_id, resumed_from_step, step=p.steps)

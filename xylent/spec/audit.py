@@ -19,7 +19,7 @@ class AuditConfig(Strict):
     pairs by how much it up-weights them (w = q/Q)."""
 
     OPERATIONAL: ClassVar[tuple[str, ...]] = ("top_n", "exclude_top_up")
-    ADDED_LATER: ClassVar[tuple[str, ...]] = ("baseline_every", "baseline", "holdout")
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("baseline_every", "baseline", "holdout", "language_every")
 
     init: Literal["scratch", "pretrain"] = Field(
         default="scratch", description="scratch: train a fresh model with the pretrain settings; pretrain: start "
@@ -55,6 +55,11 @@ class AuditConfig(Strict):
                                 "(sides, larger) or its rows with swapped partners (partner, partner-larger), "
                                 "a batch of held-out rows as they are and swapped (heldout, heldout-larger), "
                                 "and a batch of monolingual sentences (language, larger, the -larger kinds)")
+    language_every: int = Field(default=1, ge=1, description="baseline language and the -larger kinds: the "
+                                "monolingual sentences are measured on every Nth baseline step only (every N × "
+                                "baseline_every steps); their EMA moves as far per measurement as audit.ema moves "
+                                "in N steps of the pairs', so it spans as much of the run. Fewer samples cost less "
+                                "and rank less surely: N = 4 broke the planted bar (docs/stages/audit.md)")
     holdout: float = Field(default=0.02, ge=0, lt=0.5, allow_inf_nan=False,
                            description="audit.baseline heldout, heldout-larger: the share of each pair's rows kept "
                            "out of the audit's training and measured instead (2 rows at least; a pair too small to "
@@ -65,8 +70,12 @@ class AuditConfig(Strict):
                                 "sampling.exclude_pairs override in the report (the audit never edits your spec)")
 
     def unread_fields(self) -> set[str]:
-        """audit.holdout is read by the held-out baselines only: elsewhere it moves no fingerprint."""
-        return set() if self.pair_loss == "excess" and self.baseline in ("heldout", "heldout-larger") else {"holdout"}
+        """audit.holdout is read by the held-out baselines only, audit.language_every by the kinds that
+        measure languages: elsewhere they move no fingerprint."""
+        excess = self.pair_loss == "excess"
+        return ({"holdout"} if not (excess and self.baseline in ("heldout", "heldout-larger")) else set()) | \
+            ({"language_every"} if not (excess and (self.baseline == "language" or self.baseline.endswith("larger")))
+             else set())
 
     @field_validator("pair_loss", mode="before")
     @classmethod
