@@ -1,0 +1,122 @@
+"""How well any estimator of a pair's translation help can tell a shuffled pair from a clean one
+(issue 34 item 3): the help measured on an audit's final model over every row it can get.
+
+    .venv/bin/python wip/help_power.py AUDIT_DIR [--rows 800] [--draws 1]
+
+AUDIT_DIR is an audit's output folder (``WS/audit/<fingerprint>``: model/, train.json).  For each
+pair, up to ``--rows`` training rows and all its held-out rows run forward as they are and with each
+second sentence swapped for another row's of the same pair and direction (the audit's own
+``partners_swapped``, replaying ELECTRA's replacements), in both directions, ``--draws`` masking
+draws each.  Prints the help (swapped − own, the adversary's units: L_G + 50·L_D, ratio of sums
+over the pair) with a bootstrap standard error, its G and D parts, and the per-row standard
+deviation that sets how many rows a measurement needs: se ≈ sd / √rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from models.audit_step import HELDOUT_NOISE, directed, partners_swapped  # noqa: E402
+from models.config import EncoderConfig  # noqa: E402
+from models.masking import row_noise  # noqa: E402
+from models.objectives import build_model  # noqa: E402
+from tasks.shards.loader import TrainingLoader  # noqa: E402
+
+ROWS_PER_BATCH = 16
+
+
+class _Engine:
+    """What partners_swapped calls: the model itself, no DeepSpeed (one process, forward only)."""
+
+    def __init__(self, model):
+        self.module = model
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
+def measure(engine, loader: TrainingLoader, index: dict, g: int, rows: np.ndarray, flip: bool, draws: int,
+            disc_weight: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per-row sums (ROW_FIELDS × kept rows) of ``rows`` of pair ``g`` as they are and swapped."""
+    own, swapped = [], []
+    for at in range(0, len(rows), ROWS_PER_BATCH):
+        examples = []
+        for i in rows[at: at + ROWS_PER_BATCH]:
+            src, tgt = loader.rows[g].get(int(i), 0), loader.rows[g].get(int(i), 1)
+            examples.append((g, flip, int(i), *((tgt, src) if flip else (src, tgt))))
+        if len(examples) < 2:
+            continue
+        batch = loader._pack(examples)
+        ids = torch.from_numpy(batch["input_ids"]).long()
+        pad = ids == engine.module.cfg.special("pad")
+        seg = torch.from_numpy(batch["segment_ids"])
+        keys = directed(batch["pairs"], batch["flipped"], index)
+        for d in range(draws):
+            noise = row_noise(1234 + d, 7, HELDOUT_NOISE, list(range(len(examples))), (~pad).sum(1).tolist(),
+                              ids.shape[1])
+            with torch.no_grad():
+                as_is = engine(ids, pad, seg, noise, per_row=True).rows
+                sw, kept = partners_swapped(engine, ids, pad, seg, noise, keys, 0, 1, engine.module.corrupted)
+            own.append(as_is[:, kept].numpy())
+            swapped.append(sw.numpy())
+    return np.concatenate(own, 1), np.concatenate(swapped, 1)
+
+
+def help_of(own: np.ndarray, sw: np.ndarray, disc_weight: float) -> tuple[float, float]:
+    """(G part, D part) of swapped − own, per token, ratio of sums as the adversary folds a pair."""
+    return (float((sw[0].sum() - own[0].sum()) / own[1].sum()),
+            float(disc_weight * (sw[2].sum() - own[2].sum()) / own[3].sum()))
+
+
+def bootstrap_se(own: np.ndarray, sw: np.ndarray, disc_weight: float, n: int = 300) -> float:
+    rng = np.random.default_rng(1)
+    cols = own.shape[1]
+    draws = [sum(help_of(own[:, k], sw[:, k], disc_weight)) for k in (rng.integers(0, cols, cols) for _ in range(n))]
+    return float(np.std(draws))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("audit_dir", type=Path)
+    ap.add_argument("--rows", type=int, default=800, help="training rows per pair (default 800)")
+    ap.add_argument("--draws", type=int, default=1, help="masking draws per row (default 1)")
+    args = ap.parse_args(argv)
+    meta = json.loads((args.audit_dir / "model" / "config.json").read_text())
+    train = json.loads((args.audit_dir / "train.json").read_text())
+    disc_weight = float(train["pretrain"]["disc_weight"])
+    model = build_model("electra", EncoderConfig.from_export(meta), disc_weight, train["pretrain"]["mask_prob"])
+    model.load_state_dict(load_file(str(args.audit_dir / "model" / "pretraining.safetensors")))
+    model.eval()
+    engine = _Engine(model)
+    loader = TrainingLoader(train["shards_dir"], train["sampling_dir"], task="trtd", holdout=train["dro"]["holdout"],
+                            verify=False)
+    index = {p: i for i, p in enumerate(loader.names)}
+    rng = np.random.default_rng(0)
+    print(f"{'pair':8s} {'training rows: help ± se':>26s} {'G':>7s} {'D':>6s} {'row sd':>7s} {'n':>5s}   "
+          f"{'held-out rows: help ± se':>24s} {'n':>4s}")
+    for g, pair in enumerate(loader.names):
+        held = np.asarray(loader.held[g])
+        pool = np.setdiff1d(np.arange(loader.rows[g].n), held)
+        trained = rng.choice(pool, min(args.rows, len(pool)), replace=False)
+        out = []
+        for rows in (trained, held):
+            parts = [measure(engine, loader, index, g, rows, flip, args.draws, disc_weight) for flip in (False, True)]
+            own, sw = (np.concatenate([p[k] for p in parts], 1) for k in (0, 1))
+            out.append((*help_of(own, sw, disc_weight), bootstrap_se(own, sw, disc_weight), own.shape[1]))
+        (gt, dt, set_, nt), (gh, dh, seh, nh) = out
+        print(f"{pair:8s} {gt + dt:17.2f} ± {set_:5.2f} {gt:7.3f} {dt:6.2f} {set_ * np.sqrt(nt):7.1f} {nt:5d}   "
+              f"{gh + dh:15.2f} ± {seh:5.2f} {nh:4d}")
+
+
+if __name__ == "__main__":
+    main()
