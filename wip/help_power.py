@@ -9,7 +9,9 @@ second sentence swapped for another row's of the same pair and direction (the au
 ``partners_swapped``, replaying ELECTRA's replacements), in both directions, ``--draws`` masking
 draws each.  Prints the help (swapped − own, the adversary's units: L_G + 50·L_D, ratio of sums
 over the pair) with a bootstrap standard error, its G and D parts, and the per-row standard
-deviation that sets how many rows a measurement needs: se ≈ sd / √rows.
+deviation that sets how many rows a measurement needs: se ≈ sd / √rows.  With ``--draws`` > 1 it
+also splits one held-out row's help variance into the row's own (row to row) and the masks' (draw to
+draw): whether measuring the same rows more often could stand in for more rows.
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ class _Engine:
 
 def measure(engine, loader: TrainingLoader, index: dict, g: int, rows: np.ndarray, flip: bool, draws: int,
             disc_weight: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per-row sums (ROW_FIELDS × kept rows) of ``rows`` of pair ``g`` as they are and swapped."""
-    own, swapped = [], []
+    """Per-row sums (draws × ROW_FIELDS × kept rows) of ``rows`` of pair ``g`` as they are and swapped."""
+    own, swapped = [[] for _ in range(draws)], [[] for _ in range(draws)]
     for at in range(0, len(rows), ROWS_PER_BATCH):
         examples = []
         for i in rows[at: at + ROWS_PER_BATCH]:
@@ -67,9 +69,9 @@ def measure(engine, loader: TrainingLoader, index: dict, g: int, rows: np.ndarra
             with torch.no_grad():
                 as_is = engine(ids, pad, seg, noise, per_row=True).rows
                 sw, kept = partners_swapped(engine, ids, pad, seg, noise, keys, 0, 1, engine.module.corrupted)
-            own.append(as_is[:, kept].numpy())
-            swapped.append(sw.numpy())
-    return np.concatenate(own, 1), np.concatenate(swapped, 1)
+            own[d].append(as_is[:, kept].numpy())
+            swapped[d].append(sw.numpy())
+    return (np.stack([np.concatenate(x, 1) for x in own]), np.stack([np.concatenate(x, 1) for x in swapped]))
 
 
 def help_of(own: np.ndarray, sw: np.ndarray, disc_weight: float) -> tuple[float, float]:
@@ -83,6 +85,16 @@ def bootstrap_se(own: np.ndarray, sw: np.ndarray, disc_weight: float, n: int = 3
     cols = own.shape[1]
     draws = [sum(help_of(own[:, k], sw[:, k], disc_weight)) for k in (rng.integers(0, cols, cols) for _ in range(n))]
     return float(np.std(draws))
+
+
+def variance_split(own: np.ndarray, sw: np.ndarray, disc_weight: float) -> tuple[float, float]:
+    """(row to row, draw to draw) variance of one row's help (per token, L_G + w·L_D), from
+    draws × fields × rows sums of the same rows under different masks."""
+    per = ((sw[:, 0] - own[:, 0]) / np.maximum(own[:, 1], 1)
+           + disc_weight * (sw[:, 2] - own[:, 2]) / np.maximum(own[:, 3], 1))  # draws × rows
+    draws = per.shape[0]
+    within = float(per.var(0, ddof=1).mean())
+    return max(0.0, float(per.mean(0).var(ddof=1)) - within / draws), within
 
 
 def main(argv=None) -> None:
@@ -111,11 +123,17 @@ def main(argv=None) -> None:
         out = []
         for rows in (trained, held):
             parts = [measure(engine, loader, index, g, rows, flip, args.draws, disc_weight) for flip in (False, True)]
-            own, sw = (np.concatenate([p[k] for p in parts], 1) for k in (0, 1))
-            out.append((*help_of(own, sw, disc_weight), bootstrap_se(own, sw, disc_weight), own.shape[1]))
-        (gt, dt, set_, nt), (gh, dh, seh, nh) = out
+            own, sw = (np.concatenate([p[k] for p in parts], 2) for k in (0, 1))  # draws × fields × rows
+            flat_own, flat_sw = (np.concatenate(list(x), 1) for x in (own, sw))
+            out.append((*help_of(flat_own, flat_sw, disc_weight), bootstrap_se(flat_own, flat_sw, disc_weight),
+                        flat_own.shape[1], own, sw))
+        (gt, dt, set_, nt, _, _), (gh, dh, seh, nh, own, sw) = out
+        split = ""
+        if args.draws > 1:
+            rows_var, draws_var = variance_split(own, sw, disc_weight)
+            split = f"   held-out row to row {rows_var:7.1f}, draw to draw {draws_var:6.1f}"
         print(f"{pair:8s} {gt + dt:17.2f} ± {set_:5.2f} {gt:7.3f} {dt:6.2f} {set_ * np.sqrt(nt):7.1f} {nt:5d}   "
-              f"{gh + dh:15.2f} ± {seh:5.2f} {nh:4d}")
+              f"{gh + dh:15.2f} ± {seh:5.2f} {nh:4d}{split}")
 
 
 if __name__ == "__main__":
