@@ -7,11 +7,12 @@ AUDIT_DIR is an audit's output folder (``WS/audit/<fingerprint>``: model/, train
 pair, up to ``--rows`` training rows and all its held-out rows run forward as they are and with each
 second sentence swapped for another row's of the same pair and direction (the audit's own
 ``partners_swapped``, replaying ELECTRA's replacements), in both directions, ``--draws`` masking
-draws each.  Prints the help (swapped − own, the adversary's units: L_G + 50·L_D, ratio of sums
-over the pair) with a bootstrap standard error, its G and D parts, and the per-row standard
-deviation that sets how many rows a measurement needs: se ≈ sd / √rows.  With ``--draws`` > 1 it
-also splits one held-out row's help variance into the row's own (row to row) and the masks' (draw to
-draw): whether measuring the same rows more often could stand in for more rows.
+draws each.  Prints the help (swapped − own, ratio of sums over the pair, in the adversary's units:
+w_G·L_G + w_D·L_D with the audit's ``audit.weights`` from train.json) with a bootstrap standard error,
+its G and D parts, and the per-row standard deviation that sets how many rows a measurement needs:
+se ≈ sd / √rows.  With ``--draws`` > 1 it also splits one held-out row's help variance into the
+row's own (row to row) and the masks' (draw to draw): whether measuring the same rows more often
+could stand in for more rows.  ELECTRA audits only (the swapped pass replays its replacements).
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from models.audit_step import HELDOUT_NOISE, directed, partners_swapped  # noqa: E402
-from models.config import EncoderConfig  # noqa: E402
 from models.masking import row_noise  # noqa: E402
 from models.objectives import build_model  # noqa: E402
+from models.pretrained import read_model_dir  # noqa: E402
 from tasks.shards.loader import TrainingLoader  # noqa: E402
 
 ROWS_PER_BATCH = 16
@@ -47,8 +48,8 @@ class _Engine:
         return self.module(*args, **kwargs)
 
 
-def measure(engine, loader: TrainingLoader, index: dict, g: int, rows: np.ndarray, flip: bool, draws: int,
-            disc_weight: float) -> tuple[np.ndarray, np.ndarray]:
+def measure(engine, loader: TrainingLoader, index: dict, g: int, rows: np.ndarray, flip: bool, draws: int
+            ) -> tuple[np.ndarray, np.ndarray]:
     """Per-row sums (draws × ROW_FIELDS × kept rows) of ``rows`` of pair ``g`` as they are and swapped."""
     own, swapped = [[] for _ in range(draws)], [[] for _ in range(draws)]
     for at in range(0, len(rows), ROWS_PER_BATCH):
@@ -74,24 +75,25 @@ def measure(engine, loader: TrainingLoader, index: dict, g: int, rows: np.ndarra
     return (np.stack([np.concatenate(x, 1) for x in own]), np.stack([np.concatenate(x, 1) for x in swapped]))
 
 
-def help_of(own: np.ndarray, sw: np.ndarray, disc_weight: float) -> tuple[float, float]:
-    """(G part, D part) of swapped − own, per token, ratio of sums as the adversary folds a pair."""
-    return (float((sw[0].sum() - own[0].sum()) / own[1].sum()),
-            float(disc_weight * (sw[2].sum() - own[2].sum()) / own[3].sum()))
+def help_of(own: np.ndarray, sw: np.ndarray, weights: tuple[float, float]) -> tuple[float, float]:
+    """(G part, D part) of swapped − own, per token, ratio of sums: the adversary's per-pair loss
+    (``PairAdversary._weighted``) of the swapped rows less that of the rows as they are."""
+    return (float(weights[0] * (sw[0].sum() - own[0].sum()) / own[1].sum()),
+            float(weights[1] * (sw[2].sum() - own[2].sum()) / own[3].sum()))
 
 
-def bootstrap_se(own: np.ndarray, sw: np.ndarray, disc_weight: float, n: int = 300) -> float:
+def bootstrap_se(own: np.ndarray, sw: np.ndarray, weights: tuple[float, float], n: int = 300) -> float:
     rng = np.random.default_rng(1)
     cols = own.shape[1]
-    draws = [sum(help_of(own[:, k], sw[:, k], disc_weight)) for k in (rng.integers(0, cols, cols) for _ in range(n))]
+    draws = [sum(help_of(own[:, k], sw[:, k], weights)) for k in (rng.integers(0, cols, cols) for _ in range(n))]
     return float(np.std(draws))
 
 
-def variance_split(own: np.ndarray, sw: np.ndarray, disc_weight: float) -> tuple[float, float]:
-    """(row to row, draw to draw) variance of one row's help (per token, L_G + w·L_D), from
+def variance_split(own: np.ndarray, sw: np.ndarray, weights: tuple[float, float]) -> tuple[float, float]:
+    """(row to row, draw to draw) variance of one row's help (per token, w_G·L_G + w_D·L_D), from
     draws × fields × rows sums of the same rows under different masks."""
-    per = ((sw[:, 0] - own[:, 0]) / np.maximum(own[:, 1], 1)
-           + disc_weight * (sw[:, 2] - own[:, 2]) / np.maximum(own[:, 3], 1))  # draws × rows
+    per = (weights[0] * (sw[:, 0] - own[:, 0]) / np.maximum(own[:, 1], 1)
+           + weights[1] * (sw[:, 2] - own[:, 2]) / np.maximum(own[:, 3], 1))  # draws × rows
     draws = per.shape[0]
     within = float(per.var(0, ddof=1).mean())
     return max(0.0, float(per.mean(0).var(ddof=1)) - within / draws), within
@@ -103,10 +105,16 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", type=int, default=800, help="training rows per pair (default 800)")
     ap.add_argument("--draws", type=int, default=1, help="masking draws per row (default 1)")
     args = ap.parse_args(argv)
-    meta = json.loads((args.audit_dir / "model" / "config.json").read_text())
-    train = json.loads((args.audit_dir / "train.json").read_text())
-    disc_weight = float(train["pretrain"]["disc_weight"])
-    model = build_model("electra", EncoderConfig.from_export(meta), disc_weight, train["pretrain"]["mask_prob"])
+    try:
+        meta, cfg, _ = read_model_dir(args.audit_dir / "model")
+        train = json.loads((args.audit_dir / "train.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"{args.audit_dir}: not an audit's output ({exc}); point it at WS/audit/<fingerprint>")
+    if meta.get("objective") != "electra" or not train.get("dro"):
+        raise SystemExit(f"{args.audit_dir}: not an ELECTRA audit's output (objective {meta.get('objective')!r}); "
+                         "point it at WS/audit/<fingerprint> of an audit with pretrain.objective electra")
+    weights = (float(train["dro"]["weights"][0]), float(train["dro"]["weights"][1]))
+    model = build_model("electra", cfg, float(train["pretrain"]["disc_weight"]), train["pretrain"]["mask_prob"])
     model.load_state_dict(load_file(str(args.audit_dir / "model" / "pretraining.safetensors")))
     model.eval()
     engine = _Engine(model)
@@ -122,15 +130,15 @@ def main(argv=None) -> None:
         trained = rng.choice(pool, min(args.rows, len(pool)), replace=False)
         out = []
         for rows in (trained, held):
-            parts = [measure(engine, loader, index, g, rows, flip, args.draws, disc_weight) for flip in (False, True)]
+            parts = [measure(engine, loader, index, g, rows, flip, args.draws) for flip in (False, True)]
             own, sw = (np.concatenate([p[k] for p in parts], 2) for k in (0, 1))  # draws × fields × rows
             flat_own, flat_sw = (np.concatenate(list(x), 1) for x in (own, sw))
-            out.append((*help_of(flat_own, flat_sw, disc_weight), bootstrap_se(flat_own, flat_sw, disc_weight),
+            out.append((*help_of(flat_own, flat_sw, weights), bootstrap_se(flat_own, flat_sw, weights),
                         flat_own.shape[1], own, sw))
         (gt, dt, set_, nt, _, _), (gh, dh, seh, nh, own, sw) = out
         split = ""
         if args.draws > 1:
-            rows_var, draws_var = variance_split(own, sw, disc_weight)
+            rows_var, draws_var = variance_split(own, sw, weights)
             split = f"   held-out row to row {rows_var:7.1f}, draw to draw {draws_var:6.1f}"
         print(f"{pair:8s} {gt + dt:17.2f} ± {set_:5.2f} {gt:7.3f} {dt:6.2f} {set_ * np.sqrt(nt):7.1f} {nt:5d}   "
               f"{gh + dh:15.2f} ± {seh:5.2f} {nh:4d}{split}")

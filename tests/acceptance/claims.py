@@ -74,7 +74,9 @@ CLAIMS: dict[str, dict] = {
         # seed 0 (early in the run it reads as noise, seven of its eight rows mismatched), recorded beside
         # 2026-12-02 (fourth session): passes on an Intel Xeon host (7c3d7f0, db85753), fails on an AMD EPYC host on
         # seeds 0 and 2 with the same code's numbers: ELECTRA's sampled replacements tip on float differences
-        # between CPUs, and the margins are within that (docs/stages/audit.md)
+        # between CPUs, and the margins are within that (docs/stages/audit.md). The fifth session measured why the
+        # margins are that thin: the default baseline sees about one standard error of the shuffled pair's gap
+        # (docs/stages/audit.md, "How much there is to find")
         "open_failure": "issue 34",
     },
 }
