@@ -218,8 +218,8 @@ def test_the_q_trajectory_is_exact_after_a_resume_and_the_same_on_two_ranks(demo
     whole = _state(out)
     assert [t["step"] for t in whole["trajectory"]] == [10, 20, 30] and whole["baseline"] == "partner-larger"
     measured = sum(v is not None for v in whole["ema"]["base"])
-    # 40 steps measure 20 TRTD micro-batches of 4 rows: a row meets a partner of its key in the micro-batch or the
-    # store only once its key was drawn before (35 of the 190 pairs on 2026-12-02; without the store, ~2)
+    # in 40 steps most of the 190 pairs are drawn once or never: a row meets a partner of its key (pair and
+    # direction) in its micro-batch or, from the store, only once that key was drawn before (35 on 2026-12-02)
     assert measured >= 25, f"pairs measured beside another partner: {measured}"
     assert sum(v is not None for v in whole["lang_ema"]) >= 15, "most of the 20 languages' baselines were measured"
 
