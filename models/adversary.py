@@ -17,6 +17,7 @@ from models.dro import chi2_best_response, chi2_divergence
 
 # columns of the per-pair sums the trainer hands in (models.stats.ROW_FIELDS + a row count)
 SUM_FIELDS = ("g_loss", "g_count", "d_loss", "d_count", "d_pos", "rows")
+EMAS = ("loss", "g", "d", "d_base", "base", "paired")  # each pair's: see PairAdversary.observe
 STATE_FILE = "adversary.json"
 
 
@@ -89,8 +90,11 @@ class PairAdversary:
         self.schedule = resample_steps(steps, resamples)
         n = len(self.pairs)
         # EMAs stay NaN until a pair is first seen: an unseen pair has no loss, not a made-up one
-        self.ema = {k: np.full(n, np.nan) for k in ("loss", "g", "d", "d_base", "base", "paired")}
+        self.ema = {k: np.full(n, np.nan) for k in EMAS}
         self.lang_ema = np.full(len(self.languages), np.nan)  # baseline language: each language's own loss
+        # each EMA's total weight so far, 1 - (1 - rate) ** updates: what corrects its start (see _fold)
+        self.mass = {k: np.zeros(n) for k in EMAS}
+        self.lang_mass = np.zeros(len(self.languages))
         self.rows = np.zeros(n, dtype=np.int64)
         self.last_step = np.full(n, -1, dtype=np.int64)
         self.q = self.prior.copy()
@@ -110,13 +114,16 @@ class PairAdversary:
         return loss, g, d, d_base, rows > 0
 
     def _fold(self, key: str, x: np.ndarray, seen: np.ndarray) -> None:
-        old = self.lang_ema if key == "lang" else self.ema[key]
+        """An EMA corrected for its start (Adam's bias correction): after t updates it is the mean of
+        the values seen, weighted by (1 - rate) ** age.  Started at the first value instead, a slow EMA
+        (audit.ema 0.003 spans ~330 steps) kept that first value, the untrained model's loss, at 22 %
+        of its weight 500 steps on; corrected, the first steps of a run are a plain running mean."""
+        old, mass = (self.lang_ema, self.lang_mass) if key == "lang" else (self.ema[key], self.mass[key])
         upd = seen & np.isfinite(x)
-        first = upd & np.isnan(old)
-        old[first] = x[first]
-        later = upd & ~first
         rate = self.lang_rate if key == "lang" else self.ema_rate
-        old[later] = (1 - rate) * old[later] + rate * x[later]
+        mass[upd] = (1 - rate) * mass[upd] + rate
+        step = rate / mass[upd]  # 1 at the first update: the EMA starts at that value
+        old[upd] = np.where(np.isnan(old[upd]), x[upd], old[upd] + step * (x[upd] - np.nan_to_num(old[upd])))
 
     def observe(self, step: int, sums: np.ndarray, base: np.ndarray | None = None,
                 lang: np.ndarray | None = None, paired: np.ndarray | None = None) -> None:
@@ -185,7 +192,8 @@ class PairAdversary:
                 "ema": {k: _list(v) for k, v in self.ema.items()}, "rows": self.rows.tolist(),
                 "last_step": self.last_step.tolist(), "q": self.q.tolist(), "trajectory": self.trajectory,
                 "rho": self.rho, "min_ratio": self.min_ratio, "ema_rate": self.ema_rate, "weights": list(self.weights),
-                "baseline": self.baseline, "languages": self.languages, "lang_ema": _list(self.lang_ema)}
+                "baseline": self.baseline, "languages": self.languages, "lang_ema": _list(self.lang_ema),
+                "mass": {k: v.tolist() for k, v in self.mass.items()}, "lang_mass": self.lang_mass.tolist()}
 
     def load_state_dict(self, state: dict) -> None:
         saved = state.get("baseline", "sides" if state.get("excess") else None)  # "excess": states before baselines
@@ -198,6 +206,10 @@ class PairAdversary:
                          for k, vals in state["ema"].items()})
         self.lang_ema = np.array([np.nan if v is None else v for v in state.get("lang_ema", [])] or
                                  np.full(len(self.languages), np.nan), dtype=np.float64)
+        # a state from before the start correction: its EMAs are warm, so weight 1
+        self.mass = {k: np.array(state.get("mass", {}).get(k) or np.isfinite(self.ema[k]).astype(np.float64))
+                     for k in EMAS}
+        self.lang_mass = np.array(state.get("lang_mass") or np.isfinite(self.lang_ema).astype(np.float64))
         self.rows = np.array(state["rows"], dtype=np.int64)
         self.last_step = np.array(state["last_step"], dtype=np.int64)
         self.q = np.array(state["q"], dtype=np.float64)

@@ -56,7 +56,7 @@ def planted_pairs(seed: int = 0, max_pairs: int | None = None, shuffled: float =
     return out, mono
 
 
-def write_corpus(out: Path, *, seed: int = 0, steps: int = 1500, max_pairs: int | None = None,
+def write_corpus(out: Path, *, seed: int = 0, steps: int = 3000, max_pairs: int | None = None,
                  shuffled: float = 1.0) -> Path:
     """The tsv files and a spec that trains the audit on them; returns the spec's path."""
     out.mkdir(parents=True, exist_ok=True)
@@ -84,7 +84,7 @@ def write_corpus(out: Path, *, seed: int = 0, steps: int = 1500, max_pairs: int 
         "model": {"size": "tiny"},
         "pretrain": {"tasks": ["trtd"], "steps": steps, "batch_size": 16, "trtd_max_tokens": 4096, "lr": 0.002,
                      "warmup_steps": 50, "zero_stage": 0, "checkpoint_every": steps, "ranks": 1, "log_every": 50},
-        "audit": {"resamples": 5, "top_n": 3, "ema": 0.03},  # ~5 rows of a pair per step: a longer EMA window
+        "audit": {"resamples": 5, "top_n": 3},
     }
     path = out / "spec.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True), encoding="utf-8")
@@ -92,4 +92,4 @@ def write_corpus(out: Path, *, seed: int = 0, steps: int = 1500, max_pairs: int 
 
 
 if __name__ == "__main__":
-    print(write_corpus(Path(sys.argv[1]), steps=int(sys.argv[2]) if len(sys.argv) > 2 else 1500))
+    print(write_corpus(Path(sys.argv[1]), steps=int(sys.argv[2]) if len(sys.argv) > 2 else 3000))

@@ -77,9 +77,14 @@ def test_the_ema_starts_at_the_first_value_and_keeps_the_last_one_for_unseen_pai
     assert adv.ema["d_base"][0] == pytest.approx(binary_entropy(np.array(0.25)))
     assert np.isnan(adv.ema["loss"][2:]).all(), "never seen: no loss at all, not a made-up one"
     adv.observe(1, _sums({0: (40.0, 10, 4.0, 20, 5, 3)}))
-    assert adv.ema["g"][0] == pytest.approx(0.9 * 2.0 + 0.1 * 4.0)
+    # corrected for its start: the two values weighted (1 - 0.1) ** age, not 0.9 · 2 + 0.1 · 4
+    assert adv.ema["g"][0] == pytest.approx((0.9 * 2.0 + 4.0) / 1.9)
+    for _ in range(200):  # warm: the rate itself
+        adv.observe(2, _sums({0: (40.0, 10, 4.0, 20, 5, 3)}))
+    adv.observe(3, _sums({0: (10.0, 10, 4.0, 20, 5, 3)}))
+    assert adv.ema["g"][0] == pytest.approx(0.9 * 4.0 + 0.1 * 1.0)
     assert adv.ema["g"][1] == pytest.approx(3.0), "not seen this step: keeps its last value"
-    assert adv.rows.tolist() == [5, 1, 0, 0] and adv.last_step.tolist() == [1, 0, -1, -1]
+    assert adv.rows.tolist() == [5 + 3 * 201, 1, 0, 0] and adv.last_step.tolist() == [3, 0, -1, -1]
 
 
 def test_resampling_solves_on_the_seen_pairs_and_leaves_unseen_ones_at_the_prior():
@@ -121,6 +126,12 @@ def test_state_round_trips_through_json_and_feeds_the_output_tables():
     assert table["w_mean"].to_list() == pytest.approx(
         [np.mean([t["q"][state["pairs"].index(p)] / state["prior"][state["pairs"].index(p)]
                   for t in state["trajectory"]]) for p in table["pair"]])
+    # beside the trained L_G + 50·L_D, the paper's form from the same EMAs, L_D + 50·L_G, and its best response
+    paper = (table["d_loss_ema"] + 50 * table["g_loss_ema"]).to_numpy()
+    assert table["paper_loss_ema"].to_list() == pytest.approx(paper.tolist())
+    prior = table["prior"].to_numpy()
+    assert table["w_paper"].to_list() == pytest.approx(
+        (chi2_best_response(paper, prior, 0.05, min_ratio=0.2) / prior).tolist())
     traj = trajectory_table(state)
     assert traj.height == 4 * len(state["trajectory"]) and traj["w"].to_list() == pytest.approx(
         (traj["q"] / traj["prior"]).to_list())
@@ -201,7 +212,8 @@ def test_the_language_baseline_puts_memorised_pairs_down_and_noisy_ones_up():
     sparse = _adversary(baseline="language", weights=(1.0, 1.0), languages=["a", "b", "c", "d"], language_every=4)
     sparse.observe(0, pair, lang=own)
     sparse.observe(40, pair, lang=own * [2, 1, 2, 1, 1, 1])  # measured 4 periods later: every loss doubled
-    assert sparse.lang_ema[0] == pytest.approx(4.1 + (1 - 0.9 ** 4) * 4.1), "moved as far as 4 of the pairs' updates"
+    # the older value weighs (1 - 0.1) ** 4 of the newer (corrected for the start): 4 of the pairs' updates
+    assert sparse.lang_ema[0] == pytest.approx((0.9 ** 4 * 4.1 + 8.2) / (0.9 ** 4 + 1)), "moved as far as 4 updates"
     for ema in (0.1, 0.05, 0.03):  # N = 1 is the rate itself, bit for bit: 1 - (1 - 0.1) ** 1 is not 0.1
         assert _adversary(baseline="language", languages=["a", "b", "c", "d"], ema=ema).lang_rate == ema
 
@@ -270,7 +282,7 @@ def test_the_language_baseline_in_length_buckets_is_each_sentence_run_alone():
     from models.audit_step import (BUCKET_WIDTHS, LANGUAGE_NOISE, SENTENCES_PER_PACK, bucket_widths, languages_alone,
                                    sentences)
 
-    assert bucket_widths([3, 10, 12, 130, 300], BUCKET_WIDTHS, 1, "cpu") == [8, 12, 384]
+    assert bucket_widths([3, 10, 12, 130, 300], BUCKET_WIDTHS, 1, "cpu") == [16, 384]
     assert bucket_widths([], BUCKET_WIDTHS, 1, "cpu") == []
 
     cfg = preset("tiny", vocab_size=300, specials=SPECIALS, dropout=0.0)
@@ -305,9 +317,10 @@ def test_the_language_baseline_in_length_buckets_is_each_sentence_run_alone():
 
 def test_the_partner_baseline_reruns_the_same_tokens_beside_another_rows_translation():
     """models.audit_step.partners_swapped against rows built by hand: x of each row, y of the next
-    row of its pair, every token with its training-pass noise; a row alone of its pair is left out,
-    and summed over a pair the masked and scored tokens are the training pass's own."""
-    from models.audit_step import directed, partner_rotation, partners_swapped
+    row of its pair, every token with its training-pass noise; a row alone of its pair is left out
+    (or, with a store, borrows the last second sentence of its key seen before), and summed over a
+    pair the masked and scored tokens are the training pass's own."""
+    from models.audit_step import PartnerStore, directed, partner_rotation, partners_swapped
 
     assert partner_rotation([0, 0, 1, 0, 2, 1]) == {0: 1, 1: 3, 3: 0, 2: 5, 5: 2}
     # a flipped row's second sentence is the pair's other language: rows borrow within one direction
@@ -337,6 +350,20 @@ def test_the_partner_baseline_reruns_the_same_tokens_beside_another_rows_transla
     for pair in (0, 1):  # the same tokens masked and scored over each pair, only the partners moved
         cols = [c for c, i in enumerate(kept) if pairs[i] == pair]
         assert torch.equal(got[counts][:, cols].sum(1), own[counts][:, cols].sum(1))
+
+    # with a store, a row alone of its key borrows the last second sentence of that key seen before
+    store = PartnerStore()
+    assert torch.equal(partners_swapped(engine, ids, pad, seg, noise, pairs, 0, 1, store=store)[0], got)
+    again, kept = partners_swapped(engine, ids, pad, seg, noise, [2, 0, 0, 1, 0, 3], 0, 1, store=store)
+    assert kept == [0, 1, 2, 3, 4], "rows 0 (key 2) and 3 (key 1) borrow the first batch's rows 4 and 5; key 3: unseen"
+    x, y = (~pad[0]) & (seg[0] == 0), (~pad[4]) & (seg[4] == 1)
+    one = torch.cat([ids[0][x], ids[4][y]])[None]
+    one_seg = torch.cat([torch.zeros(int(x.sum())), torch.ones(int(y.sum()))]).long()[None]
+    one_noise = torch.cat([noise[:, 0][:, x], noise[:, 4][:, y]], 1)[:, None]
+    with torch.no_grad():
+        want = model(one, one == SPECIALS["pad"], one_seg, one_noise, per_row=True).rows[:, 0]
+    assert torch.allclose(again[:, 0], want, rtol=1e-4, atol=1e-4)
+    assert set(store.state()) == {0, 1, 2, 3}, "every key seen leaves its last second sentence"
 
 
 def test_the_partner_baseline_is_the_loss_less_the_translations_help():

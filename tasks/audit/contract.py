@@ -6,8 +6,11 @@
                          floor), loss_ema (the pair loss audit.pair_loss names), g_loss_ema,
                          d_loss_ema, d_base_loss_ema, baseline_loss_ema and excess_loss_ema (pair_loss
                          excess: the baseline audit.baseline names, and loss_ema minus it),
-                         left_base_rate, rows_trained, rank_up (1 = most up-weighted by w_final),
-                         rank_up_mean (by w_mean), verdict, and the evidence columns
+                         left_base_rate, rows_trained, paper_loss_ema and w_paper (XY-LENT's Eq. 3
+                         as printed, from the same run's EMAs, and the best response to it: the
+                         paper's form beside the trained one), rank_up (1 = most up-weighted by
+                         w_final), rank_up_mean (by w_mean), rank_up_paper (by w_paper), verdict, and
+                         the evidence columns
                          (tasks.audit.evidence)
     trajectory.parquet   one row per (re-sampling, pair): resample, step, pair, prior, q, q_unfloored,
                          w, loss_ema
@@ -68,6 +71,24 @@ def pair_baselines(state: dict) -> np.ndarray:
     return excess_baselines(kind, near_baseline(kind, ema), langs, ema["loss"])
 
 
+def paper_form(state: dict, g: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """XY-LENT's Eq. 3 as printed (L_D + λ·L_G; the MLM ablation's loss itself) from the same run's
+    component EMAs, and the floored best response the adversary would give it now, as q / Q: the
+    paper's form read beside whatever pair loss the run trained against, on the same batches."""
+    from models.dro import chi2_best_response
+
+    w_g, w_d = state["weights"]
+    lam = w_d if w_g == 1.0 else w_g  # (1, λ) trained (electra, excess) or (λ, 1) (paper): λ either way
+    loss = d + lam * g if w_d > 0 else g
+    prior = np.asarray(state["prior"], dtype=np.float64)
+    w = np.ones(len(prior))
+    seen = np.isfinite(loss)
+    if seen.sum() >= 2:
+        sub = prior[seen] / prior[seen].sum()
+        w[seen] = chi2_best_response(loss[seen], sub, state["rho"], min_ratio=state["min_ratio"]) / sub
+    return loss, w
+
+
 def audit_table(state: dict, evidence: pl.DataFrame | None = None) -> pl.DataFrame:
     """One row per pair from the adversary's final state (+ the evidence, joined on ``pair``)."""
     pairs, prior = state["pairs"], np.asarray(state["prior"])
@@ -91,9 +112,12 @@ def audit_table(state: dict, evidence: pl.DataFrame | None = None) -> pl.DataFra
                                      for x, b in zip(d, base)], dtype=pl.Boolean),
         "rows_trained": np.asarray(state["rows"], dtype=np.int64),
     })
+    paper_loss, w_paper = paper_form(state, ema("g"), d)
+    df = df.with_columns(pl.Series("paper_loss_ema", paper_loss), pl.Series("w_paper", w_paper))
     df = df.with_columns(
         pl.col("w_final").rank("ordinal", descending=True).cast(pl.Int64).alias("rank_up"),
         pl.col("w_mean").rank("ordinal", descending=True).cast(pl.Int64).alias("rank_up_mean"),
+        pl.col("w_paper").rank("ordinal", descending=True).cast(pl.Int64).alias("rank_up_paper"),
     )
     if evidence is not None:
         df = df.join(evidence, on="pair", how="left")

@@ -142,11 +142,13 @@ def report(state: dict, table: pl.DataFrame, samples: list[dict], up: list[str],
              "(es–ta, tr–ur, si–tr), or a clean pair of a harder language: the evidence and samples tell which.",
              *([f"Pair loss: the excess of each pair's loss over its baseline (`audit.baseline: {state.get('baseline')}`): "
                 "what neither its languages' difficulty nor its translation explains, so a clean pair of a hard "
-                "language does not pass for a noisy one (docs/stages/audit.md)."] if a.pair_loss == "excess" else
+                "language does not pass for a noisy one (docs/stages/audit.md). `w_paper`: the weight the paper's "
+                "form (Eq. 3 as printed, L_D + λ·L_G) would give on the same run."] if a.pair_loss == "excess" else
                [f"Pair loss: `{a.pair_loss}`, the raw loss: w also measures how hard each pair's languages are."]),
              "", *[f"- {c}" for c in check], ""]
     cols = ["pair", "w_final", "w_mean", "prior", "loss_ema",
-            *(["baseline_loss_ema", "excess_loss_ema"] if a.pair_loss == "excess" else []), "reading", "verdict"]
+            *(["baseline_loss_ema", "excess_loss_ema", "w_paper"] if a.pair_loss == "excess" else []), "reading",
+            "verdict"]
     sides = {**{p: "up" for p in up}, **{p: "down" for p in down}}
     show = (table.filter(pl.col("pair").is_in(up + down))
             .with_columns(pl.Series("reading", [reading(r, sides[r["pair"]]) for r in table.filter(

@@ -70,14 +70,10 @@ CLAIMS: dict[str, dict] = {
         # it never runs the evaluate stage: its settings and fine-tuning defaults are not its code
         "code": [*_LEARNING, "tasks/audit/", "tests/audit_planted.py", ":(exclude)xylent/spec/evaluate.py",
                  ":(exclude)xylent/spec/finetune_hparams.yaml"],
-        # 2026-12-02: held by w_final (Figure 4's final against initial distribution); by w_mean the hub was third on
-        # seed 0 (early in the run it reads as noise, seven of its eight rows mismatched), recorded beside
-        # 2026-12-02 (fourth session): passes on an Intel Xeon host (7c3d7f0, db85753), fails on an AMD EPYC host on
-        # seeds 0 and 2 with the same code's numbers: ELECTRA's sampled replacements tip on float differences
-        # between CPUs, and the margins are within that (docs/stages/audit.md). The fifth session measured why the
-        # margins are that thin: the default baseline sees about one standard error of the shuffled pair's gap
-        # (docs/stages/audit.md, "How much there is to find")
-        "open_failure": "issue 34",
+        # 2026-12-02: held by w_final (Figure 4's final against initial distribution). Failed on an AMD EPYC host with
+        # the held-out default (seeds 0 and 2: margins the size of float differences between CPUs); passes there on
+        # seeds 0, 1 and 2 since partner-larger on every step with the partner store and 3 000 steps (sixth session,
+        # docs/stages/audit.md)
     },
 }
 

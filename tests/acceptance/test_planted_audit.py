@@ -1,13 +1,16 @@
-"""Planted defects at full size (tests/audit_planted.py: 1500 audit steps from scratch), issue 34's
-bar on three seeds with the default pair loss (held-out rows' loss as they are less beside another
-row's translation, less how far the pair's loss sits below its languages' beyond the median pair's:
-models.adversary.excess_baselines): the copied pair in the bottom 2, the hub-aligned pair in the
-bottom half (both trivial: XY-LENT §6.6 pushes them down), the shuffled pair in the top 3 and above
-every clean pair, all by w_final, the final distribution against the initial one: XY-LENT's Figure 4
-ranks the pairs "between the initial and final language distributions", and the report ranks by it.
-The same ranks by w averaged over the re-samplings (w_mean), a dose-response on the three seeds (w
-and the excess loss of the noisy pair at 0, 25, 50, 100 % of it shuffled, and their means over the
-seeds) and the paper's form (L_D + λ·L_G) on the same corpora are recorded, not held."""
+"""Planted defects at full size (tests/audit_planted.py: 3000 audit steps from scratch), issue 34's
+bar on three seeds with the default pair loss (each pair's loss with its own translation less beside
+another row's of the same pair and direction, less how far the pair's loss sits below its languages'
+beyond the median pair's: models.adversary.excess_baselines): the copied pair in the bottom 2, the
+hub-aligned pair in the bottom half (both trivial: XY-LENT §6.6 pushes them down), the shuffled pair
+in the top 3 and above every clean pair, all by w_final, the final distribution against the initial
+one: XY-LENT's Figure 4 ranks the pairs "between the initial and final language distributions", and
+the report ranks by it.  The same ranks by w averaged over the re-samplings (w_mean), the paper's
+form (L_D + λ·L_G) read on the same runs (w_paper: its best response to the same EMAs) and a
+dose-response on seed 0 (w and the excess loss of the noisy pair at 0, 25, 50, 100 % of it
+shuffled) are recorded, not held.
+
+"""
 
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from tests.acceptance.claims import record
 NOISY, COPY, HUB = (f"{min('en', x)}-{max('en', x)}" for x in (PLANTED["noisy"], PLANTED["copy"], PLANTED["hub"]))
 SEEDS = (0, 1, 2)
 DOSES = (0.0, 0.25, 0.5)  # and 1.0: seed 0's own corpus
-PAPER = ("--set", "audit.pair_loss=paper")
+DOSE_SEED = 0
 
 
 def _audit(run_cli, spec: Path, ws: Path, *extra: str) -> pl.DataFrame:
@@ -42,10 +45,9 @@ def _ranks(table: pl.DataFrame, column: str = "rank_up") -> dict[str, int]:
     return dict(zip(table["pair"], table[column]))
 
 
-@pytest.mark.costs(deepspeed=15)  # each seed's default and paper-form audit, three dose corpora per seed
+@pytest.mark.costs(deepspeed=6)  # each seed's audit, three more dose corpora on one seed
 def test_planted_defects_rank_as_section_6_6_reads_them_on_three_seeds(run_cli, tmp_path):
-    start, figures, held = time.monotonic(), {}, []
-    dose_w, dose_m, dose_x = ({s: {} for s in SEEDS} for _ in range(3))
+    start, figures, held, dose = time.monotonic(), {}, [], {}
     for seed in SEEDS:
         spec = write_corpus(tmp_path / f"corpus-{seed}", seed=seed)
         table = _audit(run_cli, spec, tmp_path / f"ws-{seed}")
@@ -64,35 +66,27 @@ def test_planted_defects_rank_as_section_6_6_reads_them_on_three_seeds(run_cli, 
         figures[f"seed {seed}: excess of copy / hub / noisy / clean (mean)"] = \
             f"{excess[COPY]:.2f} / {excess[HUB]:.2f} / {excess[NOISY]:.2f} / " \
             f"{sum(excess[p] for p in clean) / len(clean):.2f}"
+        paper = _ranks(table, "rank_up_paper")
+        figures[f"seed {seed}, paper form on the same run (w_paper): rank of copy / hub / noisy (of {n})"] = \
+            f"{paper[COPY]} / {paper[HUB]} / {paper[NOISY]}"
         copy_section = table["_report"][0].split(f"#### {COPY} ", 1)[-1].split("####", 1)[0]
         figures[f"seed {seed}: the report's reading of the copy"] = \
             copy_section.split("- reading: ", 1)[-1].split("\n", 1)[0] if "- reading: " in copy_section else "not shown"
         ok = (rank[COPY] >= n - 1, rank[HUB] > n // 2, rank[NOISY] <= 3 and all(rank[NOISY] < rank[p] for p in clean))
         held.append((seed, ok, table.select("pair", "w_final", "w_mean", "loss_ema", "baseline_loss_ema",
                                             "excess_loss_ema").to_dicts()))
-        dose_w[seed][1.0], dose_m[seed][1.0], dose_x[seed][1.0] = w[NOISY], w_mean[NOISY], excess[NOISY]
-        paper = _audit(run_cli, spec, tmp_path / f"ws-{seed}", *PAPER)
-        figures[f"seed {seed}, paper form: rank of copy / hub / noisy (of {n}), by w_final; by w_mean"] = \
-            "; ".join(" / ".join(str(r[p]) for p in (COPY, HUB, NOISY))
-                      for r in (_ranks(paper), _ranks(paper, "rank_up_mean")))
-    for seed in SEEDS:
-        for share in DOSES:
-            spec = write_corpus(tmp_path / f"dose-{seed}-{share}", seed=seed, shuffled=share)
-            table = _audit(run_cli, spec, tmp_path / f"dose-ws-{seed}-{share}")
-            row = table.filter(pl.col("pair") == NOISY).row(0, named=True)
-            dose_w[seed][share], dose_m[seed][share], dose_x[seed][share] = \
-                row["w_final"], row["w_mean"], row["excess_loss_ema"]
-    doses = sorted(dose_w[0])
-    for seed in SEEDS:
-        figures[f"dose-response, seed {seed}: w_final / w_mean / excess of the noisy pair at 0 / 25 / 50 / 100 % "
-                "shuffled"] = "; ".join(" / ".join(f"{by[seed][d]:.2f}" for d in doses)
-                                        for by in (dose_w, dose_m, dose_x))
-    for name, by in (("w_final", dose_w), ("w_mean", dose_m), ("excess", dose_x)):
-        mean = {d: sum(by[s][d] for s in SEEDS) / len(SEEDS) for d in doses}
-        figures[f"dose-response, mean of the seeds: {name} at 0 / 25 / 50 / 100 %"] = \
-            " / ".join(f"{mean[d]:.2f}" for d in doses)
-        figures[f"dose-response, mean of the seeds: {name} rises with the share"] = \
-            all(mean[a] < mean[b] for a, b in zip(doses, doses[1:]))
+        if seed == DOSE_SEED:
+            dose[1.0] = (w[NOISY], w_mean[NOISY], excess[NOISY])
+    for share in DOSES:
+        spec = write_corpus(tmp_path / f"dose-{share}", seed=DOSE_SEED, shuffled=share)
+        row = _audit(run_cli, spec, tmp_path / f"dose-ws-{share}").filter(pl.col("pair") == NOISY).row(0, named=True)
+        dose[share] = (row["w_final"], row["w_mean"], row["excess_loss_ema"])
+    doses = sorted(dose)
+    for k, name in enumerate(("w_final", "w_mean", "excess")):
+        figures[f"dose-response, seed {DOSE_SEED}: {name} of the noisy pair at 0 / 25 / 50 / 100 % shuffled"] = \
+            " / ".join(f"{dose[d][k]:.2f}" for d in doses)
+        figures[f"dose-response, seed {DOSE_SEED}: {name} rises with the share"] = \
+            all(dose[a][k] < dose[b][k] for a, b in zip(doses, doses[1:]))
     print(json.dumps(figures, indent=1))  # shown by pytest when the assertion below fails
     failed = []
     for seed, (copy_ok, hub_ok, noisy_ok), rows in held:
@@ -102,12 +96,12 @@ def test_planted_defects_rank_as_section_6_6_reads_them_on_three_seeds(run_cli, 
             (copy_ok, "the copy is not in the bottom 2"), (hub_ok, "the hub is not in the bottom half"),
             (noisy_ok, "the shuffled pair is not in the top 3 above every clean pair")) if not ok]
     record("planted-audit", figures,
-           {"default pair loss (excess, baseline heldout-larger), by w_final (Figure 4's final against initial "
+           {"default pair loss (excess, baseline partner-larger), by w_final (Figure 4's final against initial "
             "distribution), every seed of " + str(list(SEEDS)):
             "copy in the bottom 2, hub in the bottom half, noisy in the top 3 and above every clean pair",
             "the same by w_mean": "recorded, not held",
-            "dose-response": "recorded, not held: one seed's w moved more between corpora than a quarter of "
-                             "the pair shuffled (issue 34); the mean over the seeds is the reading",
-            "paper form (pair_loss paper)": "recorded beside, not held"},
+            "dose-response (one seed)": "recorded, not held: w moved more between corpora than a quarter of the "
+                                        "pair shuffled at 1 500 steps (issue 34)",
+            "paper form (w_paper, the same runs)": "recorded beside, not held"},
            seconds=time.monotonic() - start, failed=failed)
     assert not failed, (failed, [rows for _, _, rows in held])

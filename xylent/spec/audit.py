@@ -30,8 +30,11 @@ class AuditConfig(Strict):
                        description="χ² ball radius: ½ Σ Q (q/Q − 1)² ≤ rho")
     min_ratio: float = Field(default=0.2, ge=0, lt=1, allow_inf_nan=False,
                              description="floor on q/Q: no pair is sampled less than this share of its prior")
-    ema: float = Field(default=0.1, gt=0, le=1, allow_inf_nan=False,
-                       description="weight of the newest step in each pair's loss EMA")
+    ema: float = Field(default=0.003, gt=0, le=1, allow_inf_nan=False,
+                       description="weight of the newest step in each pair's loss EMA (corrected for its start: "
+                       "early on, a running mean). 0.003 spans ~330 steps: a pair's help is a loss difference "
+                       "whose row-to-row spread is ~40 times its size on the planted corpus, so it needs ~1 000 "
+                       "rows of the pair (docs/stages/audit.md)")
     pair_loss: Literal["paper", "electra", "excess"] = Field(
         default="excess", description="each pair's loss for the adversary, λ = pretrain.disc_weight: "
         "paper is XY-LENT's Eq. 3 as printed (L_D + λ·L_G); electra is the objective the model trains "
@@ -39,18 +42,19 @@ class AuditConfig(Strict):
         "neither the language's difficulty nor the translation explains (docs/stages/audit.md)")
     baseline: Literal["larger", "sides", "language", "partner", "partner-larger", "heldout",
                       "heldout-larger"] = Field(
-        default="heldout-larger", description="pair_loss excess: what each pair's loss is measured against. sides: the "
+        default="partner-larger", description="pair_loss excess: what each pair's loss is measured against. sides: the "
         "same loss of the pair's own two sentences run alone (the translation's help; a hub's memorised target "
         "reads as noisy); partner: the same tokens under the same masks, each sentence beside another row's "
         "translation of the same pair (the translation's help, paired token by token); language: the mean of "
         "its two languages' losses on their monolingual text (trivial pairs fall far below it, but it is too "
         "coarse to tell a noisy pair from a clean one); larger and partner-larger: sides (or partner) raised "
         "by how far the pair's loss sits below its languages' beyond the median pair's (hubs and copies go "
-        "down by it); heldout and heldout-larger (default): partner and partner-larger measured on rows held out "
+        "down by it); heldout and heldout-larger: partner and partner-larger measured on rows held out "
         "of the audit's training (audit.holdout), so a pairing the model memorised is not read as the "
-        "translation's help. Left unset with pretrain.objective infoxlm, larger (a held-out pass would feed "
-        "XLCo's key queue)")
-    baseline_every: int = Field(default=10, ge=1, description="pair_loss excess: every N steps, forward passes "
+        "translation's help. Default partner-larger: a row alone of its pair and direction in its micro-batch "
+        "borrows the last such sentence seen. Left unset with pretrain.objective infoxlm, larger (a second pass "
+        "over pairs would feed XLCo's key queue)")
+    baseline_every: int = Field(default=1, ge=1, description="pair_loss excess: every N steps, forward passes "
                                 "(no backward) for the baseline: each TRTD micro-batch's two sides alone "
                                 "(sides, larger) or its rows with swapped partners (partner, partner-larger), "
                                 "a batch of held-out rows as they are and swapped (heldout, heldout-larger), "

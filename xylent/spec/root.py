@@ -91,7 +91,7 @@ class Spec(Strict):
 
     @model_validator(mode="after")
     def _audit_baseline(self):
-        # the held-out default runs a forward pass of its own, which under InfoXLM would feed XLCo's key queue:
+        # the partner default runs a second pass over the pairs, which under InfoXLM would feed XLCo's key queue:
         # left unset there, the audit measures `larger`; set, so a dumped spec reloads to the same run
         # (only for the excess pair loss: the others read no baseline, and an unread value moves no fingerprint)
         if ("baseline" not in self.audit.model_fields_set and self.pretrain.objective == "infoxlm"
