@@ -36,6 +36,23 @@ HELDOUT = ("heldout", "heldout-larger")  # the same, over rows held out of train
 PAIRED = PARTNER + HELDOUT  # the translation's help measured on the same tokens beside another partner
 
 
+def best_response_on_seen(losses: np.ndarray, prior: np.ndarray, rho: float, min_ratio: float) -> np.ndarray:
+    """q over all pairs: the χ² best response on the pairs with a finite loss, within their share of
+    the prior; the others keep q = Q (nothing is known of them)."""
+    seen = np.isfinite(losses)
+    q = np.asarray(prior, dtype=np.float64).copy()
+    if seen.sum() >= 2:
+        mass = q[seen].sum()
+        q[seen] = chi2_best_response(losses[seen], q[seen] / mass, rho, min_ratio=min_ratio) * mass
+    return q
+
+
+def rate_over(ema: float, updates: float) -> float:
+    """The rate that moves an EMA as far in one update as ``ema`` moves in ``updates``."""
+    # 1 keeps ema itself: 1 - (1 - ema) ** 1 is not ema in floating point (0.1 -> 0.09999999999999998)
+    return ema if updates == 1 else 1.0 - (1.0 - ema) ** updates
+
+
 def binary_entropy(p: np.ndarray) -> np.ndarray:
     """The loss of always answering the base rate p (nats)."""
     p = np.clip(p, 1e-12, 1 - 1e-12)
@@ -45,7 +62,8 @@ def binary_entropy(p: np.ndarray) -> np.ndarray:
 class PairAdversary:
     def __init__(self, pairs: list[str], prior: np.ndarray, *, rho: float, min_ratio: float, ema: float,
                  weights: tuple[float, float], steps: int, resamples: int, baseline: str | None = None,
-                 languages: list[str] | None = None, language_every: int = 1):
+                 languages: list[str] | None = None, updates_per_base: float = 1.0,
+                 updates_per_language: float = 1.0):
         """``weights``: (w_G, w_D), each pair's loss is w_G·L_G + w_D·L_D.  ``baseline``: the adversary
         reads each pair's loss minus a baseline (pair_loss excess), None: the loss itself.
 
@@ -67,9 +85,11 @@ class PairAdversary:
           of a translation the model never trained on, so a pairing it memorised (a shuffled pair
           seen for epochs) does not read as help.
 
-        ``language_every``: the language baseline is measured that many times less often than the
-        pairs' baselines; its EMA then moves as far per measurement as ``ema`` moves in that many,
-        so it spans the same stretch of the run."""
+        ``updates_per_base`` / ``updates_per_language``: how many of the loss EMA's updates (TRTD
+        steps) pass between two measurements of the pairs' baselines / of the language baseline
+        (audit.baseline_every, audit.language_every); each such EMA then moves as far per measurement
+        as ``ema`` moves in that many updates, so every EMA spans the same stretch of the run (at
+        baseline_every 10 the baselines otherwise averaged ten times as many steps as the loss)."""
         if baseline not in BASELINES:
             raise ValueError(f"unknown baseline {baseline!r}")
         self.baseline = baseline
@@ -84,8 +104,8 @@ class PairAdversary:
         self.index = {p: i for i, p in enumerate(self.pairs)}
         self.prior = np.asarray(prior, dtype=np.float64) / np.sum(prior)
         self.rho, self.min_ratio, self.ema_rate = rho, min_ratio, ema  # the spec's audit.ema
-        # N = 1 keeps ema itself: 1 - (1 - ema) ** 1 is not ema in floating point (0.1 -> 0.09999999999999998)
-        self.lang_rate = ema if language_every == 1 else 1.0 - (1.0 - ema) ** language_every
+        self.base_rate = rate_over(ema, updates_per_base)
+        self.lang_rate = rate_over(ema, updates_per_language)
         self.weights = (float(weights[0]), float(weights[1]))
         self.schedule = resample_steps(steps, resamples)
         n = len(self.pairs)
@@ -120,10 +140,11 @@ class PairAdversary:
         of its weight 500 steps on; corrected, the first steps of a run are a plain running mean."""
         old, mass = (self.lang_ema, self.lang_mass) if key == "lang" else (self.ema[key], self.mass[key])
         upd = seen & np.isfinite(x)
-        rate = self.lang_rate if key == "lang" else self.ema_rate
+        rate = {"lang": self.lang_rate, "base": self.base_rate, "paired": self.base_rate}.get(key, self.ema_rate)
         mass[upd] = (1 - rate) * mass[upd] + rate
-        step = rate / mass[upd]  # 1 at the first update: the EMA starts at that value
-        old[upd] = np.where(np.isnan(old[upd]), x[upd], old[upd] + step * (x[upd] - np.nan_to_num(old[upd])))
+        step = rate / mass[upd]  # 1 at the first update (NaN until then): the EMA starts at that value
+        prev = np.nan_to_num(old[upd])
+        old[upd] = prev + step * (x[upd] - prev)
 
     def observe(self, step: int, sums: np.ndarray, base: np.ndarray | None = None,
                 lang: np.ndarray | None = None, paired: np.ndarray | None = None) -> None:
@@ -166,12 +187,8 @@ class PairAdversary:
         the adversary knows nothing of them) and record it; returns the new q."""
         losses = self.pair_losses()
         seen = np.isfinite(losses)
-        q, q_free = self.prior.copy(), self.prior.copy()
-        if seen.sum() >= 2:
-            mass = self.prior[seen].sum()
-            sub = self.prior[seen] / mass
-            q[seen] = chi2_best_response(losses[seen], sub, self.rho, min_ratio=self.min_ratio) * mass
-            q_free[seen] = chi2_best_response(losses[seen], sub, self.rho, min_ratio=0.0) * mass
+        q = best_response_on_seen(losses, self.prior, self.rho, self.min_ratio)
+        q_free = best_response_on_seen(losses, self.prior, self.rho, 0.0)
         self.q = q
         self.trajectory.append({"resample": len(self.trajectory) + 1, "step": int(step), "q": q.tolist(),
                                 "q_unfloored": q_free.tolist(), "loss": _list(losses),

@@ -93,7 +93,8 @@ class PairAudit(NoAudit):
                                        ema=self.dro.ema, weights=tuple(self.dro.weights), steps=cfg.steps,
                                        resamples=self.dro.resamples, baseline=self.dro.baseline,
                                        languages=self.mono.names if self.mono is not None else None,
-                                       language_every=self.dro.language_every)
+                                       updates_per_base=updates_per(cfg, pairs_due),
+                                       updates_per_language=updates_per(cfg, language_due))
         self.schedule = self.adversary.schedule
         self._pair = self._base = self._lang = self._paired = self._kept = None
         self.store = PartnerStore() if self.dro.baseline in PARTNER else None
@@ -132,7 +133,7 @@ class PairAudit(NoAudit):
             self._lang = languages_alone(self.engine, next(iters[LANGUAGE_BASELINE]), self.mono,
                                          self.adversary.languages, self.cfg.seed, step, self.rank, self.world,
                                          self.device)
-        if self.dro.baseline in HELDOUT and step % self.dro.baseline_every == 0:
+        if self.dro.baseline in HELDOUT and pairs_due(self.cfg, step):
             # passes of their own, on any step (TRTD trained or not): measurement m = step // N, every m in turn
             batch = self.trtd.heldout_batch(step // self.dro.baseline_every)
             self._paired, self._base = heldout_help(self.engine, batch, self.adversary.index, self.cfg.seed, step,
@@ -195,6 +196,13 @@ def baseline_due(cfg: TrainConfig, step: int) -> bool:
     return step == next((s for s in range(start, step + 1) if "trtd" in task_plan(cfg, s)), None)
 
 
+def pairs_due(cfg: TrainConfig, step: int) -> bool:
+    """Whether step ``step`` measures the pairs' baselines: the held-out rows on every
+    audit.baseline_every-th step (passes of their own, TRTD trained or not), the training rows on
+    :func:`baseline_due`'s steps."""
+    return step % cfg.dro.baseline_every == 0 if cfg.dro.baseline in HELDOUT else baseline_due(cfg, step)
+
+
 def language_due(cfg: TrainConfig, step: int) -> bool:
     """Whether step ``step`` measures the language baseline: the first TRTD step of each window of
     audit.language_every × audit.baseline_every steps (a baseline step too; by the window, not by the
@@ -207,6 +215,16 @@ def language_due(cfg: TrainConfig, step: int) -> bool:
     window = cfg.dro.baseline_every * cfg.dro.language_every
     start = step - step % window
     return step == next(s for s in range(start, step + 1) if "trtd" in task_plan(cfg, s))
+
+
+def updates_per(cfg: TrainConfig, due) -> float:
+    """The loss EMA's updates (TRTD steps) per measurement that ``due(cfg, step)`` schedules, counted over
+    50 of the longest measurement windows (the run's own steps if fewer): exactly 1 when every TRTD
+    step measures."""
+    horizon = min(cfg.steps, 50 * cfg.dro.baseline_every * cfg.dro.language_every)
+    trained = sum("trtd" in task_plan(cfg, s) for s in range(horizon))
+    measured = sum(due(cfg, s) for s in range(horizon))
+    return trained / measured if measured and trained != measured else 1.0
 
 
 def make_audit(cfg: TrainConfig, loaders: dict, engine, rank: int, world: int, device) -> NoAudit:
@@ -350,22 +368,33 @@ def partner_rotation(pairs: list[int]) -> dict[int, int]:
 
 class PartnerStore:
     """The last second sentence seen of each key (pair and direction, :func:`directed`), with its
-    noise and its discriminator input: a row alone of its key in a micro-batch borrows it, so a
-    sparse pair, rarely twice in one micro-batch (the demo's 190 pairs), is measured too.  Filled
-    from the gathered micro-batch, so every rank, whatever the world size, holds the same; kept in
-    each checkpoint.  The borrowed sentence was trained on once more recently than a sentence of the
-    same micro-batch: it reads a little easier (the help a little smaller), a shift the same for
-    every pair whose rows borrow, against a pair measured not at all without it."""
+    noise and its discriminator input (the tokens themselves unless replayed): a row alone of its
+    key in a micro-batch borrows it, so a sparse pair, rarely twice in one micro-batch (the demo's
+    190 pairs), is measured too.  Filled from the gathered micro-batch, so every rank, whatever the
+    world size, holds the same; kept in each checkpoint.  The borrowed sentence was trained on once
+    more recently than a sentence of the same micro-batch, so it reads a little easier (the help a
+    little smaller), and sparse pairs borrow more often than dense ones (docs/stages/audit.md)."""
 
     def __init__(self):
         self.last: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
-    def lend(self, keys: list[int], partner: dict[int, int], second_of) -> dict[int, tuple]:
+    def lend(self, keys: list[int], partner: dict[int, int], ids: torch.Tensor, second: torch.Tensor,
+             noise: torch.Tensor, corrupted: torch.Tensor) -> dict[int, tuple]:
         """Row -> the stored second sentence it borrows (rows with no partner in ``partner`` whose key
-        was seen before), then each key's last row in the micro-batch leaves its own."""
-        borrowed = {g: self.last[k] for g, k in enumerate(keys) if g not in partner and k in self.last}
+        was seen before, unless the stored one is the row's own: a pair with a few rows draws a row
+        again), then each key's last row in the micro-batch leaves its own.  ``ids``, ``second``
+        (its mask), ``noise`` (rows first) and ``corrupted``: the gathered micro-batch."""
+        borrowed = {}
         for g, k in enumerate(keys):
-            self.last[k] = tuple(t.detach().cpu().clone() for t in second_of(g))
+            if g not in partner and k in self.last and not torch.equal(self.last[k][0], ids[g][second[g]].cpu()):
+                borrowed[g] = self.last[k]
+        last = {k: g for g, k in enumerate(keys)}
+        # one copy to the host for all keys, not one a key: on a GPU each .cpu() waits for the device
+        idx = torch.tensor(list(last.values()), dtype=torch.long, device=ids.device)
+        host = [t[idx].cpu() for t in (ids, second, noise, corrupted)]
+        for n, k in enumerate(last):
+            x, m, z, c = (t[n] for t in host)
+            self.last[k] = (x[m], z[:, m], c[m])
         return borrowed
 
     def state(self) -> dict:
@@ -378,7 +407,7 @@ class PartnerStore:
 @torch.no_grad()
 def partners_swapped(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Tensor, noise: torch.Tensor,
                      keys: list[int], rank: int, world: int, corrupted: torch.Tensor | None = None,
-                     store: dict | None = None) -> tuple[torch.Tensor, list[int]]:
+                     store: PartnerStore | None = None) -> tuple[torch.Tensor, list[int]]:
     """The partner baseline: each TRTD row ``<s> x_i </s> y_i </s>`` rebuilt as
     ``<s> x_i </s> y_j </s>``, y_j the second sentence of another row of the same pair and direction
     (``keys``: :func:`directed`; :func:`partner_rotation` over the global micro-batch, so any world
@@ -413,7 +442,7 @@ def partners_swapped(engine, ids: torch.Tensor, pad: torch.Tensor, seg: torch.Te
     def second_of(j: int) -> tuple[torch.Tensor, ...]:
         return all_ids[j][second[j]], all_noise[j][:, second[j]], all_corrupted[j][second[j]]
 
-    borrowed = store.lend(keys_all, partner, second_of) if store is not None else {}
+    borrowed = store.lend(keys_all, partner, all_ids, second, all_noise, all_corrupted) if store is not None else {}
     mine = [rank + world * k for k in range(ids.shape[0])]
     rows = []
     for g in mine:

@@ -14,7 +14,7 @@ from models.electra import ElectraModel, MaskedLMModel
 from models.stats import ROW_FIELDS
 from models.masking import row_noise
 from models.dro import chi2_best_response
-from models.audit_step import baseline_due, language_due
+from models.audit_step import baseline_due, language_due, pairs_due, updates_per
 from models.run_config import DroConfig, TrainConfig
 from models.adversary import SUM_FIELDS, PairAdversary, binary_entropy, resample_steps
 from tasks.audit.contract import audit_table, pair_baselines, trajectory_table
@@ -209,13 +209,15 @@ def test_the_language_baseline_puts_memorised_pairs_down_and_noisy_ones_up():
         _adversary(baseline="sides", weights=(1.0, 1.0)).load_state_dict(state)
     with pytest.raises(ValueError, match="no monolingual baseline for language"):
         _adversary(baseline="language", languages=["a", "b"])
-    sparse = _adversary(baseline="language", weights=(1.0, 1.0), languages=["a", "b", "c", "d"], language_every=4)
+    sparse = _adversary(baseline="language", weights=(1.0, 1.0), languages=["a", "b", "c", "d"], updates_per_language=4)
     sparse.observe(0, pair, lang=own)
     sparse.observe(40, pair, lang=own * [2, 1, 2, 1, 1, 1])  # measured 4 periods later: every loss doubled
     # the older value weighs (1 - 0.1) ** 4 of the newer (corrected for the start): 4 of the pairs' updates
     assert sparse.lang_ema[0] == pytest.approx((0.9 ** 4 * 4.1 + 8.2) / (0.9 ** 4 + 1)), "moved as far as 4 updates"
     for ema in (0.1, 0.05, 0.03):  # N = 1 is the rate itself, bit for bit: 1 - (1 - 0.1) ** 1 is not 0.1
-        assert _adversary(baseline="language", languages=["a", "b", "c", "d"], ema=ema).lang_rate == ema
+        adv = _adversary(baseline="language", languages=["a", "b", "c", "d"], ema=ema)
+        assert adv.lang_rate == adv.base_rate == ema
+    assert _adversary(baseline="partner", updates_per_base=5).base_rate == pytest.approx(1 - 0.9 ** 5)
 
 
 def test_the_larger_baseline_holds_a_memorised_pair_to_its_languages():
@@ -364,6 +366,11 @@ def test_the_partner_baseline_reruns_the_same_tokens_beside_another_rows_transla
         want = model(one, one == SPECIALS["pad"], one_seg, one_noise, per_row=True).rows[:, 0]
     assert torch.allclose(again[:, 0], want, rtol=1e-4, atol=1e-4)
     assert set(store.state()) == {0, 1, 2, 3}, "every key seen leaves its last second sentence"
+    # a row drawn again right after itself does not borrow its own translation back
+    own, kept = partners_swapped(engine, ids[4:5], pad[4:5], seg[4:5], noise[:, 4:5], [7], 0, 1, store=store)
+    assert kept == [] and 7 in store.state()
+    _, kept = partners_swapped(engine, ids[4:5], pad[4:5], seg[4:5], noise[:, 4:5], [7], 0, 1, store=store)
+    assert kept == [], "the stored sentence of key 7 is this row's own"
 
 
 def test_the_partner_baseline_is_the_loss_less_the_translations_help():
@@ -435,6 +442,13 @@ def test_the_baselines_are_measured_on_the_first_trtd_step_of_each_period():
                         baseline_every=10, language_every=2, holdout=0.0, state_file="")
     assert [s for s in range(40) if baseline_due(cfg, s)] == [1, 11, 21, 31]
     assert [s for s in range(40) if language_due(cfg, s)] == [1, 21]  # every second period's
+    cfg.steps = 1000  # the EMAs' rates per measurement: 5 TRTD steps a period, 10 a language window
+    assert (updates_per(cfg, pairs_due), updates_per(cfg, language_due)) == (5.0, 10.0)
+    cfg.dro.baseline_every = cfg.dro.language_every = 1
+    assert (updates_per(cfg, pairs_due), updates_per(cfg, language_due)) == (1.0, 1.0)  # every TRTD step
+    cfg.dro.baseline = "heldout"  # its own passes on every step: two measurements per TRTD step
+    assert updates_per(cfg, pairs_due) == 0.5
+    cfg.dro.baseline, cfg.dro.baseline_every, cfg.dro.language_every = "larger", 10, 2
     cfg.trtd_ratio = 0.05  # TRTD on steps 19, 39, 59, ...: odd periods only: by the window, not never
     assert [s for s in range(120) if language_due(cfg, s)] == [19, 39, 59, 79, 99, 119]
     cfg.trtd_ratio = 0.5

@@ -75,18 +75,13 @@ def paper_form(state: dict, g: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, n
     """XY-LENT's Eq. 3 as printed (L_D + λ·L_G; the MLM ablation's loss itself) from the same run's
     component EMAs, and the floored best response the adversary would give it now, as q / Q: the
     paper's form read beside whatever pair loss the run trained against, on the same batches."""
-    from models.dro import chi2_best_response
+    from models.adversary import best_response_on_seen
 
     w_g, w_d = state["weights"]
     lam = w_d if w_g == 1.0 else w_g  # (1, λ) trained (electra, excess) or (λ, 1) (paper): λ either way
     loss = d + lam * g if w_d > 0 else g
     prior = np.asarray(state["prior"], dtype=np.float64)
-    w = np.ones(len(prior))
-    seen = np.isfinite(loss)
-    if seen.sum() >= 2:
-        sub = prior[seen] / prior[seen].sum()
-        w[seen] = chi2_best_response(loss[seen], sub, state["rho"], min_ratio=state["min_ratio"]) / sub
-    return loss, w
+    return loss, best_response_on_seen(loss, prior, state["rho"], state["min_ratio"]) / prior
 
 
 def audit_table(state: dict, evidence: pl.DataFrame | None = None) -> pl.DataFrame:
