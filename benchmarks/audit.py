@@ -61,9 +61,10 @@ from models.dro import chi2_best_response, chi2_divergence  # noqa: E402
 TARGET_MS_AT_10K = 50.0
 TARGET_OVERHEAD = 0.05
 SPEC = ROOT / "data_specs" / "demo.yaml"
-# the audit's knobs for the timed runs (K = 10 re-samplings), as spec overrides: the adversary's
-# settings (dro) then come from the audit stage's own train.json builder
-DRO = {"rho": 0.05, "min_ratio": 0.2, "ema": 0.1, "resamples": 10}
+# the audit's knobs for the timed runs beside the spec's defaults (K = 10 re-samplings: each is timed), as spec
+# overrides: the adversary's settings (dro) then come from the audit stage's own train.json builder
+DRO = {"resamples": 10}
+EVERY = "audit_baselines_every_{}"  # the sweep's kinds: the audit with audit.baseline_every N
 # the control: all of the audit's work, but with a radius so small that q stays the prior to ~1e-5, so
 # (nearly) the same batches as the plain run; what it costs over plain is bookkeeping, not other data
 SAME_BATCHES, CONTROL_RHO = "audit_same_batches", 1e-9
@@ -134,7 +135,7 @@ def load_bench_spec():
 
 
 def bench_config(spec, upstream: dict[str, Path], ckdir: Path, *, steps: int, tasks: list[str], audit: bool,
-                 rho: float | None = None):
+                 rho: float | None = None, baseline_every: int | None = None):
     """train.json as the pretrain stage writes it (tasks.pretrain.train_json.train_config); the audit
     run differs only in ``dro``, taken from the audit stage's builder (tasks.audit.train_config.audit_train_config)."""
     from tasks.audit.train_config import audit_train_config
@@ -148,14 +149,17 @@ def bench_config(spec, upstream: dict[str, Path], ckdir: Path, *, steps: int, ta
     cfg.dro = audit_train_config(spec, upstream, ckdir, None, None).dro if audit else None
     if audit and rho is not None:
         cfg.dro.rho = rho
+    if audit and baseline_every is not None:
+        cfg.dro.baseline_every = baseline_every
     return cfg
 
 
 def write_config(spec, upstream: dict[str, Path], ckdir: Path, *, steps: int, tasks: list[str], audit: bool,
-                 rho: float | None = None) -> Path:
+                 rho: float | None = None, baseline_every: int | None = None) -> Path:
     shutil.rmtree(ckdir, ignore_errors=True)
     ckdir.mkdir(parents=True)
-    cfg = bench_config(spec, upstream, ckdir, steps=steps, tasks=tasks, audit=audit, rho=rho)
+    cfg = bench_config(spec, upstream, ckdir, steps=steps, tasks=tasks, audit=audit, rho=rho,
+                       baseline_every=baseline_every)
     path = ckdir / "train.json"
     cfg.save(path)
     return path
@@ -438,7 +442,8 @@ def components(spec, upstream: dict[str, Path], scratch: Path, batches: int) -> 
 
 
 def step_overhead_benchmark(workspace: Path, *, steps: int, repeats: int, task_sets: list[list[str]], skip: int,
-                            ranks: int, max_wait_s: float, component_batches: int, control: bool) -> dict:
+                            ranks: int, max_wait_s: float, component_batches: int, control: bool,
+                            every: tuple[int, ...] = ()) -> dict:
     import torch
 
     t0 = time.perf_counter()
@@ -449,6 +454,8 @@ def step_overhead_benchmark(workspace: Path, *, steps: int, repeats: int, task_s
     runs_dir = workspace / "runs"
     # a period holds every kind of extra pass once: the language baseline runs on every language_every-th baseline step
     period = dro.baseline_every * (dro.language_every if dro.baseline in USES_LANGUAGES else 1)
+    # the sweep (first schedule only): one period that holds every kind's baselines whole, for all its kinds
+    swept = max([period, *(n * (dro.language_every if dro.baseline in USES_LANGUAGES else 1) for n in every)])
     # compile DeepSpeed's CPU op (first run on a machine) and warm the page cache; not timed
     warm = write_config(spec, upstream, runs_dir / "warmup", steps=min(steps, 12), tasks=task_sets[-1], audit=True)
     t = time.perf_counter()
@@ -457,15 +464,19 @@ def step_overhead_benchmark(workspace: Path, *, steps: int, repeats: int, task_s
     variants = []
     for v_i, tasks in enumerate(task_sets):
         name = "+".join(tasks)
-        kinds = ["plain", "audit"] + ([SAME_BATCHES] if control and v_i == 0 else [])
+        kinds = ["plain", "audit"] + ([SAME_BATCHES] if control and v_i == 0 else []) \
+            + ([EVERY.format(n) for n in every] if v_i == 0 else [])
+        span = swept if v_i == 0 else period
         runs: dict[str, list] = {k: [] for k in kinds}
         discarded = []
         for rep in range(repeats):
             for kind in (kinds if rep % 2 == 0 else kinds[::-1]):  # ABBA: drift hits every kind alike
                 for _attempt in range(3):  # a run that shared the machine is done again (and kept apart)
+                    n = next((x for x in every if kind == EVERY.format(x)), None)
                     cfg = write_config(spec, upstream, runs_dir / f"{name}-{kind}-{rep}", steps=steps, tasks=tasks,
-                                       audit=kind != "plain", rho=CONTROL_RHO if kind == SAME_BATCHES else None)
-                    r = one_run(cfg, ranks, skip, max_wait_s, period)
+                                       audit=kind != "plain", rho=CONTROL_RHO if kind == SAME_BATCHES else None,
+                                       baseline_every=n)
+                    r = one_run(cfg, ranks, skip, max_wait_s, span)
                     r.update({"repeat": rep, "kind": kind})
                     print(json.dumps({"tasks": name, **{k: r[k] for k in (
                         "kind", "repeat", "period_step_s", "median_step_s", "mean_step_s", "launch_wall_s",
@@ -475,7 +486,7 @@ def step_overhead_benchmark(workspace: Path, *, steps: int, repeats: int, task_s
                     discarded.append(r)
                 runs[kind].append(r)
         p = _summary(runs["plain"])
-        v = {"tasks": tasks, "plain": p}
+        v = {"tasks": tasks, "period_steps": span, "plain": p}
         for kind in kinds[1:]:
             a = _summary(runs[kind])
             v[kind] = a
@@ -525,9 +536,10 @@ def step_overhead_benchmark(workspace: Path, *, steps: int, repeats: int, task_s
         "repeats": repeats, "ranks": ranks,
         "backend": "gloo (CPU)", "omp_num_threads_per_rank": omp,
         "versions": {"torch": torch.__version__, "deepspeed": deepspeed.__version__},
-        "statistic": f"rank 0's mean step_seconds over {period} consecutive steps (each holds one of every "
-                     "baseline pass), the median over a run's periods after the first skip steps; runs alternate "
-                     "plain/audit (ABBA)",
+        "statistic": "rank 0's mean step_seconds over a period of consecutive steps (each variant's "
+                     "period_steps: every kind's baseline passes whole, the re-sampling steps left out), the median "
+                     "over a run's periods after the first skip steps; runs alternate plain/audit (ABBA)",
+        "baseline_every_swept": list(every),
         "variants": variants, "components": comp,
         "pass": all(v["pass"] for v in variants),
     }
@@ -586,6 +598,16 @@ def markdown(result: dict) -> str:
                              f"{_pct(c['overhead_paired_median'])} ({_pct(min(c['overhead_paired']))} … "
                              f"{_pct(max(c['overhead_paired']))})", _pct(c["overhead_mean"]),
                              _extra(c.get("resample", {}).get("extra_s_per_resample"))])
+            for n in so.get("baseline_every_swept", []):
+                c = v.get(EVERY.format(n), {}).get("vs_plain")
+                if c:
+                    rows.append([f"{key.upper()}, baselines every {n} steps",
+                                 harness.seconds(v["plain"]["median_period_step_s"]),
+                                 harness.seconds(v[EVERY.format(n)]["median_period_step_s"]),
+                                 _pct(c["overhead_median"]),
+                                 f"{_pct(c['overhead_paired_median'])} ({_pct(min(c['overhead_paired']))} … "
+                                 f"{_pct(max(c['overhead_paired']))})", _pct(c["overhead_mean"]),
+                                 _extra(c.get("resample", {}).get("extra_s_per_resample"))])
         target = so["target_max_overhead"]
         worst = max(v["overhead_median"] for v in so["variants"])
         out += [f"**Per-step overhead of the audit** against plain pretrain steps of the same model "
@@ -641,6 +663,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, help="steps per run (default 300, --quick 40)")
     ap.add_argument("--skip", type=int, default=10, help="leading steps left out of the statistics")
     ap.add_argument("--max-wait", type=float, default=3600, help="seconds to wait for other trainers to finish")
+    ap.add_argument("--every", default="10,40", help="the sweep: audit.baseline_every values timed beside the default "
+                    "on the TRTD schedule (comma-separated; '' for none)")
+    ap.add_argument("--schedules", choices=("trtd", "both"), default="both",
+                    help="trtd: TRTD every step only; both: also the demo's alternating schedule")
     args = harness.finish_args(ap.parse_args(argv))
     report = {}
     old = harness.load_result("audit", Path(args.out))
@@ -653,8 +679,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.only in (None, "step_overhead"):
         report["step_overhead"] = step_overhead_benchmark(
             Path(args.workspace), steps=args.steps or (40 if args.quick else 300), repeats=args.repeats,
-            task_sets=[["trtd"]] if args.quick else [["trtd"], ["mrtd", "trtd"]], skip=args.skip, ranks=2,
-            max_wait_s=args.max_wait, component_batches=20 if args.quick else 60, control=not args.quick)
+            task_sets=[["trtd"]] if args.quick or args.schedules == "trtd" else [["trtd"], ["mrtd", "trtd"]],
+            skip=args.skip, ranks=2, max_wait_s=args.max_wait, component_batches=20 if args.quick else 60,
+            control=not args.quick, every=() if args.quick else tuple(int(x) for x in args.every.split(",") if x))
     harness.write_result("audit", report, args)
     print(json.dumps({"best_response_pass": report.get("best_response", {}).get("pass"),
                       "step_overhead_pass": report.get("step_overhead", {}).get("pass")}))
