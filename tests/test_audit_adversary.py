@@ -460,6 +460,22 @@ def test_the_baselines_are_measured_on_the_first_trtd_step_of_each_period():
     assert not any(baseline_due(cfg, s) for s in range(20))
 
 
+def test_auto_baseline_every_keeps_the_rows_each_baseline_ema_averages():
+    """baseline_every auto: the largest N whose EMAs, moving 1 − (1 − ema)^(N·share) a measurement,
+    still average 1 000 rows of the median pair; 1 on the demo's ~0.1 rows and the planted ~1.8."""
+    from models.adversary import rate_over
+    from tasks.audit.train_config import auto_baseline_every
+
+    for r, share in ((0.1, 1.0), (1.8, 1.0), (20.0, 1.0), (40.0, 0.5), (200.0, 1.0)):
+        n = auto_baseline_every(r, 0.003, 1000, share, cap=10**6)
+        a, a_next = rate_over(0.003, n * share), rate_over(0.003, (n + 1) * share)
+        assert n == 1 or r * (2 - a) / a >= 1000, (r, n)  # the rows hold at N ...
+        assert r * (2 - a_next) / a_next < 1000, (r, n)  # ... and not at N + 1
+    assert [auto_baseline_every(r, 0.003, 1000, 1.0, cap=10**6) for r in (0.1, 1.8, 20.0)] == [1, 1, 13]
+    assert auto_baseline_every(200.0, 0.003, 1000, 1.0, cap=40) == 40  # every re-sampling window measures 10 times
+    assert auto_baseline_every(5000.0, 0.003, 1000, 1.0, cap=0) == 1
+
+
 def test_the_first_trtd_step_in_closed_form_is_the_schedules():
     import dataclasses
 

@@ -89,6 +89,7 @@ def test_demo_audit_starts_from_the_pretrained_weights_and_exports_its_model(dem
     cfg = TrainConfig.load(out / "train.json")  # the audit's steps are what it resolved over pretrain's section
     assert cfg.init_from == str(_out(res, "pretrain") / "model" / "pretraining.safetensors")
     assert cfg.steps == load_spec(DEMO_SHORT).audit.steps != cfg.pretrain["steps"] and cfg.dro.resamples == 5
+    assert cfg.dro.baseline_every == 1  # auto: the demo's median pair has ~0.1 rows a step, far below 1 000 a span
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     pre = [json.loads(x) for x in (_out(res, "pretrain") / "metrics.jsonl").read_text().splitlines()]
 
@@ -147,6 +148,7 @@ def test_excluding_pairs_reruns_sampling_not_the_data_stages(demo_run, run_cli, 
     ("audit.pair_loss=d_plus_lambda_g", "is now called 'paper'"),
     ("audit.baseline=median", "audit.baseline"),
     ("audit.holdout=0.5", "audit.holdout"),
+    ("audit.baseline_every=often", "audit.baseline_every: write a whole number of steps ≥ 1, or auto"),
     ("sampling.exclude_pairs=[en-en]", "malformed language pair 'en-en'"),
 ])
 def test_bad_audit_specs_exit_2(run_cli, override, message):

@@ -3,10 +3,14 @@ plus the DRO adversary's (models.adversary), from the spec's ``audit`` section."
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
+
 from models.adversary import HELDOUT, PAIRED, STATE_FILE, USES_LANGUAGES
-from models.run_config import DroConfig, TrainConfig, first_trtd_step
+from models.run_config import DroConfig, TrainConfig, first_trtd_step, task_plan
+from tasks.shards.loader import TrainingLoader
 from tasks.pretrain.train_json import train_config
 from tasks.shards.contract import has_rows, read_index
 from xylent.errors import XylentError
@@ -20,6 +24,41 @@ def pair_loss_weights(pair_loss: str, objective: str, disc_weight: float) -> lis
     if objective != "electra":
         return [1.0, 0.0]
     return [disc_weight, 1.0] if pair_loss == "paper" else [1.0, disc_weight]  # excess: the trained one
+
+
+def auto_baseline_every(rows_per_measurement: float, ema: float, rows: int, trtd_share: float, cap: int) -> int:
+    """audit.baseline_every auto: the largest N whose baseline EMAs still average ``rows`` rows of a pair
+    that ``rows_per_measurement`` of its rows measure at a time.  An EMA at rate a averages (2 − a)/a
+    measurements (its effective sample), and measuring every N steps moves it as far per measurement
+    as ``ema`` moves in the N · ``trtd_share`` TRTD steps between (models.adversary.rate_over), so
+    r · (2 − a)/a ≥ rows  ⟺  a ≤ 2r / (rows + r)  ⟺  N · share ≤ ln(1 − 2r/(rows + r)) / ln(1 − ema).
+    At most ``cap`` (a tenth of a re-sampling window: every window still measures ten times), at least 1."""
+    bound = 2 * rows_per_measurement / (rows + rows_per_measurement)
+    if bound >= 1:  # one measurement holds the rows: any rate will do
+        return max(1, cap)
+    return max(1, min(cap, math.floor(math.log1p(-bound) / math.log1p(-ema) / trtd_share)))
+
+
+def median_pair_rows(cfg: TrainConfig, draws: int = 16) -> float:
+    """What one baseline measurement reads of the median pair under the sampling table: the mean global
+    TRTD rows of a step (the loader's own packing of ``draws`` steps) times its share, or, held out, the
+    two rows of each pair one held-out batch measures, over the pairs with rows to hold out."""
+    loader = TrainingLoader(cfg.shards_dir, cfg.sampling_dir, task="trtd", seed=cfg.seed, batch_size=cfg.batch_size,
+                            max_tokens=cfg.trtd_max_tokens, verify=False, holdout=cfg.dro.holdout)
+    if cfg.dro.baseline in HELDOUT:
+        measured = sum(len(h) > 0 for h in loader.held)
+        return 2 * loader.heldout_pairs_per_batch() / max(1, measured)
+    per_step = np.mean([len(b["pairs"]) for b in loader.batches(draws)])
+    return float(per_step * np.median(loader.prior))
+
+
+def resolve_baseline_every(cfg: TrainConfig, rows: int) -> int:
+    """audit.baseline_every auto for this run (:func:`auto_baseline_every`).  The pairs decide: the
+    language baseline's monolingual batch is a training batch's size over far fewer languages."""
+    horizon = range(min(cfg.steps, 10_000))
+    share = sum("trtd" in task_plan(cfg, s) for s in horizon) / len(horizon)
+    return auto_baseline_every(median_pair_rows(cfg), cfg.dro.ema, rows, share,
+                               cap=cfg.steps // (cfg.dro.resamples + 1) // 10)
 
 
 def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str | None,
@@ -66,9 +105,12 @@ def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_i
                           else "set pretrain.trtd_ratio above 0")
     cfg.dro = DroConfig(rho=a.rho, min_ratio=a.min_ratio, ema=a.ema, resamples=a.resamples,
                         weights=pair_loss_weights(a.pair_loss, p.objective, p.disc_weight),
-                        baseline=baseline if a.pair_loss == "excess" else None, baseline_every=a.baseline_every,
+                        baseline=baseline if a.pair_loss == "excess" else None,
+                        baseline_every=1 if a.baseline_every == "auto" else a.baseline_every,
                         language_every=a.language_every,
                         holdout=a.holdout if heldout else 0.0, state_file=str(ckdir / STATE_FILE))
+    if a.baseline_every == "auto" and cfg.dro.baseline is not None:
+        cfg.dro.baseline_every = resolve_baseline_every(cfg, a.baseline_rows)
     if a.init == "pretrain":
         weights = Path(upstream["pretrain"]) / FULL_WEIGHTS
         if not weights.is_file():

@@ -19,7 +19,8 @@ class AuditConfig(Strict):
     pairs by how much it up-weights them (w = q/Q)."""
 
     OPERATIONAL: ClassVar[tuple[str, ...]] = ("top_n", "exclude_top_up")
-    ADDED_LATER: ClassVar[tuple[str, ...]] = ("baseline_every", "baseline", "holdout", "language_every")
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("baseline_every", "baseline", "holdout", "language_every",
+                                              "baseline_rows")
 
     init: Literal["scratch", "pretrain"] = Field(
         default="scratch", description="scratch: train a fresh model with the pretrain settings; pretrain: start "
@@ -54,15 +55,21 @@ class AuditConfig(Strict):
         "translation's help. Default partner-larger: a row alone of its pair and direction in its micro-batch "
         "borrows the last such sentence seen. Left unset with pretrain.objective infoxlm, larger (a second pass "
         "over pairs would feed XLCo's key queue)")
-    baseline_every: int = Field(default=1, ge=1, description="pair_loss excess: every N steps, forward passes "
-                                "(no backward) for the baseline: each TRTD micro-batch's two sides alone "
-                                "(sides, larger) or its rows with swapped partners (partner, partner-larger), "
-                                "a batch of held-out rows as they are and swapped (heldout, heldout-larger), "
-                                "and a batch of monolingual sentences (language, larger, the -larger kinds)")
+    baseline_every: int | Literal["auto"] = Field(
+        default="auto", description="pair_loss excess: every N steps, forward passes (no backward) for the "
+        "baseline: each TRTD micro-batch's two sides alone (sides, larger) or its rows with swapped partners "
+        "(partner, partner-larger), a batch of held-out rows as they are and swapped (heldout, heldout-larger), "
+        "and a batch of monolingual sentences (language, larger, the -larger kinds). auto (default): the largest "
+        "N whose baseline EMAs still average audit.baseline_rows rows of the median pair (1 on the demo and the "
+        "planted corpus; large where a batch holds many rows of each pair); written resolved in train.json")
+    baseline_rows: int = Field(default=1000, ge=1, description="baseline_every auto: the rows of the median pair "
+                               "(under the sampling table) each baseline EMA averages at least (its effective "
+                               "sample, (2 − a)/a measurements at rate a); a pair's help has a row-to-row spread "
+                               "of ~13 on the tiny model, so 1 000 rows read it to ±0.4")
     language_every: int = Field(default=1, ge=1, description="baseline language and the -larger kinds: the "
                                 "monolingual sentences are measured on every Nth baseline step only (every N × "
                                 "baseline_every steps); their EMA moves as far per measurement as audit.ema moves "
-                                "in N steps of the pairs', so it spans as much of the run. Fewer samples cost less "
+                                "in the TRTD steps between, so it spans as much of the run. Fewer samples cost less "
                                 "and rank less surely: N = 4 broke the planted bar (docs/stages/audit.md)")
     holdout: float = Field(default=0.02, ge=0, lt=0.5, allow_inf_nan=False,
                            description="audit.baseline heldout, heldout-larger: the share of each pair's rows kept "
@@ -75,11 +82,19 @@ class AuditConfig(Strict):
 
     def unread_fields(self) -> set[str]:
         """audit.holdout is read by the held-out baselines only, audit.language_every by the kinds that
-        measure languages: elsewhere they move no fingerprint."""
+        measure languages, audit.baseline_rows by baseline_every auto: elsewhere they move no fingerprint."""
         excess = self.pair_loss == "excess"
-        return ({"holdout"} if not (excess and self.baseline in ("heldout", "heldout-larger")) else set()) | \
+        return ({"baseline_rows"} if not (excess and self.baseline_every == "auto") else set()) | \
+            ({"holdout"} if not (excess and self.baseline in ("heldout", "heldout-larger")) else set()) | \
             ({"language_every"} if not (excess and (self.baseline == "language" or self.baseline.endswith("larger")))
              else set())
+
+    @field_validator("baseline_every", mode="before")
+    @classmethod
+    def _every(cls, v):
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return v
+        raise ValueError(f"write a whole number of steps ≥ 1, or auto, not {v!r}")
 
     @field_validator("pair_loss", mode="before")
     @classmethod
