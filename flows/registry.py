@@ -98,7 +98,7 @@ STAGES = order_stages([
              "the encoder", version="3", reads=("model", "pretrain", "seed"), upstream=("vocab", "sampling", "shards"),
              identity=_pretrain_identity, on_cached=_register_pretrain),
     _declare("audit", description="DRO bitext audit (XY-LENT §6.6): train under a χ² adversary over language pairs, "
-             "rank pairs by w = q/Q, evidence for the flagged ones", version="5",  # 5: the partner store, EMAs corrected for their start
+             "rank pairs by w = q/Q, evidence for the flagged ones", version="6",  # 6: baseline_every auto, EMAs per measurement
              reads=("model", "pretrain", "audit", "seed", "dedup"),
              upstream=("dedup", "vocab", "sampling", "shards", "pretrain"),
              conditions=(("pretrain", lambda spec: spec.audit.init == "pretrain"),), identity=_audit_identity,

@@ -462,7 +462,7 @@ def test_the_baselines_are_measured_on_the_first_trtd_step_of_each_period():
 
 def test_auto_baseline_every_keeps_the_rows_each_baseline_ema_averages():
     """baseline_every auto: the largest N whose EMAs, moving 1 − (1 − ema)^(N·share) a measurement,
-    still average 1 000 rows of the median pair; 1 on the demo's ~0.1 rows and the planted ~1.8."""
+    still average 1 000 rows of the median pair (the knob's default is 3 000)."""
     from models.adversary import rate_over
     from tasks.audit.train_config import auto_baseline_every
 
