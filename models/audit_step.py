@@ -93,8 +93,8 @@ class PairAudit(NoAudit):
                                        ema=self.dro.ema, weights=tuple(self.dro.weights), steps=cfg.steps,
                                        resamples=self.dro.resamples, baseline=self.dro.baseline,
                                        languages=self.mono.names if self.mono is not None else None,
-                                       updates_per_base=updates_per(cfg, pairs_due),
-                                       updates_per_language=updates_per(cfg, language_due))
+                                       updates_per_base=trtd_steps_per_measurement(cfg, pairs_due) * cycle(trtd, cfg),
+                                       updates_per_language=trtd_steps_per_measurement(cfg, language_due))
         self.schedule = self.adversary.schedule
         self._pair = self._base = self._lang = self._paired = self._kept = None
         self.store = PartnerStore() if self.dro.baseline in PARTNER else None
@@ -217,14 +217,29 @@ def language_due(cfg: TrainConfig, step: int) -> bool:
     return step == next(s for s in range(start, step + 1) if "trtd" in task_plan(cfg, s))
 
 
-def updates_per(cfg: TrainConfig, due) -> float:
-    """The loss EMA's updates (TRTD steps) per measurement that ``due(cfg, step)`` schedules, counted over
-    50 of the longest measurement windows (the run's own steps if fewer): exactly 1 when every TRTD
-    step measures."""
-    horizon = min(cfg.steps, 50 * cfg.dro.baseline_every * cfg.dro.language_every)
-    trained = sum("trtd" in task_plan(cfg, s) for s in range(horizon))
-    measured = sum(due(cfg, s) for s in range(horizon))
-    return trained / measured if measured and trained != measured else 1.0
+def trtd_steps_per_measurement(cfg: TrainConfig, due, enough: int = 50) -> float:
+    """The loss EMA's updates (TRTD steps) per measurement that ``due(cfg, step)`` schedules: the TRTD
+    steps from the first measurement up to the one after both counts reach ``enough`` (or the run's end),
+    over the measurements; exactly 1 when every TRTD step measures.  Until both, not ``enough`` windows:
+    a held-out measurement on every step of a sparse TRTD schedule (trtd_ratio 0.01) meets no TRTD step
+    in its first 50."""
+    trained = measured = 0
+    for s in range(cfg.steps):
+        if due(cfg, s):
+            if measured >= enough and trained >= enough:
+                break
+            measured += 1
+        trained += measured > 0 and "trtd" in task_plan(cfg, s)
+    return trained / measured if measured and trained and trained != measured else 1.0
+
+
+def cycle(trtd: TrainingLoader, cfg: TrainConfig) -> float:
+    """Measurements between two of one pair: the held-out batches visit P of the M pairs with held-out
+    rows at a time, in turn (``TrainingLoader.heldout_batch``); the training rows' baselines, every one."""
+    if cfg.dro.baseline not in HELDOUT:
+        return 1.0
+    measured = sum(len(h) > 0 for h in trtd.held)
+    return max(1.0, measured / trtd.heldout_pairs_per_batch())
 
 
 def make_audit(cfg: TrainConfig, loaders: dict, engine, rank: int, world: int, device) -> NoAudit:
@@ -381,20 +396,19 @@ class PartnerStore:
     def lend(self, keys: list[int], partner: dict[int, int], ids: torch.Tensor, second: torch.Tensor,
              noise: torch.Tensor, corrupted: torch.Tensor) -> dict[int, tuple]:
         """Row -> the stored second sentence it borrows (rows with no partner in ``partner`` whose key
-        was seen before, unless the stored one is the row's own: a pair with a few rows draws a row
-        again), then each key's last row in the micro-batch leaves its own.  ``ids``, ``second``
+        was seen before, unless the stored sentence is the row's own text: a pair with a few rows draws
+        a row again, and a hub's repeated target is refused alike), then each key's last row in the
+        micro-batch leaves its own.  ``ids``, ``second``
         (its mask), ``noise`` (rows first) and ``corrupted``: the gathered micro-batch."""
+        # one copy to the host for the micro-batch, not one a row: on a GPU each .cpu() waits for the device
+        ids, second, noise, corrupted = (t.cpu() for t in (ids, second, noise, corrupted))
         borrowed = {}
         for g, k in enumerate(keys):
-            if g not in partner and k in self.last and not torch.equal(self.last[k][0], ids[g][second[g]].cpu()):
+            if g not in partner and k in self.last and not torch.equal(self.last[k][0], ids[g][second[g]]):
                 borrowed[g] = self.last[k]
-        last = {k: g for g, k in enumerate(keys)}
-        # one copy to the host for all keys, not one a key: on a GPU each .cpu() waits for the device
-        idx = torch.tensor(list(last.values()), dtype=torch.long, device=ids.device)
-        host = [t[idx].cpu() for t in (ids, second, noise, corrupted)]
-        for n, k in enumerate(last):
-            x, m, z, c = (t[n] for t in host)
-            self.last[k] = (x[m], z[:, m], c[m])
+        for k, g in {k: g for g, k in enumerate(keys)}.items():  # each key's last row
+            m = second[g]
+            self.last[k] = (ids[g][m], noise[g][:, m], corrupted[g][m])
         return borrowed
 
     def state(self) -> dict:

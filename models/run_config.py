@@ -106,6 +106,17 @@ def task_plan(cfg: TrainConfig, step: int) -> list[str]:
     return [("trtd" if is_trtd else "mrtd")] * cfg.grad_accum
 
 
+def trtd_share(cfg: TrainConfig, enough: int = 50) -> float:
+    """The share of optimizer steps that train TRTD, counted from the run's start until ``enough`` of
+    them (or the run's end)."""
+    trained = 0
+    for s in range(cfg.steps):
+        trained += "trtd" in task_plan(cfg, s)
+        if trained >= enough:
+            return trained / (s + 1)
+    return trained / max(1, cfg.steps)
+
+
 def first_trtd_step(cfg: TrainConfig) -> int | None:
     """The first optimizer step whose plan (task_plan) trains TRTD, in closed form; None: no step ever does."""
     if "trtd" not in cfg.tasks:

@@ -14,7 +14,7 @@ from models.electra import ElectraModel, MaskedLMModel
 from models.stats import ROW_FIELDS
 from models.masking import row_noise
 from models.dro import chi2_best_response
-from models.audit_step import baseline_due, language_due, pairs_due, updates_per
+from models.audit_step import baseline_due, language_due, pairs_due, trtd_steps_per_measurement as per
 from models.run_config import DroConfig, TrainConfig
 from models.adversary import SUM_FIELDS, PairAdversary, binary_entropy, resample_steps
 from tasks.audit.contract import audit_table, pair_baselines, trajectory_table
@@ -443,11 +443,14 @@ def test_the_baselines_are_measured_on_the_first_trtd_step_of_each_period():
     assert [s for s in range(40) if baseline_due(cfg, s)] == [1, 11, 21, 31]
     assert [s for s in range(40) if language_due(cfg, s)] == [1, 21]  # every second period's
     cfg.steps = 1000  # the EMAs' rates per measurement: 5 TRTD steps a period, 10 a language window
-    assert (updates_per(cfg, pairs_due), updates_per(cfg, language_due)) == (5.0, 10.0)
+    assert (per(cfg, pairs_due), per(cfg, language_due)) == (5.0, 10.0)
     cfg.dro.baseline_every = cfg.dro.language_every = 1
-    assert (updates_per(cfg, pairs_due), updates_per(cfg, language_due)) == (1.0, 1.0)  # every TRTD step
+    assert (per(cfg, pairs_due), per(cfg, language_due)) == (1.0, 1.0)  # every TRTD step
     cfg.dro.baseline = "heldout"  # its own passes on every step: two measurements per TRTD step
-    assert updates_per(cfg, pairs_due) == 0.5
+    assert per(cfg, pairs_due) == 0.5
+    cfg.steps, cfg.trtd_ratio = 10_000, 0.01  # TRTD on steps 99, 199, ...: counted by TRTD steps, not never
+    assert per(cfg, pairs_due) == 0.01
+    cfg.steps, cfg.trtd_ratio = 1000, 0.5
     cfg.dro.baseline, cfg.dro.baseline_every, cfg.dro.language_every = "larger", 10, 2
     cfg.trtd_ratio = 0.05  # TRTD on steps 19, 39, 59, ...: odd periods only: by the window, not never
     assert [s for s in range(120) if language_due(cfg, s)] == [19, 39, 59, 79, 99, 119]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from models.adversary import HELDOUT, PAIRED, STATE_FILE, USES_LANGUAGES
-from models.run_config import DroConfig, TrainConfig, first_trtd_step, task_plan
+from models.run_config import DroConfig, TrainConfig, first_trtd_step, task_plan, trtd_share
 from tasks.shards.loader import TrainingLoader
 from tasks.pretrain.train_json import train_config
 from tasks.shards.contract import has_rows, read_index
@@ -36,28 +36,31 @@ def auto_baseline_every(rows_per_measurement: float, ema: float, rows: int, trtd
     bound = 2 * rows_per_measurement / (rows + rows_per_measurement)
     if bound >= 1:  # one measurement holds the rows: any rate will do
         return max(1, cap)
-    return max(1, min(cap, math.floor(math.log1p(-bound) / math.log1p(-ema) / trtd_share)))
+    updates = math.log1p(-bound) / math.log1p(-ema)
+    if updates < 1:  # fewer than one TRTD step a measurement: no N measures more often than every TRTD step
+        return 1
+    return max(1, min(cap, math.floor(updates / trtd_share)))
 
 
 def median_pair_rows(cfg: TrainConfig, draws: int = 16) -> float:
     """What one baseline measurement reads of the median pair under the sampling table: the mean global
-    TRTD rows of a step (the loader's own packing of ``draws`` steps) times its share, or, held out, the
-    two rows of each pair one held-out batch measures, over the pairs with rows to hold out."""
+    TRTD rows of a micro-batch (the loader's own packing of ``draws``) times a step's TRTD micro-batches
+    times its share, or, held out, the two rows of each pair one held-out batch measures, over the pairs
+    with rows to hold out."""
     loader = TrainingLoader(cfg.shards_dir, cfg.sampling_dir, task="trtd", seed=cfg.seed, batch_size=cfg.batch_size,
                             max_tokens=cfg.trtd_max_tokens, verify=False, holdout=cfg.dro.holdout)
     if cfg.dro.baseline in HELDOUT:
         measured = sum(len(h) > 0 for h in loader.held)
         return 2 * loader.heldout_pairs_per_batch() / max(1, measured)
-    per_step = np.mean([len(b["pairs"]) for b in loader.batches(draws)])
-    return float(per_step * np.median(loader.prior))
+    per_micro = np.mean([len(b["pairs"]) for b in loader.batches(draws)])
+    micro = max(task_plan(cfg, s).count("trtd") for s in range(min(cfg.steps, 100)))
+    return float(per_micro * max(1, micro) * np.median(loader.prior))
 
 
 def resolve_baseline_every(cfg: TrainConfig, rows: int) -> int:
     """audit.baseline_every auto for this run (:func:`auto_baseline_every`).  The pairs decide: the
     language baseline's monolingual batch is a training batch's size over far fewer languages."""
-    horizon = range(min(cfg.steps, 10_000))
-    share = sum("trtd" in task_plan(cfg, s) for s in horizon) / len(horizon)
-    return auto_baseline_every(median_pair_rows(cfg), cfg.dro.ema, rows, share,
+    return auto_baseline_every(median_pair_rows(cfg), cfg.dro.ema, rows, trtd_share(cfg),
                                cap=cfg.steps // (cfg.dro.resamples + 1) // 10)
 
 
