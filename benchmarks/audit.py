@@ -29,7 +29,7 @@ audit's per-step overhead against plain pretrain steps of the same model.
 
 The report keeps one key per section.
 
-    .venv/bin/python benchmarks/audit.py            # ~20 min: best response, then 25 training runs of 300 steps
+    .venv/bin/python benchmarks/audit.py            # ~35 min: best response, then 35 training runs of 300 steps
     .venv/bin/python benchmarks/audit.py --quick    # < 3 min once the demo's shards exist (40-step runs, 1 repeat)
     .venv/bin/python benchmarks/audit.py --quick --only best_response   # seconds: the smoke run of `make test`
 """
