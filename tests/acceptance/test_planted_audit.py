@@ -45,6 +45,14 @@ def _ranks(table: pl.DataFrame, column: str = "rank_up") -> dict[str, int]:
     return dict(zip(table["pair"], table[column]))
 
 
+def bar(table: pl.DataFrame) -> tuple[bool, bool, bool]:
+    """Issue 34's bar on one audit, by w_final: (the copy in the bottom 2, the hub in the bottom half,
+    the shuffled pair in the top 3 and above every clean pair)."""
+    n, rank = table.height, _ranks(table)
+    clean = [p for p in table["pair"] if p not in (COPY, NOISY, HUB)]
+    return rank[COPY] >= n - 1, rank[HUB] > n // 2, rank[NOISY] <= 3 and all(rank[NOISY] < rank[p] for p in clean)
+
+
 @pytest.mark.costs(deepspeed=6)  # each seed's audit, three more dose corpora on one seed
 def test_planted_defects_rank_as_section_6_6_reads_them_on_three_seeds(run_cli, tmp_path):
     start, figures, held, dose = time.monotonic(), {}, [], {}
@@ -72,8 +80,7 @@ def test_planted_defects_rank_as_section_6_6_reads_them_on_three_seeds(run_cli, 
         copy_section = table["_report"][0].split(f"#### {COPY} ", 1)[-1].split("####", 1)[0]
         figures[f"seed {seed}: the report's reading of the copy"] = \
             copy_section.split("- reading: ", 1)[-1].split("\n", 1)[0] if "- reading: " in copy_section else "not shown"
-        ok = (rank[COPY] >= n - 1, rank[HUB] > n // 2, rank[NOISY] <= 3 and all(rank[NOISY] < rank[p] for p in clean))
-        held.append((seed, ok, table.select("pair", "w_final", "w_mean", "loss_ema", "baseline_loss_ema",
+        held.append((seed, bar(table), table.select("pair", "w_final", "w_mean", "loss_ema", "baseline_loss_ema",
                                             "excess_loss_ema").to_dicts()))
         if seed == DOSE_SEED:
             dose[1.0] = (w[NOISY], w_mean[NOISY], excess[NOISY])
