@@ -33,6 +33,8 @@ BENCHMARKS = ("prepare_throughput", "dedup", "vocab", "sampling", "shards", "sca
               "pretrain", "evaluate", "audit", "finetune", "overhead")
 # results brought back from a lent machine (benchmarks/gpu_results.py): rendered the same way, never smoke-run here
 DEVICE_RESULTS = ("gpu_results",)
+# computed from other results, no timing of their own (benchmarks/projection.py: GPU-hours from the GPU rows)
+DERIVED = ("projection",)
 BLOCK = re.compile(r"(<!-- bench:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.S)
 
 
@@ -51,13 +53,13 @@ def render(text: str, results: Path, *, doc_name: str = "docs/benchmarks.md") ->
 
     def sub(m: re.Match) -> str:
         seen.add(m["name"])
-        if m["name"] not in BENCHMARKS + DEVICE_RESULTS:
+        if m["name"] not in BENCHMARKS + DEVICE_RESULTS + DERIVED:
             raise SystemExit(f"{doc_name}: block bench:{m['name']} names no benchmark "
-                             f"(known: {', '.join(BENCHMARKS + DEVICE_RESULTS)})")
+                             f"(known: {', '.join(BENCHMARKS + DEVICE_RESULTS + DERIVED)})")
         return m.group(1) + render_block(m["name"], results) + m.group(4)
 
     out = BLOCK.sub(sub, text)
-    missing = [b for b in BENCHMARKS + DEVICE_RESULTS if b not in seen]
+    missing = [b for b in BENCHMARKS + DEVICE_RESULTS + DERIVED if b not in seen]
     if missing:
         raise SystemExit(f"{doc_name}: no generated block for {', '.join(missing)}; add "
                          + " ".join(f"'<!-- bench:{b} -->' '<!-- /bench:{b} -->'" for b in missing))
