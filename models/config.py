@@ -27,6 +27,8 @@ class EncoderConfig:
     dropout: float = 0.1
     relative_bias: bool = True  # False: plain attention (the benchmark's "what does the bias cost" row)
     gate: str = "xlm-e"  # the bias gate's form (models/attention.py): XLM-E's equations, or "wavlm"
+    # the kernel that adds the bias (models/attention.py): auto = flex on CUDA, materialised elsewhere
+    attention: str = "auto"
     # the tokenizer's special ids (unk, bos, eos, pad, mask), copied from it when the model is
     # configured (tasks.pretrain.train_json); models read them from here, never from a constant
     specials: dict[str, int] = field(default_factory=dict)
@@ -34,6 +36,8 @@ class EncoderConfig:
     def __post_init__(self):
         if self.gate not in ("xlm-e", "wavlm"):
             raise ValueError(f"gate {self.gate!r} is not 'xlm-e' (XLM-E §3.3) or 'wavlm' (WavLM's code)")
+        if self.attention not in ("auto", "flex", "materialised"):
+            raise ValueError(f"attention {self.attention!r} is not 'auto', 'flex' or 'materialised'")
         if self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
 

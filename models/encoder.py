@@ -4,9 +4,10 @@ with XLM-E's gated relative position bias in every layer."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from models.attention import RelativePositionTable, SelfAttention
+from models.attention import FLEX_BLOCK, FlexBias, RelativePositionTable, SelfAttention, padding_block_mask
 from models.config import EncoderConfig
 
 
@@ -45,17 +46,42 @@ class Encoder(nn.Module):
         super().__init__()
         self.ln = nn.LayerNorm(cfg.hidden)
         self.drop = nn.Dropout(dropout)
-        self.rel = (RelativePositionTable(cfg.heads, cfg.rel_buckets, cfg.rel_max_distance)
+        self.rel = (RelativePositionTable(cfg.heads, cfg.rel_buckets, cfg.rel_max_distance, cfg.max_position)
                     if cfg.relative_bias else None)
         self.layers = nn.ModuleList(Layer(cfg, dropout) for _ in range(layers))
+        self.kernel = cfg.attention
+
+    def uses_flex(self, x: torch.Tensor) -> bool:
+        if self.rel is None or self.kernel == "materialised" or (self.kernel == "auto" and not x.is_cuda):
+            return False
+        if not x.is_cuda and torch.is_grad_enabled():
+            raise RuntimeError("model.attention: flex trains on CUDA only (PyTorch has no FlexAttention backward "
+                               "on CPU); set model.attention to auto or materialised on this machine")
+        return True
+
+    def attention_inputs(self, x: torch.Tensor, pad: torch.Tensor | None):
+        """(x, pad, rel) for the layers: flex rows padded to a multiple of its block (so a width
+        compiles once), with the padding as keys no query sees; the materialised (H, L, L) bias else."""
+        if self.rel is None:
+            return x, pad, None
+        if not self.uses_flex(x):
+            return x, pad, self.rel(x.shape[1])
+        b, n = x.shape[:2]
+        width = -(-n // FLEX_BLOCK) * FLEX_BLOCK
+        if pad is None:
+            pad = torch.zeros(b, n, dtype=torch.bool, device=x.device)
+        x, pad = F.pad(x, (0, 0, 0, width - n)), F.pad(pad, (0, width - n), value=True)
+        return x, pad, FlexBias(self.rel.distances(), self.rel.max_position - 1, padding_block_mask(pad))
 
     def forward(self, emb: torch.Tensor, pad: torch.Tensor | None, return_layers: bool = False,
                 upto: int | None = None):
         """``upto``: run only the first ``upto`` layers (a middle layer's states, e.g. InfoXLM's XLCo)."""
-        x = self.drop(self.ln(emb))
-        rel = self.rel(x.shape[1]) if self.rel is not None else None
+        n = emb.shape[1]
+        x, pad, rel = self.attention_inputs(self.drop(self.ln(emb)), pad)
         hidden = [x]
         for layer in self.layers[:upto]:
             x = layer(x, rel, pad)
             hidden.append(x)
+        if x.shape[1] != n:  # flex's block padding off again
+            x, hidden = x[:, :n], [h[:, :n] for h in hidden]
         return (x, hidden) if return_layers else x

@@ -155,12 +155,13 @@ class VecoModel(MaskedLMModel):
         memory = memory.detach()  # VECO's stop-gradient: the paired side is not trained through this pass
         enc = self.encoder
         x = enc.drop(enc.ln(self.embeddings(ids)))
-        rel = enc.rel(x.shape[1]) if enc.rel is not None else None
+        n = x.shape[1]
+        x, pad, rel = enc.attention_inputs(x, pad)
         for layer, cross in zip(enc.layers, self.cross):  # models.encoder.Layer, cross-attention in between
             x = layer.ln1(x + layer.drop(layer.attn(x, rel, pad)))
             x = cross(x, memory, memory_pad)
             x = layer.ln2(x + layer.drop(layer.ffn(x)))
-        return x
+        return x[:, :n]
 
     def pair_terms(self, ids: torch.Tensor, pad: torch.Tensor, segments: torch.Tensor, noise: torch.Tensor):
         """The TRTD row's four terms, per masked token: (plug-out tok, plug-in tok, masked, logits,

@@ -26,6 +26,12 @@ class ModelConfig(Strict):
     dropout: float | None = Field(default=None, ge=0, lt=1)
     relative_bias: bool | None = None
     gate: Literal["xlm-e", "wavlm"] | None = None  # the bias gate: XLM-E §3.3 (default) or WavLM's code
+    attention: Literal["auto", "flex", "materialised"] | None = Field(
+        default=None, description="the kernel that adds the gated bias: flex (FlexAttention, CUDA, no attention "
+        "dropout), materialised (a B×H×L×L bias through SDPA) or auto (default: flex on CUDA); "
+        "docs/stages/pretrain.md")
+
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("attention",)
 
     def overrides(self) -> dict:
         return {k: v for k, v in self.model_dump().items() if k != "size" and v is not None}
