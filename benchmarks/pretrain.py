@@ -380,7 +380,8 @@ def zero_stage_run(size: str, vocab: int, batch: int, seq_len: int, steps: int, 
 
     from models.config import preset
     from models.electra import ElectraModel
-    from models.optim import flops_per_token, make_optimizer, peak_tflops
+    from models.optim import (engine_config, engine_optimizer, flops_per_token, lr_lambdas, make_optimizer,
+                              peak_tflops, warmup_linear_decay)
     from models.stats import Norms
 
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
@@ -388,11 +389,13 @@ def zero_stage_run(size: str, vocab: int, batch: int, seq_len: int, steps: int, 
     cfg = preset(size, vocab_size=vocab, max_position=max(512, seq_len), specials=SPECIALS)
     torch.manual_seed(0)
     model = ElectraModel(cfg, DISC_WEIGHT, MASK_PROB)
-    ds = {k: v for k, v in json.loads((HERE.parent / "infra" / "deepspeed" / f"zero{stage}.json").read_text()).items()
-          if not k.startswith("_")}
-    ds.update({"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
-               "bf16": {"enabled": cuda}})
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=make_optimizer(model, lr=1e-4), config=ds)
+    # the trainer's engine: its config function, optimizer and schedule (models/trainer.py train())
+    ds = engine_config(json.loads((HERE.parent / "infra" / "deepspeed" / f"zero{stage}.json").read_text()),
+                       micro_batch=batch, grad_accum=1, clip=1.0, bf16=cuda)
+    opt = make_optimizer(model, lr=1e-4)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lr_lambdas(model, opt.param_groups, warmup_linear_decay(0, (warmup + repeats) * steps)))
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=schedule, config=ds)
     engine.train()
     data = [b.to(device) for b in batches(max(steps, 1), batch, seq_len, vocab)]
     if cuda:
@@ -418,7 +421,8 @@ def zero_stage_run(size: str, vocab: int, batch: int, seq_len: int, steps: int, 
     tps = batch * seq_len * steps / summ["median_s"]
     fpt = flops_per_token(cfg, seq_len, "electra", MASK_PROB)
     peak = peak_tflops(torch.cuda.get_device_name(device)) if cuda else None
-    return {"stage": stage, "steps_per_window": steps, **summ, "tokens_per_s_median": round(tps, 1),
+    return {"stage": stage, "optimizer_wrapper": engine_optimizer(engine), "steps_per_window": steps, **summ,
+            "tokens_per_s_median": round(tps, 1),
             "tokens_per_s_best": round(batch * seq_len * steps / summ["best_s"], 1),
             "mfu": round(tps * fpt / (peak * 1e12), 4) if peak else None,
             "peak_memory_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,

@@ -41,6 +41,42 @@ def make_optimizer(model: nn.Module, lr: float, betas=(0.9, 0.98), eps: float = 
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps, fused=True)
 
 
+def engine_config(base: dict, *, micro_batch: int, grad_accum: int, clip: float, bf16: bool) -> dict:
+    """DeepSpeed's config: the file's own settings, its ZeRO stage included, with what the run decides
+    (micro-batch per rank, accumulation, clipping, precision).  The trainer and the pretrain benchmark both
+    build their engine from this, so the benchmark times the trainer's engine.
+
+    bf16 at ZeRO 0 is DeepSpeed's ``torch_autocast`` (fp32 weights, bf16 matmuls), not its ``bf16`` mode:
+    there DeepSpeed 0.19.8 (``_do_optimizer_sanity_check`` → ``_configure_fp16_optimizer``) wraps any optimizer
+    but its FusedAdam in FP16_UnfusedOptimizer (a Python loop over parameters), FusedAdam in FP16_Optimizer,
+    and both check overflow with a host sync per gradient; under torch_autocast it wraps nothing and steps our
+    fused AdamW itself, as the bare step does.  At ZeRO 1 and 2 bf16 mode's DeepSpeedZeroOptimizer already runs
+    that AdamW fused, on one flat fp32 partition per group, and keeps weights and gradients in bf16.
+    docs/stages/pretrain.md, "Precision and the optimizer under DeepSpeed".
+    """
+    ds = {k: v for k, v in base.items() if not k.startswith("_")}  # the ZeRO stage is the file's own
+    autocast = bf16 and ds.get("zero_optimization", {}).get("stage", 0) == 0
+    ds.update({
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": grad_accum,
+        "gradient_clipping": clip,
+        "bf16": {"enabled": bf16 and not autocast},
+        "torch_autocast": {"enabled": autocast, "dtype": "bfloat16"},
+    })
+    return ds
+
+
+def engine_optimizer(engine) -> str:
+    """What the engine steps, as a benchmark row records it: DeepSpeed's wrapper and the optimizer
+    inside, e.g. ``DeepSpeedZeroOptimizer > AdamW(fused)``; the optimizer alone when nothing wraps it."""
+    outer = engine.optimizer
+    inner = getattr(outer, "optimizer", None)
+
+    def name(opt) -> str:
+        return type(opt).__name__ + ("(fused)" if getattr(opt, "defaults", {}).get("fused") else "")
+    return name(outer) if inner is None else f"{type(outer).__name__} > {name(inner)}"
+
+
 def warmup_linear_decay(warmup: int, total: int, final_ratio: float = 0.0):
     """lr multiplier at optimizer step s: 0 → 1 over ``warmup`` steps, then linearly
     down to ``final_ratio`` at ``total``."""

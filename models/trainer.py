@@ -111,15 +111,10 @@ def refuse_other_world_size(tag_dir: Path, world: int, zero_stage: int) -> None:
 
 
 def ds_config(cfg: TrainConfig, bf16: bool, world: int) -> dict:
-    base = json.loads(Path(cfg.deepspeed_config).read_text())
-    base = {k: v for k, v in base.items() if not k.startswith("_")}  # the ZeRO stage is the file's own
-    base.update({
-        "train_micro_batch_size_per_gpu": cfg.batch_size // world,
-        "gradient_accumulation_steps": len(task_plan(cfg, 0)),
-        "gradient_clipping": cfg.clip,
-        "bf16": {"enabled": bf16},
-    })
-    return base
+    from models.optim import engine_config  # one home for the engine's config: benchmarks/pretrain.py uses it too
+
+    return engine_config(json.loads(Path(cfg.deepspeed_config).read_text()), micro_batch=cfg.batch_size // world,
+                         grad_accum=len(task_plan(cfg, 0)), clip=cfg.clip, bf16=bf16)
 
 
 class MetricsSink:
