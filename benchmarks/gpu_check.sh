@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one command on a lent GPU machine (issue 37; benchmarks/gpu_check.py says what it measures):
 #
-#   benchmarks/gpu_check.sh OUT [--minutes 4] [--toy] [--skip-bench]
+#   benchmarks/gpu_check.sh OUT [--minutes 1.5] [--toy] [--skip-bench]   (≤ 9 min in all on a lent GPU)
 #
 # Installs the bundle's wheels (make gpu-bundle, carried as .gpu-bundle) into a private
 # folder where DeepSpeed is missing, puts it first on PYTHONPATH and PATH (the ranks inherit both), then runs the check.

@@ -59,6 +59,7 @@ OBJECTIVE_OPTIONS = {"electra": None, "mlm": None,
 HF_DISC = "transformers ElectraForPreTraining"
 HF_ELECTRA = "transformers ElectraForMaskedLM + ElectraForPreTraining"
 NO_BIAS = "xylent, no relative bias"
+MATERIALISED = "xylent, materialised bias (eager)"
 
 
 # ---------------------------------------------------------------- inputs and models
@@ -114,6 +115,7 @@ def ours_discriminator(cfg):
             return F.binary_cross_entropy_with_logits(logits, labels.float())
 
     model = Discriminator()
+    compiled = fast_path(model, cfg)
     opt = make_optimizer(model, lr=1e-4)
 
     def step(ids, k):
@@ -122,7 +124,16 @@ def ours_discriminator(cfg):
         loss.backward()
         opt.step()
         return loss.detach()
-    return step, {"params": n_params(model)}
+    return step, {"params": n_params(model), "compiled": compiled, "attention": cfg.attention}
+
+
+def fast_path(model, cfg) -> bool:
+    """The trainer's CUDA path: its encoders compiled (models.encoder.compile_encoders), unless the side
+    is the materialised reference, which runs eager as the step did before FlexAttention."""
+    from models.encoder import compile_encoders
+
+    on_cuda = next(model.parameters()).is_cuda
+    return bool(on_cuda and cfg.attention != "materialised" and compile_encoders(model))
 
 
 def ours_electra(cfg):
@@ -132,6 +143,7 @@ def ours_electra(cfg):
     from models.stats import Norms
 
     model = ElectraModel(cfg, DISC_WEIGHT, MASK_PROB)
+    compiled = fast_path(model, cfg)
     opt = make_optimizer(model, lr=1e-4)
 
     def step(ids, k):
@@ -141,7 +153,7 @@ def ours_electra(cfg):
         loss.backward()
         opt.step()
         return loss.detach()
-    return step, {"params": n_params(model)}
+    return step, {"params": n_params(model), "compiled": compiled, "attention": cfg.attention}
 
 
 def objective_step(objective: str, options: dict | None):
@@ -429,6 +441,101 @@ def zero_stage_run(size: str, vocab: int, batch: int, seq_len: int, steps: int, 
             "device": torch.cuda.get_device_name(device) if cuda else "cpu"}
 
 
+def flex_self_test(device, size: str) -> dict:
+    """Flex against the materialised reference on ``device`` before any flex row is timed: forward in fp32
+    and under bf16 autocast, and where PyTorch has it (CUDA) backward too — the input's gradient and every
+    parameter's.  Errors are ‖flex − reference‖ / ‖reference‖ over real positions; ``passed`` False keeps
+    the flex sides out of the timing (gpu_rows)."""
+    from dataclasses import replace
+
+    import torch
+
+    from models.config import preset
+    from models.encoder import Encoder
+    from models.weight_init import init_weights
+
+    cuda = device.type == "cuda"
+    base = preset(size, specials=SPECIALS)
+    torch.manual_seed(0)
+    ref = Encoder(replace(base, attention="materialised"), 2, 0.0).apply(init_weights).to(device)
+    with torch.no_grad():  # the gate and table away from their start, so their terms weigh
+        for m in ref.modules():
+            if hasattr(m, "uv"):
+                m.uv.weight.normal_()
+        ref.rel.table.weight.normal_()
+    flex = Encoder(replace(base, attention="flex"), 2, 0.0).to(device)
+    flex.load_state_dict(ref.state_dict())
+    b, n = (4, 512) if cuda else (2, 130)
+    emb = torch.randn(b, n, base.hidden, device=device)
+    pad = torch.zeros(b, n, dtype=torch.bool, device=device)
+    pad[1, n * 3 // 5:], pad[-1, 17:] = True, True
+    real = (~pad)[..., None].float()
+    weights = torch.randn(b, n, base.hidden, device=device) * real  # what the backward is taken of
+
+    def run(model, bf16):
+        x = emb.clone().requires_grad_(cuda)
+        model.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), torch.set_grad_enabled(cuda):
+            out = model(x, pad).float() * real
+        grads = {}
+        if cuda:
+            (out * weights).sum().backward()
+            grads = {"input": x.grad, **{k: p.grad for k, p in model.named_parameters() if p.grad is not None}}
+        return out.detach(), grads
+
+    def rel(a, r):
+        return float((a.float() - r.float()).norm() / r.float().norm().clamp(min=1e-30))
+
+    limits = {"fp32": 1e-4, "bf16": 2e-2}  # bf16: the two kernels round in different orders
+    checks = {}
+    for precision, limit in limits.items():
+        (f_out, f_grads), (r_out, r_grads) = run(flex, precision == "bf16"), run(ref, precision == "bf16")
+        grad_err = {k: rel(f_grads[k], g) for k, g in r_grads.items()}
+        worst = max(grad_err, key=grad_err.get) if grad_err else None
+        checks[precision] = {"forward": rel(f_out, r_out), "limit": limit,
+                             "backward_worst": None if worst is None else grad_err[worst], "worst_tensor": worst,
+                             "tensors_compared": len(grad_err)}
+    passed = all(c["forward"] <= c["limit"] and (c["backward_worst"] or 0.0) <= c["limit"] for c in checks.values())
+    return {"passed": passed, "device": device.type, "rows": b, "width": n, "size": size, "layers": 2,
+            "backward": "compared" if cuda else "not run: PyTorch has no FlexAttention backward on CPU",
+            "checks": checks}
+
+
+def gpu_sides(cfg, nobias, with_flex: bool, skip_hf: bool, steps=("discriminator", "electra")) -> dict:
+    """{step: {side: (maker, config)}}: the default path (flex and compiled on CUDA) when the self-test let it,
+    the materialised reference eager, the same model without the bias, and transformers."""
+    from dataclasses import replace
+
+    makers = {"discriminator": (ours_discriminator, hf_discriminator, HF_DISC),
+              "electra": (ours_electra, hf_electra, HF_ELECTRA)}
+    groups = {}
+    for what in steps:
+        ours, hf, hf_name = makers[what]
+        sides = {"xylent": (ours, cfg)} if with_flex else {}
+        sides[MATERIALISED] = (ours, replace(cfg, attention="materialised"))
+        sides[NO_BIAS] = (ours, nobias)
+        if not skip_hf:
+            sides[hf_name] = (hf, cfg)
+        groups[what] = sides
+    return groups
+
+
+def time_gpu_groups(groups: dict, cfg, data, device, args, peak, seq_len: int) -> dict:
+    rows = {}
+    for what, makers in groups.items():
+        rows[what] = compare(makers, cfg, data, device, args, bf16=True)
+        fpt = step_flops_per_token(what, cfg, seq_len)
+        for n, (m, c) in makers.items():
+            r = rows[what][n]
+            r["flops_per_token"] = fpt
+            r["vocab_size"] = c.vocab_size
+            r["mfu_median"] = round(r["tokens_per_s_median"] * fpt / (peak * 1e12), 4) if peak else None
+            r["peak_memory_gib"] = _peak_memory_alone(m, c, data, device)
+            print(f"GPU {what} V={c.vocab_size} {n}: {r['tokens_per_s_median']:,.0f} tokens/s, "
+                  f"{r['peak_memory_gib']} GiB", flush=True)
+    return rows
+
+
 def gpu_rows(args) -> dict:
     import torch
 
@@ -444,36 +551,36 @@ def gpu_rows(args) -> dict:
     device = torch.device("cuda", 0)
     name = torch.cuda.get_device_name(device)
     size = "tiny" if args.quick else args.gpu_size
-    cfg = preset(size, vocab_size=args.vocab, max_position=max(512, args.gpu_seq_len), specials=SPECIALS)
-    data = [b.to(device) for b in batches(args.gpu_steps, args.gpu_batch, args.gpu_seq_len, args.vocab)]
+    selftest = flex_self_test(device, size)
+    print(f"flex self-test: {selftest}", flush=True)
     peak = peak_tflops(name)
-    # the first GPU check (H200, 2026-11-27) had our step at 0.55x transformers' where the CPU has it at 0.97x:
-    # the no-bias side tells whether XLM-E's gated bias (a B x H x L x L tensor per layer, no flash kernel) is why
-    nobias = preset(size, vocab_size=args.vocab, max_position=cfg.max_position, relative_bias=False,
-                    specials=SPECIALS)
-    groups = {"discriminator": {"xylent": (ours_discriminator, cfg), NO_BIAS: (ours_discriminator, nobias)},
-              "electra": {"xylent": (ours_electra, cfg), NO_BIAS: (ours_electra, nobias)}}
-    if not args.skip_hf:
-        groups["discriminator"][HF_DISC] = (hf_discriminator, cfg)
-        groups["electra"][HF_ELECTRA] = (hf_electra, cfg)
-    rows = {}
-    for what, makers in groups.items():
-        rows[what] = compare(makers, cfg, data, device, args, bf16=True)
-        fpt = step_flops_per_token(what, cfg, args.gpu_seq_len)
-        for n, (m, c) in makers.items():
-            r = rows[what][n]
-            r["flops_per_token"] = fpt
-            r["mfu_median"] = round(r["tokens_per_s_median"] * fpt / (peak * 1e12), 4) if peak else None
-            r["peak_memory_gib"] = _peak_memory_alone(m, c, data, device)
+    vocabs = args.gpu_vocab_list
+    rows, by_vocab = {}, {}
+    for k, vocab in enumerate(vocabs):
+        cfg = preset(size, vocab_size=vocab, max_position=max(512, args.gpu_seq_len), specials=SPECIALS)
+        # the first GPU check (H200, 2026-11-27) had our step at 0.55x transformers' where the CPU has it at 0.97x:
+        # the no-bias side tells what XLM-E's gated bias costs on each kernel
+        nobias = preset(size, vocab_size=vocab, max_position=cfg.max_position, relative_bias=False,
+                        specials=SPECIALS)
+        data = [b.to(device) for b in batches(args.gpu_steps, args.gpu_batch, args.gpu_seq_len, vocab)]
+        # the full vocabulary: the whole step only, where the generator's output layer is what grows
+        groups = gpu_sides(cfg, nobias, selftest["passed"], args.skip_hf, ("discriminator", "electra") if k == 0
+                           else ("electra",))
+        timed = time_gpu_groups(groups, cfg, data, device, args, peak, args.gpu_seq_len)
+        if k == 0:
+            rows, first = timed, cfg
+        else:
+            by_vocab[str(vocab)] = {"model": cfg.to_dict(), "rows": timed}
     stages = {}
     for stage in args.zero_stage_list:
         run = harness.in_fresh_process("pretrain", "zero_stage_run", {
-            "size": size, "vocab": args.vocab, "batch": args.gpu_batch, "seq_len": args.gpu_seq_len,
+            "size": size, "vocab": vocabs[0], "batch": args.gpu_batch, "seq_len": args.gpu_seq_len,
             "steps": args.gpu_steps, "warmup": args.warmup, "repeats": args.repeats, "stage": stage})
         stages[str(stage)] = run["result"]
         print(f"ZeRO-{stage}: {run['result']}", flush=True)
-    return {"device": name, "peak_bf16_tflops": peak, "size": size, "model": cfg.to_dict(), "precision": "bf16",
-            "batch": args.gpu_batch, "seq_len": args.gpu_seq_len, "steps_per_window": args.gpu_steps, "rows": rows,
+    return {"device": name, "peak_bf16_tflops": peak, "size": size, "model": first.to_dict(), "precision": "bf16",
+            "batch": args.gpu_batch, "seq_len": args.gpu_seq_len, "steps_per_window": args.gpu_steps,
+            "flex_self_test": selftest, "rows": rows, "other_vocabularies": by_vocab,
             "zero_stages": {"world_size": 1, "objective": "electra", "stages": stages}}
 
 
@@ -493,6 +600,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--gpu-batch", type=int, default=32)
     ap.add_argument("--gpu-seq-len", type=int, default=512)
     ap.add_argument("--gpu-steps", type=int, default=10, help="steps per timed GPU window")
+    ap.add_argument("--gpu-vocabs", default="32000,250002", help="vocabularies of the GPU rows: both steps at "
+                    "the first, the whole ELECTRA step at the others (250 002: XLM-R's, the spec's default)")
     ap.add_argument("--zero-stages", default=None, help="DeepSpeed ZeRO stages to measure on GPU (default 0,1,2,3)")
     ap.add_argument("--skip-hf", action="store_true", help="leave out the transformers sides")
     ap.add_argument("--gpu-only", action="store_true", help="only the GPU rows (benchmarks/gpu_check.py: the CPU "
@@ -506,6 +615,9 @@ def main(argv: list[str] | None = None) -> dict:
     args.steps = args.steps or (1 if q else 4)
     if q:
         args.gpu_batch, args.gpu_seq_len, args.gpu_steps = 4, 32, 1
+    args.gpu_vocab_list = [int(v) for v in args.gpu_vocabs.split(",")]
+    if q:
+        args.gpu_vocab_list = [1000, 5000]
     args.zero_stage_list = [int(s) for s in (args.zero_stages or ("0" if q else "0,1,2,3")).split(",")]
     cores = len(os.sched_getaffinity(0))
     args.thread_counts = sorted({cores if t.strip() == "all" else int(t) for t in args.threads.split(",")})
@@ -644,6 +756,31 @@ def _objectives_md(result: dict) -> list[str]:
             "InfoXLM's row uses " + ", ".join(f"`{k}` {v}" for k, v in opts.items()) + ".", ""]
 
 
+def _gpu_table(sides_by_step: dict) -> str:
+    rows = []
+    for what, sides in sides_by_step.items():
+        peer = _peer(sides)
+        for n, r in sides.items():
+            rows.append([what, n, _tps(r), "–" if r.get("mfu_median") is None else f"{r['mfu_median'] * 100:.1f} %",
+                         f"{r['peak_memory_gib']:.2f} GiB",
+                         f"{_x(r, peer):.2f}×" if peer is not None and r is not peer else ""])
+    return harness.table(["step", "side", "tokens/s, median (best)", "MFU (median)", "peak memory",
+                          "xylent / transformers"], rows)
+
+
+def _self_test_md(test: dict | None) -> list[str]:
+    if not test:
+        return []
+    errs = "; ".join(f"{p}: forward {c['forward']:.1e}"
+                     + ("" if c["backward_worst"] is None else
+                        f", backward worst {c['backward_worst']:.1e} ({c['worst_tensor']}, {c['tensors_compared']} "
+                        "tensors)") + f" (limit {c['limit']:g})" for p, c in test["checks"].items())
+    verdict = ("passed: the flex side was timed" if test["passed"] else
+               "**failed: the flex side was not timed** (the rows below are the other sides')")
+    return [f"Flex self-test before timing ({test['rows']} × {test['width']} tokens, {test['layers']} layers of "
+            f"`{test['size']}`, relative error ‖flex − materialised‖ / ‖materialised‖): {errs}; {verdict}.", ""]
+
+
 def _gpu_md(result: dict) -> list[str]:
     gpu = result.get("gpu") or {"skipped": "no GPU section in this result"}
     if "skipped" in gpu:
@@ -654,27 +791,32 @@ def _gpu_md(result: dict) -> list[str]:
                 f"transformers' `ElectraForPreTraining`): {head}** (`{why}`). `--device cuda` measures them where "
                 "a GPU is lent; no figure is estimated.", ""]
     m = gpu["model"]
-    out = [f"**GPU**: {gpu['device']}, `{gpu['size']}` ({m['layers']} × {m['hidden']}), bf16 autocast, "
-           f"{gpu['batch']} × {gpu['seq_len']} tokens per step, {gpu['steps_per_window']} steps per window; MFU "
-           f"over a dense bf16 peak of {harness.num(gpu['peak_bf16_tflops'])} TFLOP/s, the same FLOPs per token "
-           "for both sides; peak memory of each side built alone:", ""]
-    rows = []
-    for what, sides in gpu["rows"].items():
-        peer = _peer(sides)
-        for n, r in sides.items():
-            rows.append([what, n, _tps(r), "–" if r.get("mfu_median") is None else f"{r['mfu_median'] * 100:.1f} %",
-                         f"{r['peak_memory_gib']:.2f} GiB",
-                         f"{_x(r, peer):.2f}×" if peer is not None and r is not peer else ""])
-    out += [harness.table(["step", "side", "tokens/s, median (best)", "MFU (median)", "peak memory",
-                           "xylent / transformers"], rows), ""]
+    out = [f"**GPU**: {gpu['device']}, `{gpu['size']}` ({m['layers']} × {m['hidden']}), vocabulary "
+           f"{harness.num(m['vocab_size'])}, bf16 autocast, {gpu['batch']} × {gpu['seq_len']} tokens per step, "
+           f"{gpu['steps_per_window']} steps per window; MFU over a dense bf16 peak of "
+           f"{harness.num(gpu['peak_bf16_tflops'])} TFLOP/s, the same FLOPs per token for every side; peak memory of "
+           "each side built alone. " + (
+               f"`xylent` is the default CUDA path (FlexAttention, encoders compiled), `{MATERIALISED}` the step as "
+               "it was before it:" if "flex_self_test" in gpu else
+               "Measured before the flex path existed: `xylent` is the materialised bias, eager:"),
+           "", *_self_test_md(gpu.get("flex_self_test")),
+           _gpu_table(gpu["rows"]), ""]
+    for vocab, other in (gpu.get("other_vocabularies") or {}).items():
+        out += [f"The same at vocabulary {harness.num(int(vocab))} (the whole step: the generator's output layer "
+                "is what grows):", "", _gpu_table(other["rows"]), ""]
     z = gpu.get("zero_stages", {})
     if z.get("stages"):
+        bare = gpu["rows"].get("electra", {}).get("xylent")
         out += [f"DeepSpeed engine around our ELECTRA model, {z['world_size']} rank, one process per stage "
-                "(`infra/deepspeed/zero<N>.json`):", "",
-                harness.table(["ZeRO stage", "tokens/s, median (best)", "MFU (median)", "peak memory"],
-                              [[s, _tps(r),
+                "(`infra/deepspeed/zero<N>.json`" + (", built as the trainer builds it" if any(
+                    "optimizer_wrapper" in r for r in z["stages"].values()) else "") + "); its cost is 1 − its "
+                "tokens/s over the bare whole step's (`xylent` above, same sizes):", "",
+                harness.table(["ZeRO stage", "optimizer as the engine steps it", "tokens/s, median (best)",
+                               "MFU (median)", "peak memory", "cost vs the bare step"],
+                              [[s, f"`{r['optimizer_wrapper']}`" if r.get("optimizer_wrapper") else "–", _tps(r),
                                 "–" if r.get("mfu") is None else f"{r['mfu'] * 100:.1f} %",
-                                "–" if r.get("peak_memory_gib") is None else f"{r['peak_memory_gib']:.2f} GiB"]
+                                "–" if r.get("peak_memory_gib") is None else f"{r['peak_memory_gib']:.2f} GiB",
+                                "–" if bare is None else f"{(1 - _x(r, bare)) * 100:+.1f} %"]
                                for s, r in z["stages"].items()]), ""]
     return out
 

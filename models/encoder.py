@@ -85,3 +85,14 @@ class Encoder(nn.Module):
         if x.shape[1] != n:  # flex's block padding off again
             x, hidden = x[:, :n], [h[:, :n] for h in hidden]
         return (x, hidden) if return_layers else x
+
+
+def compile_encoders(model: nn.Module) -> int:
+    """Put every Encoder of ``model`` under torch.compile, in place (each traces as one graph,
+    tests/test_models_flex.py); returns how many.  On CUDA only: there it fuses the layers' small
+    kernels and compiles flex attention with its backward; on CPU Inductor's first compile costs
+    more than a short run gains, and PyTorch has no flex backward to compile."""
+    encoders = [m for m in model.modules() if isinstance(m, Encoder)]
+    for enc in encoders:
+        enc.compile()
+    return len(encoders)

@@ -101,3 +101,17 @@ def test_the_materialised_bias_is_built_in_the_compute_dtype():
         attn(x, ref.rel(16), pad)
     hook.remove()
     assert seen["dtype"] == torch.bfloat16  # not fp32 from the fp32 w and table
+
+
+def test_the_gpu_checks_self_test_passes_here_on_the_forward():
+    """benchmarks/pretrain.py's flex_self_test, which gates the GPU check's flex rows, runs on CPU too:
+    forward only, in fp32 and bf16, and says so."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from pretrain import flex_self_test
+
+    test = flex_self_test(torch.device("cpu"), "tiny")
+    assert test["passed"] and test["backward"].startswith("not run")
+    assert test["checks"]["fp32"]["forward"] < 1e-6 and test["checks"]["bf16"]["forward"] < 2e-2

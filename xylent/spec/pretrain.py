@@ -152,6 +152,8 @@ class PretrainConfig(Strict):
     zero_stage: Literal[0, 1, 2, 3] = Field(
         default=2, description="picks infra/deepspeed/zero<N>.json; with deepspeed_config the file's stage rules")
     precision: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="auto: bf16 on GPU, fp32 on CPU")
+    compile: Literal["auto", "on", "off"] = Field(
+        default="auto", description="torch.compile the encoders (one graph each); auto: on CUDA only")
     checkpoint_every: int = Field(default=1000, gt=0)
     keep_checkpoints: int = Field(default=2, gt=0)
     # how to run, not what: left out of the fingerprint, so a restart may change them and still resume
@@ -167,8 +169,9 @@ class PretrainConfig(Strict):
     init: InitConfig | None = Field(default=None, description="start from an existing encoder (MetaXLM): "
                                     "body copied, embeddings matched by piece; default: a random init")
 
+    # compile: how the same arithmetic is scheduled (fused kernels round alike within a tolerance), not what
     OPERATIONAL: ClassVar[tuple[str, ...]] = ("ranks", "hostfile", "master_port", "log_every", "system_metrics",
-                                              "system_metrics_interval", "peak_tflops", "register_name")
+                                              "system_metrics_interval", "peak_tflops", "register_name", "compile")
     ADDED_LATER: ClassVar[tuple[str, ...]] = ("infoxlm", "veco", "init")
     # each objective's own section: in the fingerprint only when that objective is trained
     OBJECTIVE_SECTIONS: ClassVar[dict[str, str]] = {"infoxlm": "infoxlm", "veco": "veco"}
