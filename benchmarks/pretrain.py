@@ -400,7 +400,8 @@ def zero_stage_run(size: str, vocab: int, batch: int, seq_len: int, steps: int, 
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     cfg = preset(size, vocab_size=vocab, max_position=max(512, seq_len), specials=SPECIALS)
     torch.manual_seed(0)
-    model = ElectraModel(cfg, DISC_WEIGHT, MASK_PROB)
+    model = ElectraModel(cfg, DISC_WEIGHT, MASK_PROB).to(device)
+    fast_path(model, cfg)  # the trainer's CUDA path: flex, encoders compiled
     # the trainer's engine: its config function, optimizer and schedule (models/trainer.py train())
     ds = engine_config(json.loads((HERE.parent / "infra" / "deepspeed" / f"zero{stage}.json").read_text()),
                        micro_batch=batch, grad_accum=1, clip=1.0, bf16=cuda)
