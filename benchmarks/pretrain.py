@@ -60,6 +60,7 @@ HF_DISC = "transformers ElectraForPreTraining"
 HF_ELECTRA = "transformers ElectraForMaskedLM + ElectraForPreTraining"
 NO_BIAS = "xylent, no relative bias"
 MATERIALISED = "xylent, materialised bias (eager)"
+FLEX_EAGER = "xylent, flex (encoders eager)"
 
 
 # ---------------------------------------------------------------- inputs and models
@@ -93,7 +94,7 @@ def _rtd_labels(ids, k):
     return (torch.rand(ids.shape, generator=torch.Generator().manual_seed(k)) < MASK_PROB).to(ids.device)
 
 
-def ours_discriminator(cfg):
+def ours_discriminator(cfg, compile: bool = True):
     """(step(ids, k) -> loss, info): our discriminator stack + RTD head, one AdamW step."""
     import torch
     import torch.nn.functional as F
@@ -115,7 +116,7 @@ def ours_discriminator(cfg):
             return F.binary_cross_entropy_with_logits(logits, labels.float())
 
     model = Discriminator()
-    compiled = fast_path(model, cfg)
+    compiled = compile and fast_path(model, cfg)
     opt = make_optimizer(model, lr=1e-4)
 
     def step(ids, k):
@@ -136,14 +137,14 @@ def fast_path(model, cfg) -> bool:
     return bool(on_cuda and cfg.attention != "materialised" and compile_encoders(model))
 
 
-def ours_electra(cfg):
+def ours_electra(cfg, compile: bool = True):
     """Our whole XLM-E step: generator, sampled corruption, discriminator, λ = 50."""
     from models.electra import ElectraModel
     from models.optim import make_optimizer
     from models.stats import Norms
 
     model = ElectraModel(cfg, DISC_WEIGHT, MASK_PROB)
-    compiled = fast_path(model, cfg)
+    compiled = compile and fast_path(model, cfg)
     opt = make_optimizer(model, lr=1e-4)
 
     def step(ids, k):
@@ -503,16 +504,18 @@ def flex_self_test(device, size: str) -> dict:
 
 
 def gpu_sides(cfg, nobias, with_flex: bool, skip_hf: bool, steps=("discriminator", "electra")) -> dict:
-    """{step: {side: (maker, config)}}: the default path (flex and compiled on CUDA) when the self-test let it,
-    the materialised reference eager, the same model without the bias, and transformers."""
+    """{step: {side: (maker, config)}}: the default path (flex and compiled on CUDA) and flex with the encoders
+    eager when the self-test let them, the materialised reference eager, the same model without the bias, and
+    transformers."""
     from dataclasses import replace
+    from functools import partial
 
     makers = {"discriminator": (ours_discriminator, hf_discriminator, HF_DISC),
               "electra": (ours_electra, hf_electra, HF_ELECTRA)}
     groups = {}
     for what in steps:
         ours, hf, hf_name = makers[what]
-        sides = {"xylent": (ours, cfg)} if with_flex else {}
+        sides = {"xylent": (ours, cfg), FLEX_EAGER: (partial(ours, compile=False), cfg)} if with_flex else {}
         sides[MATERIALISED] = (ours, replace(cfg, attention="materialised"))
         sides[NO_BIAS] = (ours, nobias)
         if not skip_hf:
@@ -521,10 +524,36 @@ def gpu_sides(cfg, nobias, with_flex: bool, skip_hf: bool, steps=("discriminator
     return groups
 
 
+def working_sides(makers: dict, data, device) -> tuple[dict, dict]:
+    """(the sides that build and take a step, {side: why not} for the others): one side that fails to
+    compile on this GPU must not cost the other sides' rows."""
+    import gc
+
+    import torch
+
+    ok, failed = {}, {}
+    for name, (make, c) in makers.items():
+        try:
+            torch.manual_seed(0)
+            with torch.device(device):
+                step, _ = make(c)
+            _window(step, data[:1], device, True)()
+            ok[name] = (make, c)
+        except Exception as exc:  # recorded beside the rows
+            failed[name] = f"{type(exc).__name__}: {str(exc)[:500]}"
+            print(f"GPU side {name!r} failed: {failed[name]}", flush=True)
+        step = None
+        gc.collect()
+        torch.cuda.empty_cache()
+    return ok, failed
+
+
 def time_gpu_groups(groups: dict, cfg, data, device, args, peak, seq_len: int) -> dict:
     rows = {}
     for what, makers in groups.items():
+        makers, failed = working_sides(makers, data, device)
         rows[what] = compare(makers, cfg, data, device, args, bf16=True)
+        rows[what].update({n: {"failed": why} for n, why in failed.items()})
         fpt = step_flops_per_token(what, cfg, seq_len)
         for n, (m, c) in makers.items():
             r = rows[what][n]
@@ -667,7 +696,7 @@ def _x(a: dict, b: dict) -> float:
 
 
 def _peer(sides: dict) -> dict | None:
-    return next((v for k, v in sides.items() if k.startswith("transformers")), None)
+    return next((v for k, v in sides.items() if k.startswith("transformers") and "failed" not in v), None)
 
 
 STEP_LABEL = {"discriminator": "discriminator step (RTD loss; peer `ElectraForPreTraining`)",
@@ -762,6 +791,9 @@ def _gpu_table(sides_by_step: dict) -> str:
     for what, sides in sides_by_step.items():
         peer = _peer(sides)
         for n, r in sides.items():
+            if "failed" in r:
+                rows.append([what, n, f"failed: {r['failed'][:160]}", "–", "–", ""])
+                continue
             rows.append([what, n, _tps(r), "–" if r.get("mfu_median") is None else f"{r['mfu_median'] * 100:.1f} %",
                          f"{r['peak_memory_gib']:.2f} GiB",
                          f"{_x(r, peer):.2f}×" if peer is not None and r is not peer else ""])
