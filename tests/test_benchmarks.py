@@ -87,3 +87,42 @@ def test_every_benchmark_runs_at_its_smoke_size_and_renders(smoke, tmp_path):
         block = text.split(f"<!-- bench:{name} -->")[1].split(f"<!-- /bench:{name} -->")[0]
         assert "| " in block, f"{name}: no table rendered from its smoke result"
         assert "--quick smoke size" in block, f"{name}: a smoke result must say so"
+
+
+def test_the_audit_profile_counts_functions_that_exist():
+    """benchmarks/audit_profile.py attributes py-spy samples by (function, file): a function renamed or moved
+    would silently read 0 %, so every piece it names must still be defined where it looks."""
+    import importlib.util
+    import re
+
+    import audit_profile
+
+    deepspeed = Path(importlib.util.find_spec("deepspeed").origin).parent
+    for piece, (func, file) in {**audit_profile.PIECES, "training loop": ("train", "models/trainer.py")}.items():
+        found = [p for root in (ROOT / "models", ROOT / "tasks", ROOT / "xylent", deepspeed) for p in root.rglob("*.py")
+                 if p.as_posix().endswith("/" + file)]
+        assert any(re.search(rf"^\s*def {func}\(", p.read_text(), re.M) for p in found), f"{piece}: no {func} in {file}"
+
+
+def test_the_planted_sweep_reads_each_audit_with_the_acceptance_bar(tmp_path):
+    """benchmarks/audit_planted_sweep.sh with no N only reads the audits already in its folder: one that
+    holds issue 34's bar and one whose shuffled pair sits under a clean pair."""
+    import polars as pl
+
+    # tests/audit_planted.py's pairs: de shuffled, ca the copy, tr the hub
+    pairs = ["en-fr", "en-es", "en-pt", "en-it", "en-nl", "en-pl", "de-en", "ca-en", "en-tr"]
+    for name, noisy_rank in (("N1-s0", 1), ("N40-s2", 4)):
+        ranks = {"de-en": noisy_rank, "ca-en": 9, "en-tr": 6}
+        clean = iter(r for r in range(1, 10) if r not in ranks.values())
+        rank = [ranks.get(p) or next(clean) for p in pairs]
+        audit = tmp_path / f"ws-{name}" / "audit"
+        audit.mkdir(parents=True)
+        pl.DataFrame({"pair": pairs, "rank_up": rank, "w_final": [2.0 - r / 10 for r in rank]}).write_parquet(
+            audit / "audit.parquet")
+        (tmp_path / f"{name}.json").write_text(json.dumps({"stages": {"audit": {"output_dir": str(audit)}}}))
+    proc = subprocess.run(["bash", "benchmarks/audit_planted_sweep.sh", str(tmp_path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines() == [
+        "N1-s0: copy / hub / shuffled 9 / 6 / 1 of 9; shuffled 1.90 vs best clean 1.80; bar held",
+        "N40-s2: copy / hub / shuffled 9 / 6 / 4 of 9; shuffled 1.60 vs best clean 1.90; bar missed"]

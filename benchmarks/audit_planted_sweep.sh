@@ -1,8 +1,11 @@
 #!/bin/bash
-# The planted claim at fixed audit.baseline_every N (docs/stages/audit.md, "Cost"): seeds 0-2 of
-# tests/audit_planted.py through the CLI, then the ranks of copy / hub / shuffled by w_final.
-#   bash wip/planted_every.sh OUT N [N ...]      # ~9 min an audit on 2 cores
-#   SET='audit.language_every=4' bash wip/planted_every.sh OUT 1   # more overrides (space-separated KEY=VALUE)
+# The planted-audit claim at fixed audit.baseline_every N (docs/stages/audit.md, "Cost"): the planted
+# corpora of seeds 0-2 (tests/audit_planted.py) audited through the CLI at each N, then the ranks of
+# copy / hub / shuffled by w_final, read by the acceptance test's own bar
+# (tests/acceptance/test_planted_audit.py::bar). The accuracy side of benchmarks/audit.py's overhead sweep.
+#   bash benchmarks/audit_planted_sweep.sh OUT N [N ...]                        # ~9 min an audit on 2 cores
+#   SET='audit.language_every=4' bash benchmarks/audit_planted_sweep.sh OUT 1   # more overrides (KEY=VALUE ...)
+#   bash benchmarks/audit_planted_sweep.sh OUT                                  # only read what OUT holds
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(realpath -m "$1"); shift
@@ -10,16 +13,16 @@ mkdir -p "$out"
 for n in "$@"; do
   for seed in 0 1 2; do
     c=$out/corpus-$seed
-    [ -f "$c/spec.yaml" ] || .venv/bin/python -c "import sys; sys.path[:0] = ['tests']; from pathlib import Path; \
-from audit_planted import write_corpus; write_corpus(Path('$c'), seed=$seed)"
+    [ -f "$c/spec.yaml" ] || .venv/bin/python -c "from pathlib import Path; \
+from tests.audit_planted import write_corpus; write_corpus(Path('$c'), seed=$seed)"
     .venv/bin/xylent run audit --spec "$c/spec.yaml" --workspace "$out/ws-$seed" --json \
       --set audit.baseline_every="$n" ${SET:+$(printf -- ' --set %s' $SET)} > "$out/N$n-s$seed.json"
   done
 done
-.venv/bin/python - "$out" <<'PY'
+# tests/ on the path as pytest puts it: the acceptance test imports tests/audit_planted.py by its bare name
+PYTHONPATH=tests .venv/bin/python - "$out" <<'PY'
 import json, sys
 from pathlib import Path
-sys.path[:0] = [".", "tests"]
 from tasks.audit.contract import read_audit
 from tests.acceptance.test_planted_audit import COPY, HUB, NOISY, bar
 for f in sorted(Path(sys.argv[1]).glob("N*-s*.json")):

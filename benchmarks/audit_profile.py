@@ -1,13 +1,14 @@
-"""Where an audit run's time goes (issue 34 item 6): one rank, TRTD every step, py-spy.
+"""Where an audit run's time goes: one rank, TRTD every step, under py-spy.
 
-    .venv/bin/python wip/profile_audit.py SCRATCH [--steps 200] [--plain]
+    .venv/bin/python benchmarks/audit_profile.py SCRATCH [--steps 200] [--plain]
 
 Builds (or finds) the demo's shards with benchmarks/audit.py's helpers, writes the audit's
-train.json as the benchmark does (``--plain``: the same without the audit), starts one rank
+train.json as that benchmark does (``--plain``: the same without the audit), starts one rank
 through ``xylent.launch`` under ``py-spy record --subprocesses --format raw``, then prints the
-median step time and each audit piece's share of the rank's samples.  Run it on an idle
-machine (2026-12-01: language baseline 11 %, held-out passes 3 %, a baseline step 291 ms
-against 104 ms plain, before the length buckets).  py-spy: ``pip install --target /tmp/pyspy py-spy``.
+median step time and each audit piece's share of the training loop's samples.  Run it on an
+idle machine; docs/benchmarks.md ("What the sweep says", "History") reads its output.  Not one
+of render.py's benchmarks: it writes no JSON and needs py-spy
+(``pip install --target /tmp/pyspy py-spy``; ``--py-spy`` names another binary).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # run as a script from anywhere, as the other benchmarks
 
 import audit as bench  # noqa: E402  (benchmarks/audit.py)
 
@@ -40,7 +41,7 @@ PIECES = {  # a sample counts for a piece when (function, file) is on its stack
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("scratch", type=Path)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--plain", action="store_true")
