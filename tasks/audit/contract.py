@@ -38,10 +38,6 @@ def read_audit(audit_dir: Path) -> pl.DataFrame:
     return pl.read_parquet(Path(audit_dir) / AUDIT_TABLE)
 
 
-def read_trajectory(audit_dir: Path) -> pl.DataFrame:
-    return pl.read_parquet(Path(audit_dir) / TRAJECTORY_TABLE)
-
-
 def trajectory_table(state: dict) -> pl.DataFrame:
     """The adversary's q at each re-sampling, long form."""
     pairs, prior = state["pairs"], np.asarray(state["prior"])

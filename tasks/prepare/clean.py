@@ -34,18 +34,6 @@ def decode_lines(lines: list[bytes]) -> tuple[list[str | None], int]:
     return out, bad
 
 
-def split_block(block: bytes) -> tuple[list[str | None], int]:
-    """A block of whole lines (no trailing newline) -> decoded lines, invalid count.
-
-    Decoding the whole block at once is the fast path; only a block that holds
-    invalid bytes is decoded line by line to find and drop the bad lines.
-    """
-    try:
-        return block.decode("utf-8").split("\n"), 0
-    except UnicodeDecodeError:
-        return decode_lines(block.split(b"\n"))
-
-
 def _already_normalized(arr: pa.Array, form: str) -> bool:
     """Quick check of the whole block at once (CPython's is_normalized runs at
     hundreds of MB/s on already-normalised text, which web text nearly always is).
