@@ -8,7 +8,7 @@ AZURITE_VERSION ?= 3.37.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast acceptance install lock clean-demo bench benchmarks recipes gpu-bundle
+.PHONY: demo test test-fast acceptance replay install lock clean-demo bench benchmarks recipes gpu-bundle
 
 # torch by pip (a local file on the CI machines; TORCH_SPEC for GPUs), the rest by uv: seconds instead of
 # minutes, and the torch installed first satisfies every requirement on it.  Bytecode compiled at install, as
@@ -55,6 +55,12 @@ test-fast: $(STAMP)
 acceptance: $(STAMP)
 	$(BIN)/python -m pytest -q --acceptance --timeout=7200 tests/acceptance; rc=$$?; \
 		$(BIN)/python -m tests.acceptance.claims --render; exit $$rc
+
+# after a refactor of code the claims hash: the base tree (each stale result's commit) and this one train the same
+# short workloads and must leave the same bits; then the results stand for this tree, figures kept (docs/acceptance.md,
+# minutes instead of hours).  REPLAY_ARGS=--check compares and writes nothing; --steps N, --work DIR, --base COMMIT
+replay: $(STAMP)
+	$(BIN)/python -m tests.acceptance.replay $(REPLAY_ARGS)
 
 # every pretraining recipe of the family on the demo corpus, once per seed (each seed its own
 # vocabulary, sampling order and initial weights), evaluated beside random-init and bag-of-subwords,

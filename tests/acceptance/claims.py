@@ -9,6 +9,11 @@ checks the committed results instead (tests/test_tiers.py): a
 result whose code hash differs from the tree's is stale, and a change to
 learning code cannot land without `make acceptance` run again.
 
+A change that alters no arithmetic need not pay those hours: `make replay`
+(tests/acceptance/replay.py) trains the measured commit and the tree a few steps side by side
+and, when every bit agrees, carries the results to the tree (:func:`carry`: same figures,
+the tree's hashes, the replay on record).
+
 A claim that fails is recorded too (``passed: false``, its figures and what failed):
 the tree's true state, not an older host's pass.  A failed result blocks `make test`
 unless the claim names the open issue that tracks the failure (``open_failure``);
@@ -78,16 +83,51 @@ CLAIMS: dict[str, dict] = {
 }
 
 
-def _listed(paths: list[str]) -> list[str]:
+def _listed(paths: list[str], root: Path | None = None) -> list[str]:
     """The files below ``paths`` that git tracks or would track (untracked, not ignored), sorted."""
+    root = root or ROOT
     out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", *paths],
-                         cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
-    return sorted({p for p in out if (ROOT / p).is_file() and not p.endswith(".pyc")})
+                         cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    return sorted({p for p in out if (root / p).is_file() and not p.endswith(".pyc")})
 
 
-def code_files(claim: str) -> dict[str, str]:
+def tree_files(paths: list[str], root: Path | None = None) -> dict[str, str]:
+    """relative path -> sha256 of every file below ``paths`` in the work tree at ``root`` (this one by default)."""
+    root = root or ROOT
+    return {p: hashlib.sha256((root / p).read_bytes()).hexdigest() for p in _listed(paths, root)}
+
+
+def code_files(claim: str, root: Path | None = None) -> dict[str, str]:
     """relative path -> sha256 of every file the claim exercises, as the tree has it now."""
-    return {p: hashlib.sha256((ROOT / p).read_bytes()).hexdigest() for p in _listed(CLAIMS[claim]["code"])}
+    return tree_files(CLAIMS[claim]["code"], root)
+
+
+def files_at(commit: str, paths: list[str]) -> dict[str, str]:
+    """What :func:`tree_files` gives for ``paths`` in a checkout of ``commit``, read from git's objects
+    (no checkout: tests/acceptance/replay.py tries many commits).  A throwaway index holds the commit's
+    tree so that ``git ls-files`` applies the same pathspecs (``:(exclude)`` too) as for the work tree."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        subprocess.run(["git", "read-tree", commit], cwd=ROOT, env=env, check=True, capture_output=True)
+        rows = subprocess.run(["git", "ls-files", "--stage", "-z", "--", *paths], cwd=ROOT, env=env, check=True,
+                              capture_output=True, text=True).stdout.split("\0")
+    blobs = {}
+    for row in filter(None, rows):
+        meta, path = row.split("\t", 1)
+        mode, blob = meta.split()[:2]
+        if mode in ("100644", "100755") and not path.endswith(".pyc"):  # files, as the work tree lists them
+            blobs[path] = blob
+    data = subprocess.run(["git", "cat-file", "--batch"], cwd=ROOT, check=True, capture_output=True,
+                          input="".join(f"{b}\n" for b in blobs.values()).encode()).stdout
+    out, at = {}, 0
+    for path, blob in blobs.items():  # each answer: "<sha> blob <size>\n<bytes>\n"
+        header_end = data.index(b"\n", at)
+        size = int(data[at:header_end].split()[2])
+        out[path] = hashlib.sha256(data[header_end + 1:header_end + 1 + size]).hexdigest()
+        at = header_end + 1 + size + 1
+    return dict(sorted(out.items()))
 
 
 def code_hash(files: dict[str, str]) -> str:
@@ -140,11 +180,26 @@ def record(claim: str, figures: dict, thresholds: dict, *, seconds: float, faile
                     "platform": platform.platform()},
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{claim}.json"
+    return _write(RESULTS / f"{claim}.json", result)
+
+
+def _write(path: Path, result: dict) -> Path:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=1, sort_keys=False) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def carry(claim: str, files: dict[str, str], replay: dict) -> Path:
+    """Rewrite ``results/<claim>.json`` after a replay (tests/acceptance/replay.py) showed the tree
+    computing the same bits as the code that was measured: its figures, thresholds, pass or fail,
+    machine, date and run time stay those of the measurement; the code it stands for becomes ``files``
+    (the tree's, as the replay ran it), and ``replay`` joins its ``replays``."""
+    path = RESULTS / f"{claim}.json"
+    result = json.loads(path.read_text())
+    result.update(code_hash=code_hash(files), code_files=files)
+    result["replays"] = [*result.get("replays", []), replay]
+    return _write(path, result)
 
 
 def missing() -> list[str]:
@@ -165,7 +220,8 @@ def problems(claim: str) -> list[str]:
         changed = sorted(p for p in set(now) | set(then) if now.get(p) != then.get(p))
         return [f"{claim}: stale, the code it exercises changed since {result.get('commit', '?')[:10]} "
                 f"({', '.join(changed[:8])}{' …' if len(changed) > 8 else ''}): run `make acceptance` "
-                f"and commit {path.relative_to(ROOT)}"]
+                f"and commit {path.relative_to(ROOT)} (or `make replay`, minutes, when the change alters no "
+                "arithmetic: docs/acceptance.md)"]
     tracked = CLAIMS[claim].get("open_failure")
     if not result.get("passed") and not tracked:
         return [f"{claim}: its last acceptance run failed ({'; '.join(result.get('failed', [])) or 'see its JSON'}): "
@@ -190,7 +246,13 @@ def render() -> str:
         held = "; ".join(f"{k} {v}" for k, v in r["thresholds"].items())
         if not r["passed"]:
             held = f"**FAILED** ({'; '.join(r.get('failed', []))}; open: {CLAIMS[claim].get('open_failure')}). {held}"
-        rows.append(f"| {claim} | {figs} | {held} | `{r['commit'][:10]}` ({r['date'][:10]}) | "
+        at = f"`{r['commit'][:10]}` ({r['date'][:10]})"
+        if r.get("replays"):  # the figures are the measurement's; the code they stand for, the last replay's
+            last = r["replays"][-1]
+            to = f"`{last['to_commit'][:10]}`" if last["to_commit"] != "working tree" else \
+                f"a working tree over `{last['head'][:10]}`"
+            at = f"measured at {at}, replayed at {to} ({last['date'][:10]}, {last['steps']} steps)"
+        rows.append(f"| {claim} | {figs} | {held} | {at} | "
                     f"{r['seconds'] / 60:.0f} min on {r['machine']['cpus']} CPUs |")
     return "\n".join(rows)
 
