@@ -15,12 +15,6 @@ the MLM/TLM ablation.
 
 Forward passes return *sums and counts* (models.stats.Stats), not means; the
 objectives are built by name in models.objectives.
-
-ELECTRA's step never makes the host wait on the device (issue 61): the masked positions are
-gathered by a sort to a size the host counts from the numpy batch (``masked_count``),
-the losses are sums over fixed-size tensors, and the generator's output layer runs
-over the vocabulary in chunks (models.vocab_head), so no (masked × V) fp32 copy exists.
-It equals the step it replaced on the CPU (tests/test_electra_step.py says how).
 """
 
 from __future__ import annotations
@@ -32,9 +26,8 @@ from torch import nn
 from models.config import EncoderConfig
 from models.encoder import Embeddings, Encoder
 from models.weight_init import init_weights
-from models.masking import bert_corrupt, choose_masked, corrupt, masked_count, masked_positions, padded_count
-from models.stats import Norms, Stats, row_sums, row_sums_at, zero
-from models.vocab_head import tied_lm_loss
+from models.masking import bert_corrupt, choose_masked, corrupt, sample_tokens
+from models.stats import Norms, Stats, row_sums, zero
 
 
 class TiedLMHead(nn.Module):
@@ -46,11 +39,8 @@ class TiedLMHead(nn.Module):
         self.ln = nn.LayerNorm(hidden)
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
-    def hidden(self, x: torch.Tensor) -> torch.Tensor:
-        return self.ln(F.gelu(self.dense(x)))
-
     def forward(self, x: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.hidden(x), embedding, self.bias)
+        return F.linear(self.ln(F.gelu(self.dense(x))), embedding, self.bias)
 
 
 class RTDHead(nn.Module):
@@ -79,49 +69,42 @@ class ElectraModel(nn.Module):
         self.apply(init_weights)
 
     def forward(self, ids: torch.Tensor, pad: torch.Tensor, segments: torch.Tensor | None,
-                noise: torch.Tensor, per_row: bool = False, replay: torch.Tensor | None = None,
-                n_masked: int | None = None) -> Stats:
+                noise: torch.Tensor, per_row: bool = False, replay: torch.Tensor | None = None) -> Stats:
         """``per_row``: also the losses and counts of each row (Stats.rows), for the audit's
         per-pair losses; the totals are then the sums of the per-token losses.  ``replay``: a
         discriminator input whose tokens at the masked positions are taken instead of the generator's
         samples (the audit's partner-swapped pass reads the replacements its rows got as they are).
-        ``n_masked``: how many positions the noise masks (:meth:`masked_count` of the numpy batch);
-        without it the count is read from the device, one wait.  With it, and ``per_row`` False, the
-        host never waits on the device: fixed-size gathers, losses summed over fixed-size tensors,
-        counts left on the device (tests/test_electra_step.py: one graph, no break).
         The input the discriminator read is kept as ``self.corrupted``."""
         masked = choose_masked(ids, segments, self.mask_prob, noise[0], self.special_ids)
-        if n_masked is None:
-            n_masked = int(masked.sum())
-        at, valid = masked_positions(masked, padded_count(n_masked, ids.numel()))
         g_hidden = self.generator(self.embeddings(ids.masked_fill(masked, self.mask_id)), pad)
-        h = self.generator_head.hidden(g_hidden.flatten(0, 1).index_select(0, at))
-        target = ids.flatten().index_select(0, at)
-        g_tok, sampled, predicted = tied_lm_loss(h, self.embeddings.tokens.weight, self.generator_head.bias, target,
-                                                 noise[1].flatten().index_select(0, at), sample=replay is None)
-        g_tok = g_tok.masked_fill(~valid, 0.0)  # the rows that fill the gather to its size count for nothing
+        g_logits = self.generator_head(g_hidden[masked], self.embeddings.tokens.weight)
+        target = ids[masked]
+        if per_row:
+            g_tok = F.cross_entropy(g_logits.float(), target, reduction="none")
+            g_loss = g_tok.sum()
+        else:
+            g_loss = F.cross_entropy(g_logits.float(), target, reduction="sum")
         with torch.no_grad():  # no gradient through the sample
-            if replay is not None:
-                sampled = replay.flatten().index_select(0, at)
-            g_correct = ((predicted == target) & valid).sum()
-        corrupted, replaced = corrupt(ids, at, torch.where(valid, sampled, target))
+            sampled = sample_tokens(g_logits, noise[1][masked]) if replay is None else replay[masked]
+            g_correct = (g_logits.argmax(-1) == target).sum()
+        corrupted, replaced = corrupt(ids, masked, sampled)
         self.corrupted = corrupted
         d_logits = self.discriminator_head(self.discriminator(self.embeddings(corrupted), pad))
         real = ~pad
-        d_tok = F.binary_cross_entropy_with_logits(d_logits.float(), replaced.float(), reduction="none")
-        d_tok = d_tok.masked_fill(pad, 0.0)
+        y = replaced[real]
+        if per_row:
+            d_tok = F.binary_cross_entropy_with_logits(d_logits[real].float(), y.float(), reduction="none")
+            d_loss = d_tok.sum()
+        else:
+            d_loss = F.binary_cross_entropy_with_logits(d_logits[real].float(), y.float(), reduction="sum")
         with torch.no_grad():
-            pred = (d_logits > 0) & real
+            pred = d_logits[real] > 0
             rows = None
             if per_row:
-                rows = torch.stack([row_sums_at(g_tok.detach(), at, masked.shape), masked.sum(1).float(),
-                                    d_tok.detach().sum(1), real.sum(1).float(), replaced.sum(1).float()])
-        return Stats(g_tok.sum(), d_tok.sum(), masked.sum(), g_correct, real.sum(), ((pred == replaced) & real).sum(),
-                     (pred & replaced).sum(), pred.sum(), replaced.sum(), real.sum(), rows)
-
-    def masked_count(self, ids, segments) -> int:
-        """``n_masked`` of :meth:`forward` for the numpy batch ``ids`` (and ``segments``), on the host."""
-        return masked_count(ids, segments, self.mask_prob, self.special_ids)
+                rows = torch.stack([row_sums(g_tok.detach(), masked), masked.sum(1).float(),
+                                    row_sums(d_tok.detach(), real), real.sum(1).float(), replaced.sum(1).float()])
+        return Stats(g_loss, d_loss, masked.sum(), g_correct, real.sum(), (pred == y).sum(), (pred & y).sum(),
+                     pred.sum(), y.sum(), real.sum(), rows)
 
     def loss(self, st: Stats, norms: Norms) -> torch.Tensor:
         return st.g_loss / norms.g + self.disc_weight * st.d_loss / norms.d

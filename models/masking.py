@@ -52,34 +52,6 @@ def choose_masked(ids: torch.Tensor, segments: torch.Tensor | None, prob: float,
     return chosen
 
 
-def masked_count(ids: np.ndarray, segments: np.ndarray | None, prob: float, special_ids: tuple[int, ...]) -> int:
-    """How many positions :func:`choose_masked` picks in the numpy batch ``ids``, computed on the host
-    (the noise decides which, never how many): the step gathers that many rows without asking the
-    device.  float32 and round-half-to-even, as torch computes the per-segment counts."""
-    can = ~np.isin(ids, special_ids)
-    total = 0
-    for in_seg in ([can] if segments is None else [can & (segments == 0), can & (segments == 1)]):
-        n = in_seg.sum(axis=1)
-        k = np.rint(n.astype(np.float32) * np.float32(prob)).astype(np.int64)
-        total += int(np.where(n > 0, np.maximum(k, 1), 0).sum())
-    return total
-
-
-def padded_count(n: int, limit: int, multiple: int = 64) -> int:
-    """The gather size for ``n`` masked positions: rounded up to a multiple of 64 (a GPU tile; and a
-    compiled step meets a few sizes, not one per batch), at most ``limit`` (every position)."""
-    return min(-(-n // multiple) * multiple, limit)
-
-
-def masked_positions(masked: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``k`` flat positions of the (B, T) mask: every masked one first, in row-major order (the order
-    boolean indexing gave), then unmasked ones to fill ``k``; and which of them are masked.  A stable
-    sort, not ``nonzero``: its size is ``k``, known on the host, so the device is never waited on."""
-    flat = masked.flatten()
-    at = torch.argsort((~flat).to(torch.uint8), stable=True)[:k]
-    return at, flat.index_select(0, at)
-
-
 def sample_tokens(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """One token per row of ``logits`` from softmax(logits) (temperature 1), by inverting
     the CDF at the uniforms ``u``: a multinomial sample whose randomness is ``u``."""
@@ -89,10 +61,11 @@ def sample_tokens(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return idx.clamp(max=logits.shape[-1] - 1)
 
 
-def corrupt(ids: torch.Tensor, at: torch.Tensor, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Put the generator's samples at the flat positions ``at`` (distinct: a scatter with no order
-    to depend on); a position is *replaced* only where the sample differs from the original."""
-    corrupted = ids.flatten().scatter(0, at, sampled).view_as(ids)
+def corrupt(ids: torch.Tensor, masked: torch.Tensor, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Put the generator's samples at the masked positions; a position is *replaced*
+    only where the sample differs from the original."""
+    corrupted = ids.clone()
+    corrupted[masked] = sampled
     return corrupted, corrupted != ids
 
 

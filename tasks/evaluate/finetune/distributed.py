@@ -34,14 +34,11 @@ class DeepSpeedStepper:
     def __init__(self, model, cfg: LoopConfig, total: int, zero_stage: int, world: int):
         import deepspeed
 
-        from models.optim import engine_config
-
         opt, sched = optimiser(model, cfg, total)
-        # the pretraining engine's precision rules: at ZeRO 0 on a GPU, no unfused wrapper around the optimizer
-        config = engine_config({"train_batch_size": cfg.batch_size // world * world,
-                                "zero_optimization": {"stage": zero_stage}, "steps_per_print": 10**9},
-                               micro_batch=cfg.batch_size // world, grad_accum=1, clip=1.0,
-                               bf16=torch.cuda.is_available())
+        config = {"train_batch_size": cfg.batch_size // world * world,
+                  "train_micro_batch_size_per_gpu": cfg.batch_size // world, "gradient_accumulation_steps": 1,
+                  "gradient_clipping": 1.0, "bf16": {"enabled": torch.cuda.is_available()},
+                  "zero_optimization": {"stage": zero_stage}, "steps_per_print": 10**9}
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=config)
         self.model = model
         self.rank, self.world = self.engine.global_rank, self.engine.world_size
