@@ -57,6 +57,7 @@ import torch.distributed as dist  # noqa: E402
 phase("torch_imported")
 
 from models.config import EncoderConfig  # noqa: E402
+from models.encoder import compile_encoders  # noqa: E402
 from models.audit_step import make_audit  # noqa: E402
 from models.masking import row_noise  # noqa: E402
 from models.objectives import build_model  # noqa: E402
@@ -221,6 +222,16 @@ class UnigramBaseline:
         return stat
 
 
+def should_compile(cfg: TrainConfig, cuda: bool) -> bool:
+    """pretrain.compile: auto compiles on CUDA only (models.encoder.compile_encoders says why); a train.json
+    written before the knob reads as auto."""
+    try:
+        mode = cfg.compile
+    except AttributeError:
+        mode = "auto"
+    return mode == "on" or (mode == "auto" and cuda)
+
+
 def train(cfg: TrainConfig) -> None:
     cuda = torch.cuda.is_available() and not os.environ.get("DS_ACCELERATOR") == "cpu"
     import deepspeed
@@ -245,6 +256,8 @@ def train(cfg: TrainConfig) -> None:
         from safetensors.torch import load_file
 
         model.load_state_dict(load_file(cfg.init_from), strict=True)
+    if should_compile(cfg, cuda):
+        compile_encoders(model)
     optimizer = make_optimizer(model, cfg.lr, cfg.betas, cfg.eps, cfg.weight_decay)
     lr_schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambdas(model, optimizer.param_groups, warmup_linear_decay(cfg.warmup_steps, cfg.steps)))
