@@ -115,3 +115,15 @@ def test_the_gpu_checks_self_test_passes_here_on_the_forward():
     test = flex_self_test(torch.device("cpu"), "tiny")
     assert test["passed"] and test["backward"].startswith("not run")
     assert test["checks"]["fp32"]["forward"] < 1e-6 and test["checks"]["bf16"]["forward"] < 2e-2
+
+
+def test_the_trainer_compiles_the_encoders_on_cuda_unless_told_otherwise():
+    from types import SimpleNamespace
+
+    from models.trainer import should_compile
+
+    assert should_compile(SimpleNamespace(compile="auto"), cuda=True)
+    assert not should_compile(SimpleNamespace(compile="auto"), cuda=False)  # CPU: Inductor's compile costs more
+    assert should_compile(SimpleNamespace(compile="on"), cuda=False)
+    assert not should_compile(SimpleNamespace(compile="off"), cuda=True)
+    assert should_compile(SimpleNamespace(), cuda=True)  # a train.json from before the knob: auto
