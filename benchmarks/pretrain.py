@@ -552,7 +552,7 @@ def time_gpu_groups(groups: dict, cfg, data, device, args, peak, seq_len: int) -
     rows = {}
     for what, makers in groups.items():
         makers, failed = working_sides(makers, data, device)
-        rows[what] = compare(makers, cfg, data, device, args, bf16=True)
+        rows[what] = compare(makers, cfg, data, device, args, bf16=True) if makers else {}
         rows[what].update({n: {"failed": why} for n, why in failed.items()})
         fpt = step_flops_per_token(what, cfg, seq_len)
         for n, (m, c) in makers.items():
