@@ -616,6 +616,80 @@ def gpu_rows(args) -> dict:
 
 # ---------------------------------------------------------------- run
 
+# ---------------------------------------------------------------- the generator head at the full vocabulary
+
+def vocab_head_memory(head: str, rows: int, vocab: int, hidden: int) -> dict:
+    """One forward + backward of the generator's output layer (tied logits, summed cross-entropy, the
+    inverse-CDF sample, the argmax) over ``rows`` masked tokens, fp32, in this process: the peak resident
+    memory above its inputs (VmHWM after a reset, minus VmRSS; the weights' gradient, the same for both
+    heads, is part of it), the time. ``head``: "unchunked", the head
+    before issue 61 (models/electra.py at 3948a21), or "chunked" (models.vocab_head)."""
+    import time
+    import zlib
+
+    import torch
+    import torch.nn.functional as F
+
+    from models.masking import sample_tokens
+    from models.vocab_head import tied_lm_loss
+
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(rows, hidden, generator=g).requires_grad_()
+    weight = (torch.randn(vocab, hidden, generator=g) * 0.05).requires_grad_()
+    bias = torch.zeros(vocab, requires_grad=True)
+    target, u = torch.randint(5, vocab, (rows,), generator=g), torch.rand(rows, generator=g)
+    inputs_mb = harness.vm_rss_mb()
+    reset = harness.reset_peak_rss()
+    t = time.perf_counter()
+    if head == "unchunked":
+        logits = F.linear(h, weight, bias)
+        loss = F.cross_entropy(logits.float(), target, reduction="sum")
+        with torch.no_grad():
+            sampled, predicted = sample_tokens(logits, u), logits.argmax(-1)
+        del logits
+    else:
+        tok, sampled, predicted = tied_lm_loss(h, weight, bias, target, u)
+        loss = tok.sum()
+    loss.backward()
+    seconds = time.perf_counter() - t
+    return {"head": head, "peak_above_inputs_mb": round(harness.vm_hwm_mb() - inputs_mb, 1) if reset else None,
+            "inputs_mb": round(inputs_mb, 1), "weight_grad_mb": round(weight.grad.numel() * 4 / 2**20, 1),
+            "seconds": round(seconds, 2), "loss": float(loss), "sampled_crc32": zlib.crc32(sampled.numpy().tobytes()),
+            "predicted_crc32": zlib.crc32(predicted.numpy().tobytes()),
+            "weight_grad_norm": float(weight.grad.norm()), "h_grad_norm": float(h.grad.norm())}
+
+
+def vocab_memory(args) -> dict:
+    """The generator head's memory at the GPU rows' size (masked rows = 15 % of --gpu-batch x --gpu-seq-len,
+    the largest of --gpu-vocabs, --gpu-size's hidden width), measured on the CPU in fp32: the head before
+    issue 61 against the chunked one, each in a fresh process, and whether they agree."""
+    from models.config import preset
+
+    args.repeats, args.warmup = 1, 0  # one run a side: the memory of a fixed computation, not a timing
+    vocab = 5000 if args.quick else max(int(v) for v in args.gpu_vocabs.split(","))
+    rows = 64 if args.quick else round(args.gpu_batch * args.gpu_seq_len * MASK_PROB)
+    hidden = 64 if args.quick else preset(args.gpu_size, vocab_size=vocab, specials=SPECIALS).hidden
+    sides = {head: harness.in_fresh_process("pretrain", "vocab_head_memory",
+                                            {"head": head, "rows": rows, "vocab": vocab, "hidden": hidden})
+             for head in ("unchunked", "chunked")}
+    old, new = sides["unchunked"]["result"], sides["chunked"]["result"]
+    payload = {"config": {"rows": rows, "vocab": vocab, "hidden": hidden, "precision": "fp32", "device": "cpu",
+                          "what": "one forward + backward of the generator head (logits, summed cross-entropy, "
+                                  "sample, argmax); peak RSS above its inputs (VmHWM reset before the call)"},
+               "sides": sides,
+               "same_samples": old["sampled_crc32"] == new["sampled_crc32"],
+               "same_argmax": old["predicted_crc32"] == new["predicted_crc32"],
+               "loss_relative_difference": abs(old["loss"] - new["loss"]) / abs(old["loss"]),
+               "memory_ratio": (round(old["peak_above_inputs_mb"] / new["peak_above_inputs_mb"], 2)
+                                if old["peak_above_inputs_mb"] and new["peak_above_inputs_mb"] else None)}
+    harness.write_result("pretrain_vocab_memory", payload, args)
+    for head, r in sides.items():
+        res = r["result"]
+        print(f"{head}: {res['peak_above_inputs_mb']} MB above the inputs (the weights' gradient "
+              f"{res['weight_grad_mb']} MB of it), {res['seconds']} s", flush=True)
+    return payload
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = harness.parser(__doc__)
     ap.add_argument("--size", default=None, help="model preset of the CPU rows (default small, quick tiny)")
@@ -636,7 +710,11 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--skip-hf", action="store_true", help="leave out the transformers sides")
     ap.add_argument("--gpu-only", action="store_true", help="only the GPU rows (benchmarks/gpu_check.py: the CPU "
                     "rows are this machine's, not the lent GPU's)")
+    ap.add_argument("--vocab-memory", action="store_true", help="only the generator head's memory at the GPU rows' "
+                    "size and largest vocabulary, before and after issue 61 (results/pretrain_vocab_memory.json)")
     args = harness.finish_args(ap.parse_args(argv))
+    if args.vocab_memory:
+        return vocab_memory(args)
     q = args.quick
     args.size = args.size or ("tiny" if q else "small")
     args.vocab = args.vocab or (1000 if q else 32000)

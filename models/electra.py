@@ -15,6 +15,13 @@ the MLM/TLM ablation.
 
 Forward passes return *sums and counts* (models.stats.Stats), not means; the
 objectives are built by name in models.objectives.
+
+ELECTRA's step never makes the host wait on the device (issue 61): the masked and the real
+positions are gathered by sorts to sizes the host counts from the numpy batch
+(``host_counts``), in the row-major order boolean indexing gave, and the generator's
+output layer runs over the vocabulary in chunks when its logits would not fit whole
+(models.vocab_head), so no (masked × V) fp32 copy exists at V = 250 002.  Below that
+size it is the step it replaced, bit for bit on the CPU (tests/test_electra_step.py).
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ from torch import nn
 from models.config import EncoderConfig
 from models.encoder import Embeddings, Encoder
 from models.weight_init import init_weights
-from models.masking import bert_corrupt, choose_masked, corrupt, sample_tokens
-from models.stats import Norms, Stats, row_sums, zero
+from models.masking import bert_corrupt, choose_masked, corrupt, masked_count, positions
+from models.stats import Norms, Stats, row_sums, row_sums_at, zero
+from models.vocab_head import generator_outputs
 
 
 class TiedLMHead(nn.Module):
@@ -39,8 +47,11 @@ class TiedLMHead(nn.Module):
         self.ln = nn.LayerNorm(hidden)
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
+    def hidden(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ln(F.gelu(self.dense(x)))
+
     def forward(self, x: torch.Tensor, embedding: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.ln(F.gelu(self.dense(x))), embedding, self.bias)
+        return F.linear(self.hidden(x), embedding, self.bias)
 
 
 class RTDHead(nn.Module):
@@ -69,42 +80,51 @@ class ElectraModel(nn.Module):
         self.apply(init_weights)
 
     def forward(self, ids: torch.Tensor, pad: torch.Tensor, segments: torch.Tensor | None,
-                noise: torch.Tensor, per_row: bool = False, replay: torch.Tensor | None = None) -> Stats:
+                noise: torch.Tensor, per_row: bool = False, replay: torch.Tensor | None = None,
+                n_masked: int | None = None, n_real: int | None = None) -> Stats:
         """``per_row``: also the losses and counts of each row (Stats.rows), for the audit's
         per-pair losses; the totals are then the sums of the per-token losses.  ``replay``: a
         discriminator input whose tokens at the masked positions are taken instead of the generator's
         samples (the audit's partner-swapped pass reads the replacements its rows got as they are).
-        The input the discriminator read is kept as ``self.corrupted``."""
+        ``n_masked``, ``n_real``: how many positions the noise masks and how many are not padding
+        (:meth:`host_counts` of the numpy batch); without them they are read from the device, a wait
+        each.  With them the host never waits on the device: the masked and real positions are
+        gathered by sorts of sizes the host knows, counts stay on the device (tests/test_electra_step.py:
+        one graph, no break).  The input the discriminator read is kept as ``self.corrupted``."""
         masked = choose_masked(ids, segments, self.mask_prob, noise[0], self.special_ids)
+        real = ~pad
+        at = positions(masked, int(masked.sum()) if n_masked is None else n_masked)
+        at_real = positions(real, int(real.sum()) if n_real is None else n_real)
         g_hidden = self.generator(self.embeddings(ids.masked_fill(masked, self.mask_id)), pad)
-        g_logits = self.generator_head(g_hidden[masked], self.embeddings.tokens.weight)
-        target = ids[masked]
-        if per_row:
-            g_tok = F.cross_entropy(g_logits.float(), target, reduction="none")
-            g_loss = g_tok.sum()
-        else:
-            g_loss = F.cross_entropy(g_logits.float(), target, reduction="sum")
-        with torch.no_grad():  # no gradient through the sample
-            sampled = sample_tokens(g_logits, noise[1][masked]) if replay is None else replay[masked]
-            g_correct = (g_logits.argmax(-1) == target).sum()
-        corrupted, replaced = corrupt(ids, masked, sampled)
+        target = ids.flatten().index_select(0, at)
+        (g_loss, g_tok), sampled, predicted = generator_outputs(
+            self.generator_head, g_hidden.flatten(0, 1).index_select(0, at), self.embeddings.tokens.weight, target,
+            noise[1].flatten().index_select(0, at), sample=replay is None, per_token=per_row)
+        with torch.no_grad():
+            if replay is not None:
+                sampled = replay.flatten().index_select(0, at)
+            g_correct = (predicted == target).sum()
+        corrupted, replaced = corrupt(ids, at, sampled)
         self.corrupted = corrupted
         d_logits = self.discriminator_head(self.discriminator(self.embeddings(corrupted), pad))
-        real = ~pad
-        y = replaced[real]
-        if per_row:
-            d_tok = F.binary_cross_entropy_with_logits(d_logits[real].float(), y.float(), reduction="none")
-            d_loss = d_tok.sum()
-        else:
-            d_loss = F.binary_cross_entropy_with_logits(d_logits[real].float(), y.float(), reduction="sum")
+        d_real = d_logits.flatten().index_select(0, at_real).float()
+        y = replaced.flatten().index_select(0, at_real)
+        d_tok = F.binary_cross_entropy_with_logits(d_real, y.float(), reduction="none" if per_row else "sum")
+        d_loss = d_tok.sum() if per_row else d_tok
         with torch.no_grad():
-            pred = d_logits[real] > 0
+            pred = d_real > 0
             rows = None
             if per_row:
-                rows = torch.stack([row_sums(g_tok.detach(), masked), masked.sum(1).float(),
-                                    row_sums(d_tok.detach(), real), real.sum(1).float(), replaced.sum(1).float()])
+                rows = torch.stack([row_sums_at(g_tok.detach(), at, masked.shape), masked.sum(1).float(),
+                                    row_sums_at(d_tok.detach(), at_real, real.shape), real.sum(1).float(),
+                                    replaced.sum(1).float()])
         return Stats(g_loss, d_loss, masked.sum(), g_correct, real.sum(), (pred == y).sum(), (pred & y).sum(),
                      pred.sum(), y.sum(), real.sum(), rows)
+
+    def host_counts(self, ids, segments, real) -> dict[str, int]:
+        """``n_masked`` and ``n_real`` of :meth:`forward` for the numpy batch ``ids`` (``segments``, and
+        ``real``: its non-pad positions), counted on the host."""
+        return {"n_masked": masked_count(ids, segments, self.mask_prob, self.special_ids), "n_real": int(real.sum())}
 
     def loss(self, st: Stats, norms: Norms) -> torch.Tensor:
         return st.g_loss / norms.g + self.disc_weight * st.d_loss / norms.d

@@ -52,6 +52,26 @@ def choose_masked(ids: torch.Tensor, segments: torch.Tensor | None, prob: float,
     return chosen
 
 
+def masked_count(ids: np.ndarray, segments: np.ndarray | None, prob: float, special_ids: tuple[int, ...]) -> int:
+    """How many positions :func:`choose_masked` picks in the numpy batch ``ids``, computed on the host
+    (the noise decides which, never how many): the step gathers that many rows without asking the
+    device.  float32 and round-half-to-even, as torch computes the per-segment counts."""
+    can = ~np.isin(ids, special_ids)
+    total = 0
+    for in_seg in ([can] if segments is None else [can & (segments == 0), can & (segments == 1)]):
+        n = in_seg.sum(axis=1)
+        k = np.rint(n.astype(np.float32) * np.float32(prob)).astype(np.int64)
+        total += int(np.where(n > 0, np.maximum(k, 1), 0).sum())
+    return total
+
+
+def positions(where: torch.Tensor, k: int) -> torch.Tensor:
+    """The flat positions of the ``k`` True entries of the (B, T) ``where``, in row-major order: what
+    boolean indexing selects, as one fixed-size gather.  A stable sort, not ``nonzero``: ``k`` is known
+    on the host (:func:`masked_count`, the batch's real tokens), so the device is never waited on."""
+    return torch.argsort((~where.flatten()).to(torch.uint8), stable=True)[:k]
+
+
 def sample_tokens(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """One token per row of ``logits`` from softmax(logits) (temperature 1), by inverting
     the CDF at the uniforms ``u``: a multinomial sample whose randomness is ``u``."""
@@ -61,11 +81,10 @@ def sample_tokens(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return idx.clamp(max=logits.shape[-1] - 1)
 
 
-def corrupt(ids: torch.Tensor, masked: torch.Tensor, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Put the generator's samples at the masked positions; a position is *replaced*
-    only where the sample differs from the original."""
-    corrupted = ids.clone()
-    corrupted[masked] = sampled
+def corrupt(ids: torch.Tensor, at: torch.Tensor, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Put the generator's samples at the flat positions ``at`` (distinct: a scatter with no order
+    to depend on); a position is *replaced* only where the sample differs from the original."""
+    corrupted = ids.flatten().scatter(0, at, sampled).view_as(ids)
     return corrupted, corrupted != ids
 
 

@@ -66,14 +66,16 @@ class Norms:
     """The global counts (summed over ranks, divided by the world size) each loss
     slot is divided by; a slot with no count anywhere is divided by 1."""
 
-    g: float = 1.0
-    d: float = 1.0
-    c: float = 1.0
+    g: float | torch.Tensor = 1.0
+    d: float | torch.Tensor = 1.0
+    c: float | torch.Tensor = 1.0
 
     @classmethod
     def from_reduced(cls, reduced: torch.Tensor, world: int) -> "Norms":
+        """0-dim fp32 tensors on ``reduced``'s device: reading them would make the step wait on it.
+        In float64 first, then fp32, as the Python floats they replaced were divided and then cast."""
         names = Stats.fields()
-        def get(n): return max(float(reduced[names.index(n)]), 1.0) / world
+        def get(n): return (reduced[names.index(n)].double().clamp(min=1.0) / world).float()
         return cls(get("g_count"), get("d_count"), get("c_count"))
 
 
@@ -87,6 +89,13 @@ def row_sums(values: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
     dense = torch.zeros(where.shape, dtype=torch.float32, device=values.device)
     dense[where] = values.float()
     return dense.sum(1)
+
+
+def row_sums_at(values: torch.Tensor, at: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """:func:`row_sums` of values at the distinct flat positions ``at`` of a (B, T) batch: a scatter
+    of a known size, no boolean mask (whose size only the device knows)."""
+    dense = torch.zeros(shape.numel(), dtype=torch.float32, device=values.device)
+    return dense.scatter(0, at, values.float()).view(shape).sum(1)
 
 
 def distributed() -> bool:

@@ -17,13 +17,20 @@ Checkpoints: ``<checkpoints>/step-XXXXXXXX/`` = DeepSpeed's files + each rank's
 RNG state + the loaders' state (client state) + ``COMPLETE``, written last; a
 restart loads the newest complete one and continues exactly.  Rank 0 writes one
 JSON line of metrics per step to ``metrics.jsonl`` and sends them to MLflow.
+
+The step never waits on the device (issue 61): each micro-batch's noise, masked count
+and unigram counts are made in the loader's thread (models.step_inputs), the sums stay
+on the device, and the metrics of a whole logging interval are read at once at every
+``log_every`` boundary, checkpoint and the end (models.step_metrics).  Every line holds
+its own step's losses, accuracies, grad norm and tokens; on a GPU ``step_seconds``,
+``tokens_per_second`` and ``mfu`` are the averages of the interval the line is in (one
+step's time is not known without waiting on the device), on the CPU each step's own.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import time
@@ -59,12 +66,13 @@ phase("torch_imported")
 from models.config import EncoderConfig  # noqa: E402
 from models.encoder import compile_encoders  # noqa: E402
 from models.audit_step import make_audit  # noqa: E402
-from models.masking import row_noise  # noqa: E402
 from models.objectives import build_model  # noqa: E402
 from models.optim import flops_per_token, lr_lambdas, make_optimizer, peak_tflops, warmup_linear_decay  # noqa: E402
 from models.rank import restore_rng, save_rng, watch_parent  # noqa: E402
 from models.run_config import TrainConfig, task_plan  # noqa: E402
-from models.stats import Norms, Stats  # noqa: E402
+from models.stats import Norms  # noqa: E402
+from models.step_inputs import StepInputs, micro_batches, on_device  # noqa: E402
+from models.step_metrics import Interval  # noqa: E402
 from tasks.shards.loader import TrainingLoader  # noqa: E402  (the shard contract: all models take from tasks)
 
 phase("xylent_modules_imported")
@@ -78,10 +86,10 @@ def complete_checkpoints(root: Path) -> list[Path]:
     return sorted(p for p in root.glob("step-*") if (p / COMPLETE).exists())
 
 
-def gradient_norm(module: torch.nn.Module) -> float | None:
-    """Global L2 norm of the (already all-reduced) gradients, before clipping."""
+def gradient_norm(module: torch.nn.Module) -> torch.Tensor | None:
+    """Global L2 norm of the (already all-reduced) gradients, before clipping: on the device, unread."""
     norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
-    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else None
+    return torch.linalg.vector_norm(torch.stack(norms)) if norms else None
 
 
 def checkpoint_info(tag_dir: Path) -> dict:
@@ -173,30 +181,6 @@ class MetricsSink:
         self.file.close()
 
 
-def summarise(sums: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Per task: losses and accuracies from the all-reduced sums of a step."""
-    out = {}
-    names = Stats.fields()
-    for task, v in sums.items():
-        s = dict(zip(names, v.tolist()))
-        out[f"{task}/generator_loss"] = s["g_loss"] / max(s["g_count"], 1)
-        out[f"{task}/generator_accuracy"] = s["g_correct"] / max(s["g_count"], 1)
-        if s["d_count"]:
-            d_count, pos = s["d_count"], s["d_pos"]
-            out[f"{task}/discriminator_loss"] = s["d_loss"] / d_count
-            out[f"{task}/discriminator_accuracy"] = s["d_correct"] / d_count
-            out[f"{task}/discriminator_precision"] = s["d_true_pos"] / s["d_pred_pos"] if s["d_pred_pos"] else 0.0
-            out[f"{task}/discriminator_recall"] = s["d_true_pos"] / pos if pos else 0.0
-            out[f"{task}/replaced_fraction"] = pos / d_count
-            # the loss of always answering the base rate: a discriminator at or above it has learned nothing
-            q = min(max(pos / d_count, 1e-12), 1 - 1e-12)
-            out[f"{task}/discriminator_base_loss"] = -(q * math.log(q) + (1 - q) * math.log(1 - q))
-        if s["c_count"]:
-            out[f"{task}/contrast_loss"] = s["c_loss"] / s["c_count"]
-            out[f"{task}/contrast_accuracy"] = s["c_correct"] / s["c_count"]
-    return out
-
-
 class UnigramBaseline:
     """The generator's trivial peer: cross-entropy of a step's tokens under the
     add-one unigram distribution of every token the run trained on before it.
@@ -205,16 +189,15 @@ class UnigramBaseline:
     all ranks (the same number for any world size) and saved with checkpoints (a
     resumed run logs what an uninterrupted one does)."""
 
-    def __init__(self, vocab_size: int, special_ids: tuple[int, ...], device: torch.device):
+    def __init__(self, vocab_size: int, device: torch.device):
         self.counts = torch.ones(vocab_size, dtype=torch.float64, device=device)
-        self.special = torch.tensor(sorted(special_ids), dtype=torch.long, device=device)
 
-    def __call__(self, ids: torch.Tensor, pad: torch.Tensor, world: int) -> torch.Tensor:
-        """(sum of -log q(token), tokens) over the global micro-batch; then the counts take its tokens."""
-        tokens = ids[~pad & ~torch.isin(ids, self.special)]
+    def __call__(self, tokens: torch.Tensor, seen: torch.Tensor, world: int) -> torch.Tensor:
+        """(sum of -log q(token), tokens) over the global micro-batch; then the counts take its tokens.
+        ``tokens``: this rank's non-special ones in row-major order, ``seen``: their counts (float64),
+        both made on the host (models.step_inputs): a boolean mask or a bincount here would wait on the device."""
         nll = -(self.counts[tokens] / self.counts.sum()).log().sum()
-        stat = torch.stack([nll, nll.new_tensor(float(tokens.numel()))])
-        seen = torch.bincount(tokens, minlength=len(self.counts)).double()
+        stat = torch.stack([nll, torch.full((), float(tokens.numel()), dtype=nll.dtype, device=nll.device)])
         if world > 1:
             dist.all_reduce(stat)
             dist.all_reduce(seen)
@@ -275,7 +258,7 @@ def train(cfg: TrainConfig) -> None:
                for t in cfg.tasks}
     audit = make_audit(cfg, loaders, engine, rank, world, device)  # NO_AUDIT in a plain pretrain run
     loaders.update(audit.loaders())
-    unigram = UnigramBaseline(enc.vocab_size, enc.special_ids, device)
+    unigram = UnigramBaseline(enc.vocab_size, device)
     ckroot = Path(cfg.checkpoint_dir)
     start = 0
     done = complete_checkpoints(ckroot)
@@ -309,16 +292,21 @@ def train(cfg: TrainConfig) -> None:
         """Each task's batches from step ``a`` to the next re-sampling (or the end): exactly
         those, so none is drawn ahead with weights that are about to change."""
         b = next((s for s in schedule if s > a), cfg.steps)
-        out = {t: loaders[t].batches(sum(task_plan(cfg, s).count(t) for s in range(a, b))) for t in cfg.tasks}
+        out = {}
+        for t in cfg.tasks:
+            positions = micro_batches(cfg, t, a, b)
+            out[t] = loaders[t].batches(len(positions), prepare=StepInputs(
+                positions, cfg.seed, rank, world, loaders[t].pad, enc.special_ids, enc.vocab_size,
+                getattr(engine.module, "host_counts", None), pin=cuda))
         return {**out, **audit.batches(a, b)}
 
     iters = None
     seq_len = loaders[cfg.tasks[0]].seq_len
     fpt = flops_per_token(enc, seq_len, cfg.objective, cfg.mask_prob)
     peak = peak_tflops(torch.cuda.get_device_name(device), cfg.peak_tflops) if cuda else None
+    interval = Interval(engine.module.loss_weights, fpt, peak * 1e12 * world if peak else None, averaged=cuda)
     engine.train()
     for step in range(start, cfg.steps):
-        t0 = time.perf_counter()
         lr = max(lr_schedule.get_last_lr())  # the lr this step uses (a frozen body's groups are at 0)
         sums: dict[str, torch.Tensor] = {}
         unigram_sums: dict[str, torch.Tensor] = {}
@@ -334,16 +322,15 @@ def train(cfg: TrainConfig) -> None:
             batch = next(iters[task])
             if step == start and micro == 0:
                 phase("first_batch")
-            ids = torch.from_numpy(batch["input_ids"]).long().to(device)
+            ids, seg, noise = (on_device(batch, k, device) for k in ("ids", "segments", "noise"))
             pad = ids == loaders[task].pad
-            seg = torch.from_numpy(batch["segment_ids"]).to(device) if "segment_ids" in batch else None
             rows = [rank + world * k for k in range(ids.shape[0])]
-            noise = row_noise(cfg.seed, step, micro, rows, (~pad).sum(1).tolist(), ids.shape[1]).to(device)
-            unigram_sums[task] = unigram_sums.get(task, 0) + unigram(ids, pad, world).cpu()
+            unigram_sums[task] = unigram_sums.get(task, 0) + unigram(
+                on_device(batch, "unigram_tokens", device), on_device(batch, "unigram_seen", device), world)
             per_row = audit.wants_rows(task)
             if per_row:
                 audit.before_pass(ids, pad, seg, noise, batch, step, micro, rows)
-            st = engine(ids, pad, seg, noise, per_row=per_row)
+            st = engine(ids, pad, seg, noise, per_row=per_row, **batch.get("host_counts", {}))
             if per_row:
                 audit.after_pass(st, batch)
             reduced = torch.cat([st.sums(), st.counts()])
@@ -355,39 +342,33 @@ def train(cfg: TrainConfig) -> None:
             engine.step()
             if micro == len(plan) - 1 and hasattr(engine.module, "after_step"):
                 engine.module.after_step()  # e.g. InfoXLM's momentum encoder follows the updated weights
-            sums[task] = sums.get(task, 0) + reduced.cpu()
+            sums[task] = sums.get(task, 0) + reduced  # on the device: read once per logging interval
             gauges.update(st.extra)
-        if cuda:
-            torch.cuda.synchronize()
         audit.end(step)
-        seconds = time.perf_counter() - t0
         done_step = step + 1
+        checkpoint = done_step % cfg.checkpoint_every == 0 or done_step == cfg.steps
         if rank == 0:
-            metrics = {**summarise(sums), **resampled, **gauges}
-            metrics.update({f"{t}/generator_unigram_loss": float(v[0] / v[1]) for t, v in unigram_sums.items() if v[1]})
-            tokens = sum(float(v[Stats.fields().index("tokens")]) for v in sums.values())
-            weights = engine.module.loss_weights
-            loss = sum(sum(w * metrics.get(f"{t}/{name}", 0) for name, w in weights.items()) for t in sums) / len(sums)
             gn = engine.get_global_grad_norm()
             gn = unclipped_norm if gn is None else gn
-            metrics.update({"loss": loss, "lr": lr, "grad_norm": float(gn) if gn is not None else float("nan"),
-                            "tokens_per_second": tokens / seconds, "step_seconds": seconds, "tokens": tokens})
-            if cuda:
-                metrics["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
-            if peak:
-                metrics["mfu"] = tokens * fpt / seconds / (peak * 1e12 * world)
-            sink.log(done_step, metrics)
-            if done_step % cfg.log_every == 0 or done_step == cfg.steps:
-                parts = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if "loss" in k or k == "tokens_per_second")
-                print(f"xylent: step {done_step}/{cfg.steps} {parts}", flush=True)
+            interval.add(done_step, sums, unigram_sums, gn.detach().clone() if isinstance(gn, torch.Tensor) else gn,
+                         lr, {**resampled, **gauges})
+            if done_step % cfg.log_every == 0 or checkpoint:  # the lines before the checkpoint that keeps them
+                lines = interval.lines(torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None)
+                for at, metrics in lines:
+                    sink.log(at, metrics)
+                if done_step % cfg.log_every == 0 or done_step == cfg.steps:
+                    parts = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if "loss" in k or k == "tokens_per_second")
+                    print(f"xylent: step {done_step}/{cfg.steps} {parts}", flush=True)
+                interval.restart()
         if step == start:
             phase("first_step")
-        if done_step % cfg.checkpoint_every == 0 or done_step == cfg.steps:
+        if checkpoint:
             extra = {"unigram_counts": unigram.counts.cpu(), **audit.state()}
             if hasattr(engine.module, "objective_state"):
                 extra["objective"] = engine.module.objective_state()
             save_checkpoint(engine, cfg, ckroot, done_step, {t: ld.state_dict() for t, ld in loaders.items()},
                             rank, world, cuda, extra)
+            interval.restart()
     if sink is not None:
         sink.close()
     audit.finish(rank)

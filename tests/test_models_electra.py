@@ -9,7 +9,7 @@ import torch
 from models.config import preset
 from models.electra import ElectraModel, MaskedLMModel
 from models.stats import Norms
-from models.masking import bert_corrupt, choose_masked, corrupt, maskable, row_noise, sample_tokens
+from models.masking import bert_corrupt, choose_masked, corrupt, maskable, positions, row_noise, sample_tokens
 from tasks.vocab.specials import BOS, EOS, MASK, PAD, SPECIAL_PIECES
 
 pytestmark = pytest.mark.demo_data  # reads the session demo only (pyproject.toml's markers)
@@ -45,10 +45,11 @@ def test_specials_and_padding_are_never_masked_and_each_side_gets_its_share():
 def test_a_sample_equal_to_the_original_counts_as_original():
     ids, seg, g = _batch()
     m = choose_masked(ids, seg, 0.15, torch.rand(ids.shape, generator=g), SPECIAL_IDS)
-    corrupted, replaced = corrupt(ids, m, ids[m])  # the generator reproduced every original
+    at = positions(m, int(m.sum()))
+    assert torch.equal(ids.flatten()[at], ids[m]), "the masked positions, in row-major order"
+    corrupted, replaced = corrupt(ids, at, ids.flatten()[at])  # the generator reproduced every original
     assert torch.equal(corrupted, ids) and not replaced.any()
-    other = ids[m] + 1
-    corrupted, replaced = corrupt(ids, m, other)
+    corrupted, replaced = corrupt(ids, at, ids.flatten()[at] + 1)
     assert torch.equal(replaced, m)
 
 

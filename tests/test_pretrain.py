@@ -231,6 +231,28 @@ def test_two_cpu_ranks_with_zero2_match_one_rank_with_the_same_global_batch(run_
     assert "--num_gpus 2" in log and ("WORLD_SIZE=2" in log or "dist_world_size=2" in log)  # direct, or the launcher
 
 
+def test_the_reference_run_logs_what_the_trainer_before_issue_61_logged(two_ranks):
+    """Issue 61's trainer makes each micro-batch's noise and counts in the loader's thread and reads the
+    metrics once per logging interval (every 5 steps here), yet every step keeps its line with the values the
+    per-step reads gave: tests/data/pretrain-metrics-before-issue-61.jsonl, this run as the trainer before
+    issue 61 logged it. Measured when written: every accuracy, precision, recall, base rate, unigram loss,
+    token count, lr and grad norm bit for bit, the losses within 2e-7 (the same per-token losses summed over
+    a fixed-size gather). The bar is the one above for a change of matmul shapes: later changes of the
+    model's arithmetic may move the losses by rounding, never the steps, fields or data."""
+    _, out, _ = two_ranks
+    want = [json.loads(ln) for ln in (ROOT / "tests" / "data" / "pretrain-metrics-before-issue-61.jsonl").read_text()
+            .splitlines()]
+    got = _metrics(out)
+    timing = {"step_seconds", "tokens_per_second", "mfu", "peak_memory_gb"}
+    assert [r["step"] for r in got] == [r["step"] for r in want] == list(range(1, STEPS + 1))
+    for a, b in zip(got, want):
+        assert set(a) - timing == set(b), a["step"]
+        assert (a["tokens"], a["lr"]) == (b["tokens"], b["lr"]), a["step"]
+    rel = [abs(a[k] - b[k]) / max(abs(b[k]), 1e-6) for a, b in zip(got, want) for k in b if k != "step"]
+    assert np.median(rel) < 1e-5 and max(rel) < 3e-3, (np.median(rel), max(rel))
+    assert max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(got[:10], want[:10])) < 3e-5
+
+
 @pytest.mark.costs(cli=1, deepspeed=1)
 def test_a_killed_rank_is_reported_and_the_rerun_resumes_exactly(run_cli, demo_run, two_ranks, tmp_path):
     """Through DeepSpeed's own launcher (XYLENT_DEEPSPEED_LAUNCHER=1), as a GPU or multi-node launch runs: the

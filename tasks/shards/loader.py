@@ -24,7 +24,7 @@ import queue
 import threading
 import zlib
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -257,18 +257,21 @@ class TrainingLoader:
         st["step"] += 1
         return batch, copy.deepcopy(st)
 
-    def batches(self, steps: int) -> Iterator[dict]:
-        """The next ``steps`` batches, prefetched by a background thread."""
+    def batches(self, steps: int, prepare: Callable[[int, dict], dict] | None = None) -> Iterator[dict]:
+        """The next ``steps`` batches, prefetched by a background thread.  ``prepare(k, batch)``, run
+        in that thread on the k-th batch of this call, gives what is yielded instead: host work a
+        training step needs (its noise, its counts) done ahead, off the step's thread."""
         q: queue.Queue = queue.Queue(maxsize=max(1, self.prefetch))
         st = copy.deepcopy(self._state)
         stop = threading.Event()
 
         def work():
             try:
-                for _ in range(steps):
+                for k in range(steps):
                     if stop.is_set():
                         return
-                    q.put(self._produce(st))
+                    batch, after = self._produce(st)
+                    q.put((batch if prepare is None else prepare(k, batch), after))
                 q.put(None)
             except BaseException as exc:  # surfaced in the consumer
                 q.put(exc)
