@@ -87,24 +87,26 @@ STAGES = order_stages([
     _declare("prepare", description="decode, normalise and filter text into mono/ and bitext/ Parquet",
              version=versions.PREPARE, reads=("languages", "sources", "prepare"), upstream=("download",)),
     _declare("dedup", description="exact and near-duplicate removal (MinHash LSH), bitext cleaning "
-             "(copies, ratio, hubs, lang-id)", version="2", reads=("dedup", "languages"), upstream=("prepare",)),
+             "(copies, ratio, hubs, lang-id)", version=versions.DEDUP, reads=("dedup", "languages"),
+             upstream=("prepare",)),
     _declare("vocab", description="VoCAP vocabulary: per-language SentencePiece grids, ALP allocation, one merged "
-             "unigram model", version="1", reads=("vocab", "seed"), upstream=("dedup",)),
+             "unigram model", version=versions.VOCAB, reads=("vocab", "seed"), upstream=("dedup",)),
     _declare("sampling", description="language and language-pair sampling tables (alpha-smoothing, M2M-100 LP, "
-             "XY-LENT Sinkhorn)", version="2", reads=("sampling",), upstream=("dedup",)),
+             "XY-LENT Sinkhorn)", version=versions.SAMPLING, reads=("sampling",), upstream=("dedup",)),
     _declare("shards", description="tokenised, packed Arrow shards for MRTD and TRTD (+ index.json for the loader)",
-             version="1", reads=("shards",), upstream=("dedup", "vocab")),
+             version=versions.SHARDS, reads=("shards",), upstream=("dedup", "vocab")),
     _declare("pretrain", description="ELECTRA (MRTD + TRTD) pretraining under DeepSpeed ZeRO; exports and registers "
-             "the encoder", version="3", reads=("model", "pretrain", "seed"), upstream=("vocab", "sampling", "shards"),
+             "the encoder", version=versions.PRETRAIN, reads=("model", "pretrain", "seed"),
+             upstream=("vocab", "sampling", "shards"),
              identity=_pretrain_identity, on_cached=_register_pretrain),
     _declare("audit", description="DRO bitext audit (XY-LENT §6.6): train under a χ² adversary over language pairs, "
-             "rank pairs by w = q/Q, evidence for the flagged ones", version="6",  # 6: baseline_every auto, EMAs per measurement
+             "rank pairs by w = q/Q, evidence for the flagged ones", version=versions.AUDIT,
              reads=("model", "pretrain", "audit", "seed", "dedup"),
              upstream=("dedup", "vocab", "sampling", "shards", "pretrain"),
              conditions=(("pretrain", lambda spec: spec.audit.init == "pretrain"),), identity=_audit_identity,
              on_cached=_register_audit),
     _declare("evaluate", description="scorecard: Tatoeba/BUCC retrieval and zero-shot probes for each encoder "
-             "side by side (XTREME conventions), with a random-init baseline", version="1",
+             "side by side (XTREME conventions), with a random-init baseline", version=versions.EVALUATE,
              reads=("evaluate", "sources"), upstream=("download", "dedup", "pretrain")),
 ])
 STAGE_NAMES = [s.name for s in STAGES]

@@ -1,7 +1,15 @@
-"""Code versions of the stages whose own code also hashes them (download's fetched
-files, prepare's units): here, outside those packages, so that declaring the
-stages (``flows/registry.py``) imports neither package's code.  Bump one when a
-change alters that stage's output: old outputs stop being cache hits."""
+"""Every stage's code version, in one place: a stage's fingerprint hashes it (flows/registry.py),
+and download and prepare also stamp each fetched file and unit with theirs.  Here, outside the stage
+packages, so that declaring the stages imports none of their code.  Bump a stage's version when a
+change alters its output: its old outputs (and those downstream) stop being cache hits.  A change
+that alters no output (a refactor, a new knob at its default) keeps it."""
 
 DOWNLOAD = "1"
 PREPARE = "1"
+DEDUP = "2"
+VOCAB = "1"
+SAMPLING = "2"
+SHARDS = "1"
+PRETRAIN = "3"
+AUDIT = "6"  # 6: baseline_every auto, EMAs per measurement
+EVALUATE = "1"
