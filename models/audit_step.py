@@ -496,7 +496,7 @@ def heldout_help(engine, batch: dict, index: dict[str, int], seed: int, step: in
     noise = row_noise(seed, step, HELDOUT_NOISE, rows, (~pad).sum(1).tolist(), ids.shape[1]).to(device)
     own = engine(ids, pad, seg, noise, per_row=True).rows
     # ELECTRA's replacements come from its generator, which reads the partner: replayed in the swapped pass
-    corrupted = engine.module.corrupted if engine.module.objective == "electra" else None
+    corrupted = engine.module.generated_input()
     swapped, kept = partners_swapped(engine, ids, pad, seg, noise, directed(batch["pairs"], batch["flipped"], index),
                                      rank, world, corrupted)
     names = [batch["pairs"][i] for i in kept]

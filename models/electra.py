@@ -32,6 +32,7 @@ from torch import nn
 
 from models.config import EncoderConfig
 from models.encoder import Embeddings, Encoder
+from models.objective import ObjectiveModel
 from models.weight_init import init_weights
 from models.masking import bert_corrupt, choose_masked, corrupt, masked_count, positions
 from models.stats import Norms, Stats, row_sums, row_sums_at, zero
@@ -64,8 +65,20 @@ class RTDHead(nn.Module):
         return self.out(F.gelu(self.dense(x))).squeeze(-1)
 
 
-class ElectraModel(nn.Module):
+class ElectraModel(ObjectiveModel):
     objective = "electra"
+
+    @classmethod
+    def from_options(cls, cfg: EncoderConfig, disc_weight: float, mask_prob: float, options: dict) -> "ElectraModel":
+        return cls(cfg, disc_weight, mask_prob)
+
+    @classmethod
+    def layer_passes(cls, cfg: EncoderConfig) -> float:
+        return cfg.layers + cfg.generator_layers
+
+    @classmethod
+    def extra_head_flops(cls, cfg: EncoderConfig) -> float:
+        return 2 * cfg.hidden * cfg.hidden  # the discriminator head's dense layer, at every token
 
     def __init__(self, cfg: EncoderConfig, disc_weight: float = 50.0, mask_prob: float = 0.15):
         super().__init__()
@@ -126,6 +139,9 @@ class ElectraModel(nn.Module):
         ``real``: its non-pad positions), counted on the host."""
         return {"n_masked": masked_count(ids, segments, self.mask_prob, self.special_ids), "n_real": int(real.sum())}
 
+    def generated_input(self) -> torch.Tensor:
+        return self.corrupted  # the generator's samples at the masked positions
+
     def loss(self, st: Stats, norms: Norms) -> torch.Tensor:
         return st.g_loss / norms.g + self.disc_weight * st.d_loss / norms.d
 
@@ -134,10 +150,14 @@ class ElectraModel(nn.Module):
         return _prefixed(self, ("embeddings.", "discriminator."))
 
 
-class MaskedLMModel(nn.Module):
+class MaskedLMModel(ObjectiveModel):
     """The MLM/TLM ablation: one encoder, BERT's 80/10/10 corruption."""
 
     objective = "mlm"
+
+    @classmethod
+    def from_options(cls, cfg: EncoderConfig, disc_weight: float, mask_prob: float, options: dict) -> "MaskedLMModel":
+        return cls(cfg, mask_prob)
 
     def __init__(self, cfg: EncoderConfig, mask_prob: float = 0.15):
         super().__init__()

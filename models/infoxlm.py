@@ -76,6 +76,16 @@ def xlco_default_layer(layers: int) -> int:
 class InfoXLMModel(MaskedLMModel):
     objective = "infoxlm"
 
+    @classmethod
+    def from_options(cls, cfg: EncoderConfig, disc_weight: float, mask_prob: float, options: dict) -> "InfoXLMModel":
+        return cls(cfg, mask_prob, xlco=XLCoConfig(**options))
+
+    @classmethod
+    def layer_passes(cls, cfg: EncoderConfig) -> float:
+        # the contrasted layers again on each side (the query with its backward, the key forward only):
+        # about half the stack more per token, as counted per token of the pair rows
+        return cfg.layers * 1.5
+
     def __init__(self, cfg: EncoderConfig, mask_prob: float = 0.15, *, xlco: XLCoConfig):
         super().__init__(cfg, mask_prob)
         self.xlco = xlco

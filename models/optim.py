@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from models.config import EncoderConfig
+from models.objectives import model_class
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -97,14 +98,9 @@ def flops_per_token(cfg: EncoderConfig, seq_len: int, objective: str, mask_prob:
     """
     h = cfg.hidden
     per_layer = 2 * (4 * h * h + 2 * h * cfg.ffn) + 4 * seq_len * h
-    layers = cfg.layers + (cfg.generator_layers if objective == "electra" else 0)
-    # InfoXLM also runs the contrasted layers on each side (query with backward, key forward only);
-    # VECO a plug-in pass with cross-attention (~4/3 of a layer) on top of the plug-out pass: as counted
-    # per token of the pair rows, approximately
-    layers = {"infoxlm": layers * 1.5, "veco": layers * (1 + 4 / 3)}.get(objective, layers)
+    model = model_class(objective)  # its layers per token and any extra head (models.objective)
     head = mask_prob * 2 * (h * h + h * cfg.vocab_size)
-    disc_head = 2 * h * h if objective == "electra" else 0
-    return 3 * (layers * per_layer + head + disc_head)
+    return 3 * (model.layer_passes(cfg) * per_layer + head + model.extra_head_flops(cfg))
 
 
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "GH200": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}

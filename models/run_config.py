@@ -3,7 +3,7 @@
 so a Slurm job can be launched from it).
 
 No field has a default here: the spec (``xylent.spec.PretrainConfig``) is the one
-place defaults live, and a train.json that lacks a field is refused.
+place defaults live, and a train.json that lacks a field, or has one more, is refused.
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ class DroConfig:
 
 @dataclass
 class TrainConfig:
-    """A training knob (``cfg.steps``, ``cfg.mask_prob``, …) is read from ``resolved`` where this
-    run decided it, else from ``pretrain``, the spec's section as written; setting one records it
-    in ``resolved``.  So a new knob in xylent.spec.PretrainConfig reaches the ranks as it is."""
+    """Every field a rank reads, declared.  The knobs are the spec's ``pretrain`` fields of the same
+    name (xylent.spec.PretrainConfig: their defaults, types and docs), as the stage resolved them
+    (:func:`tasks.pretrain.train_json.train_config`; the audit's :func:`tasks.audit.train_config.
+    audit_train_config` shortens the run); tests/test_pretrain_config.py holds the names to the spec's."""
     # where things are
     shards_dir: str
     sampling_dir: str
@@ -43,32 +44,41 @@ class TrainConfig:
     deepspeed_config: str       # the JSON actually used (xylent's zero<N>.json or the user's)
     zero_stage: int             # read from that JSON: reported, never written back into it
     model: dict                 # models.config.EncoderConfig fields, tokenizer's special ids included
-    # what to train
-    pretrain: dict              # the spec's pretrain section whole (xylent.spec.PretrainConfig, as JSON)
-    resolved: dict              # what the stage decided over it: lr and clip for the model size, the seed, the
-                                # objective's options (objective_options), the audit's steps, warmup, checkpoints
+    # what to train: the objective and its data
+    objective: str
+    objective_options: dict     # the objective's own section (PretrainConfig.objective_options), resolved
+    tasks: list[str]
+    task_schedule: str
+    trtd_ratio: float
+    trtd_max_tokens: int
+    mask_prob: float
+    disc_weight: float
+    # how long, how much
+    steps: int
+    batch_size: int
+    grad_accum: int
+    seed: int                   # the spec's top-level seed
+    # the optimizer (lr and clip resolved for the model size where the spec leaves them unset)
+    lr: float
+    clip: float
+    warmup_steps: int
+    betas: list[float]
+    eps: float
+    weight_decay: float
+    precision: str
+    compile: str
+    # checkpoints and what starts the run
+    checkpoint_every: int
+    keep_checkpoints: int
     init_from: str | None       # a safetensors file of every weight to start from (the audit's init: pretrain)
     dro: DroConfig | None       # the audit's adversary; None in a plain pretrain run
     # how it is observed
+    log_every: int
+    system_metrics: bool
+    system_metrics_interval: float
+    peak_tflops: float | None
     mlflow_tracking_uri: str | None
     mlflow_run_id: str | None
-
-    def __getattr__(self, name: str):
-        if not name.startswith("__"):  # copy and pickle probe dunders before __init__ ran
-            for part in ("resolved", "pretrain"):
-                knobs = self.__dict__.get(part) or {}
-                if name in knobs:
-                    return knobs[name]
-        raise AttributeError(f"train.json has no {name!r}: it is neither a field, a resolved value nor a knob of "
-                             "the spec's pretrain section")
-
-    def __setattr__(self, name: str, value) -> None:
-        if name in _FIELDS:
-            object.__setattr__(self, name, value)
-            return
-        if self.__dict__.get("resolved") is None:
-            object.__setattr__(self, "resolved", {})
-        self.resolved[name] = value
 
     @classmethod
     def load(cls, path: str | Path) -> "TrainConfig":
@@ -90,7 +100,12 @@ class TrainConfig:
         Path(path).write_text(json.dumps(asdict(self), indent=2))
 
 
-_FIELDS = frozenset(f.name for f in fields(TrainConfig))
+# the knobs that are the spec's pretrain fields of the same name, copied as the spec has them; lr and clip too
+# when the spec sets them (else the model size's defaults), seed from the spec's top level
+SPEC_KNOBS = ("objective", "tasks", "task_schedule", "trtd_ratio", "trtd_max_tokens", "mask_prob", "disc_weight",
+              "steps", "batch_size", "grad_accum", "warmup_steps", "betas", "eps", "weight_decay", "precision",
+              "compile", "checkpoint_every", "keep_checkpoints", "log_every", "system_metrics",
+              "system_metrics_interval", "peak_tflops")
 
 
 def task_plan(cfg: TrainConfig, step: int) -> list[str]:

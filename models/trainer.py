@@ -206,13 +206,8 @@ class UnigramBaseline:
 
 
 def should_compile(cfg: TrainConfig, cuda: bool) -> bool:
-    """pretrain.compile: auto compiles on CUDA only (models.encoder.compile_encoders says why); a train.json
-    written before the knob reads as auto."""
-    try:
-        mode = cfg.compile
-    except AttributeError:
-        mode = "auto"
-    return mode == "on" or (mode == "auto" and cuda)
+    """pretrain.compile: auto compiles on CUDA only (models.encoder.compile_encoders says why)."""
+    return cfg.compile == "on" or (cfg.compile == "auto" and cuda)
 
 
 def train(cfg: TrainConfig) -> None:
@@ -248,8 +243,7 @@ def train(cfg: TrainConfig) -> None:
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=lr_schedule,
                                            config=ds_config(cfg, bf16, world))
     phase("engine_ready")
-    if hasattr(engine.module, "attach"):  # an objective with state outside the trained module (InfoXLM's keys)
-        engine.module.attach(device)
+    engine.module.attach(device)  # state outside the trained module (InfoXLM's keys); models.objective
     torch.manual_seed(cfg.seed + 1 + rank)  # dropout: each rank its own stream
 
     loaders = {t: TrainingLoader(cfg.shards_dir, cfg.sampling_dir, task=t, seed=cfg.seed, rank=rank, world_size=world,
@@ -297,7 +291,7 @@ def train(cfg: TrainConfig) -> None:
             positions = micro_batches(cfg, t, a, b)
             out[t] = loaders[t].batches(len(positions), prepare=StepInputs(
                 positions, cfg.seed, rank, world, loaders[t].pad, enc.special_ids, enc.vocab_size,
-                getattr(engine.module, "host_counts", None), pin=cuda))
+                engine.module.host_counts, pin=cuda))
         return {**out, **audit.batches(a, b)}
 
     iters = None
@@ -340,7 +334,7 @@ def train(cfg: TrainConfig) -> None:
             if rank == 0 and cfg.zero_stage == 0 and micro == len(plan) - 1:
                 unclipped_norm = gradient_norm(engine.module)  # DeepSpeed keeps no global norm without ZeRO
             engine.step()
-            if micro == len(plan) - 1 and hasattr(engine.module, "after_step"):
+            if micro == len(plan) - 1:
                 engine.module.after_step()  # e.g. InfoXLM's momentum encoder follows the updated weights
             sums[task] = sums.get(task, 0) + reduced  # on the device: read once per logging interval
             gauges.update(st.extra)
@@ -364,8 +358,9 @@ def train(cfg: TrainConfig) -> None:
             phase("first_step")
         if checkpoint:
             extra = {"unigram_counts": unigram.counts.cpu(), **audit.state()}
-            if hasattr(engine.module, "objective_state"):
-                extra["objective"] = engine.module.objective_state()
+            state = engine.module.objective_state()
+            if state is not None:
+                extra["objective"] = state
             save_checkpoint(engine, cfg, ckroot, done_step, {t: ld.state_dict() for t, ld in loaders.items()},
                             rank, world, cuda, extra)
             interval.restart()

@@ -113,6 +113,16 @@ class VecoModel(MaskedLMModel):
 
     objective = "veco"
 
+    @classmethod
+    def from_options(cls, cfg: EncoderConfig, disc_weight: float, mask_prob: float, options: dict) -> "VecoModel":
+        return cls(cfg, mask_prob, VecoOptions(**options))
+
+    @classmethod
+    def layer_passes(cls, cfg: EncoderConfig) -> float:
+        # a plug-in pass with cross-attention (about 4/3 of a layer) on top of the plug-out pass, per token
+        # of the pair rows, approximately
+        return cfg.layers * (1 + 4 / 3)
+
     def __init__(self, cfg: EncoderConfig, mask_prob: float = 0.15, options: VecoOptions | None = None):
         """``options``: pretrain.veco's; None for a model that only encodes (an export plugged in,
         models.veco_plug_in), which cannot train."""

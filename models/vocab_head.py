@@ -102,9 +102,9 @@ def generator_outputs(head, x: torch.Tensor, embedding: torch.Tensor, target: to
                       sample: bool, per_token: bool):
     """The tied output layer ``head`` (models.electra.TiedLMHead) at the masked rows ``x``: (Σ cross-entropy,
     the per-token losses or None unless ``per_token``, the tokens sampled at the uniforms ``u`` or None
-    unless ``sample``, the argmax).  While rows × V ≤ :data:`WHOLE_LOGITS_ELEMENTS` the logits are made whole, the very
-    ops of the step before issue 61 (bit for bit on the CPU: what the acceptance replay holds); above it,
-    in chunks (:func:`tied_lm_loss`)."""
+    unless ``sample``, the argmax).  While rows × V ≤ :data:`WHOLE_LOGITS_ELEMENTS` the logits are made
+    whole, the very ops of the step before issue 61 (bit for bit on the CPU: what the acceptance replay
+    holds); above it, in chunks (:func:`tied_lm_loss`)."""
     if x.shape[0] * embedding.shape[0] <= WHOLE_LOGITS_ELEMENTS:
         logits = head(x, embedding)
         tok = F.cross_entropy(logits.float(), target, reduction="none" if per_token else "sum")

@@ -126,4 +126,3 @@ def test_the_trainer_compiles_the_encoders_on_cuda_unless_told_otherwise():
     assert not should_compile(SimpleNamespace(compile="auto"), cuda=False)  # CPU: Inductor's compile costs more
     assert should_compile(SimpleNamespace(compile="on"), cuda=False)
     assert not should_compile(SimpleNamespace(compile="off"), cuda=True)
-    assert should_compile(SimpleNamespace(), cuda=True)  # a train.json from before the knob: auto

@@ -69,6 +69,20 @@ def test_train_json_has_no_defaults_of_its_own(tmp_path):
         TrainConfig.load(tmp_path / "train.json")
 
 
+def test_every_knob_is_a_declared_field_named_as_the_spec_names_it():
+    """No lookup at run time: reading a knob the config does not declare is an AttributeError, and the knobs
+    copied from the spec are fields of xylent.spec.PretrainConfig with the same name."""
+    from models.run_config import SPEC_KNOBS
+    from xylent.spec import PretrainConfig
+
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert set(SPEC_KNOBS) <= names and set(SPEC_KNOBS) <= set(PretrainConfig.model_fields)
+    assert {"lr", "clip"} <= set(PretrainConfig.model_fields), "resolved over the spec's own, same name"
+    cfg = TrainConfig(**{n: None for n in names})
+    with pytest.raises(AttributeError):
+        cfg.not_a_knob
+
+
 def test_train_config_takes_every_knob_from_the_spec(demo_run, tmp_path):
     from tasks.pretrain.train_json import train_config
 

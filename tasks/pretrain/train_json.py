@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 
 from models.config import EncoderConfig, preset
-from models.run_config import TrainConfig
+from models.run_config import SPEC_KNOBS, TrainConfig
 from xylent.errors import XylentError
+from xylent.objectives import OBJECTIVES
 from xylent.spec import DEFAULT_CLIP, DEFAULT_LR, Spec
 
 from tasks.pretrain.contract import METRICS_FILE
@@ -73,17 +74,20 @@ def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str
         raise XylentError(f"pretrain.infoxlm.layer is {layer} but the model has {enc.layers} layers",
                           where="spec field pretrain.infoxlm.layer", fix=f"pick 1..{enc.layers}, or leave it unset")
     ds_path, stage = deepspeed_config(spec)
-    if stage == 3 and p.objective == "infoxlm":  # the spec checks zero_stage; a user's JSON may say 3 too
-        raise XylentError(f"{ds_path.name} is ZeRO-3, whose partitioned parameters cannot feed InfoXLM's momentum "
-                          "key encoder", where="spec fields pretrain.objective and pretrain.deepspeed_config",
-                          fix="use a ZeRO 0-2 DeepSpeed config for objective infoxlm")
+    no_zero3 = OBJECTIVES[p.objective].no_zero3
+    if stage == 3 and no_zero3:  # the spec checks zero_stage; a user's JSON may say 3 too
+        raise XylentError(f"{ds_path.name} is ZeRO-3, whose partitioned parameters cannot serve objective "
+                          f"{p.objective}: it {no_zero3}",
+                          where="spec fields pretrain.objective and pretrain.deepspeed_config",
+                          fix=f"use a ZeRO 0-2 DeepSpeed config for objective {p.objective}")
     return TrainConfig(
         shards_dir=shards_source or str(upstream["shards"]), sampling_dir=str(upstream["sampling"]),
         checkpoint_dir=str(ckdir / "deepspeed"), metrics_file=str(ckdir / METRICS_FILE),
-        deepspeed_config=str(ds_path), zero_stage=stage, model=enc.to_dict(), pretrain=p.model_dump(mode="json"),
-        resolved={"lr": p.lr or DEFAULT_LR[spec.model.size], "clip": p.clip or DEFAULT_CLIP[spec.model.size],
-                  "seed": spec.seed, "objective_options": p.objective_options()},
-        init_from=None, dro=None, mlflow_tracking_uri=tracking_uri, mlflow_run_id=run_id)
+        deepspeed_config=str(ds_path), zero_stage=stage, model=enc.to_dict(),
+        **{k: v for k, v in p.model_dump(mode="json").items() if k in SPEC_KNOBS},
+        lr=p.lr or DEFAULT_LR[spec.model.size], clip=p.clip or DEFAULT_CLIP[spec.model.size], seed=spec.seed,
+        objective_options=p.objective_options(), init_from=None, dro=None, mlflow_tracking_uri=tracking_uri,
+        mlflow_run_id=run_id)
 
 
 def check_resumable(cfg: TrainConfig, world: int) -> None:

@@ -7,6 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from xylent.objectives import OBJECTIVES, with_section
 from xylent.spec.base import Strict
 
 
@@ -127,9 +128,9 @@ class VecoConfig(Strict):
 
 
 class PretrainConfig(Strict):
-    objective: Literal["electra", "mlm", "infoxlm", "veco"] = Field(
-        default="electra", description="electra: XLM-E generator + discriminator; mlm: the MLM/TLM ablation; "
-        "infoxlm: MMLM + TLM + XLCo contrast; veco: MLM + cross-attention MLM (plug-in/plug-out)")
+    objective: Literal[tuple(OBJECTIVES)] = Field(  # xylent.objectives declares them
+        default="electra", description="; ".join(f"{o.name}: {o.summary}" for o in OBJECTIVES.values()))
+    # each objective's own section, named as the objective (xylent.objectives: with_section)
     infoxlm: InfoXLMConfig = Field(default_factory=InfoXLMConfig)
     veco: VecoConfig = Field(default_factory=VecoConfig)
     tasks: list[Literal["mrtd", "trtd"]] = Field(default_factory=lambda: ["mrtd", "trtd"], min_length=1)
@@ -172,23 +173,21 @@ class PretrainConfig(Strict):
     # compile: how the same arithmetic is scheduled (fused kernels round alike within a tolerance), not what
     OPERATIONAL: ClassVar[tuple[str, ...]] = ("ranks", "hostfile", "master_port", "log_every", "system_metrics",
                                               "system_metrics_interval", "peak_tflops", "register_name", "compile")
-    ADDED_LATER: ClassVar[tuple[str, ...]] = ("infoxlm", "veco", "init")
-    # each objective's own section: in the fingerprint only when that objective is trained
-    OBJECTIVE_SECTIONS: ClassVar[dict[str, str]] = {"infoxlm": "infoxlm", "veco": "veco"}
+    # the objectives' sections came after the first outputs: at their defaults they leave fingerprints alone
+    ADDED_LATER: ClassVar[tuple[str, ...]] = (*with_section(), "init")
 
     def unread_fields(self) -> set[str]:
         """The other objectives' sections: not read by this run, so not part of what it computes."""
-        return {sec for obj, sec in self.OBJECTIVE_SECTIONS.items() if obj != self.objective}
+        return set(with_section()) - {self.objective}
 
     def objective_options(self) -> dict:
         """The trained objective's own knobs (pretrain.<objective>), for train.json."""
-        section = self.OBJECTIVE_SECTIONS.get(self.objective)
-        return getattr(self, section).model_dump() if section else {}
+        return getattr(self, self.objective).model_dump() if self.objective in with_section() else {}
 
     def objective_variant(self) -> dict[str, tuple]:
         """The trained objective's knobs that differ from its defaults, which are the paper's
         settings: {knob: (paper's, this run's)}; empty when the run trains the paper's form."""
-        section = self.OBJECTIVE_SECTIONS.get(self.objective)
+        section = self.objective if self.objective in with_section() else None
         if not section:
             return {}
         ours, paper = getattr(self, section).model_dump(), type(getattr(self, section))().model_dump()
@@ -198,12 +197,13 @@ class PretrainConfig(Strict):
     def _check(self):
         if len(set(self.tasks)) != len(self.tasks):
             raise ValueError("pretrain.tasks lists a task twice")
-        if self.objective in ("infoxlm", "veco") and "trtd" not in self.tasks:
-            raise ValueError(f"objective {self.objective} learns from translation pairs (InfoXLM: XLCo and TLM; "
-                             "VECO: cross-attention MLM): add 'trtd' to pretrain.tasks")
-        if self.objective == "infoxlm" and self.zero_stage == 3:
-            raise ValueError("objective infoxlm keeps a momentum copy of the encoder, which ZeRO-3's partitioned "
-                                 "parameters cannot update: use pretrain.zero_stage 0, 1 or 2")
+        declared = OBJECTIVES[self.objective]
+        if declared.needs_pairs and "trtd" not in self.tasks:
+            raise ValueError(f"objective {self.objective} learns from translation pairs ({declared.needs_pairs}): "
+                             "add 'trtd' to pretrain.tasks")
+        if declared.no_zero3 and self.zero_stage == 3:
+            raise ValueError(f"objective {self.objective} {declared.no_zero3}, which ZeRO-3's partitioned "
+                             "parameters cannot update: use pretrain.zero_stage 0, 1 or 2")
         for name in ("batch_size", "trtd_max_tokens"):
             if getattr(self, name) % self.ranks:
                 raise ValueError(f"pretrain.{name} ({getattr(self, name)}) must be divisible by pretrain.ranks "
