@@ -362,7 +362,7 @@ def components(spec, upstream: dict[str, Path], scratch: Path, batches: int) -> 
     from models.masking import row_noise
     from models.adversary import PairAdversary
     from models.audit_step import pair_totals
-    from tasks.shards.loader import TrainingLoader
+    from xylent.data.loader import TrainingLoader
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

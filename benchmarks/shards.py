@@ -23,7 +23,7 @@
    run's own VmHWM), over the shards pack_language wrote; the same number of
    batches of the same shape on every side, tokens = non-pad ids; the timed
    call opens the shards and draws every batch:
-   - `xylent`: `tasks.shards.TrainingLoader` (sampling, prefetch thread);
+   - `xylent`: `xylent.data.loader.TrainingLoader` (sampling, prefetch thread);
    - `pyarrow`: the floor: memory-map the same Arrow files and cut their ids,
      in file order, into 8 x 512 arrays (+ attention mask);
    - `torch`: `torch.utils.data.DataLoader` over a map-style Dataset on the same

@@ -26,7 +26,7 @@ from models.masking import row_noise
 from models.pairs import split_pair
 from models.run_config import TrainConfig, task_plan
 from models.stats import ROW_FIELDS, gather_rows
-from tasks.shards.loader import TrainingLoader  # the shard contract: all models take from tasks
+from xylent.data.loader import TrainingLoader  # the shard contract: all models take from tasks
 
 LANGUAGE_BASELINE = "language-baseline"  # its loader's key among the trainer's loaders (and in a checkpoint)
 BASELINE_NOISE = 1 << 20  # far above any micro-batch index: a baseline's noise never repeats a training pass's

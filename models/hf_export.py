@@ -154,7 +154,7 @@ def hf_state_dict(weights: Path, config) -> dict[str, torch.Tensor]:
 
 def fast_tokenizer(spm_file: Path, specials: dict[str, int], max_length: int):
     """A PreTrainedTokenizerFast giving SentencePiece's ids, with ``<s> A </s>`` and
-    ``<s> A </s> B </s>`` (xylent's pair convention, tasks/shards/loader.py) around them."""
+    ``<s> A </s> B </s>`` (xylent's pair convention, xylent/data/loader.py) around them."""
     from sentencepiece import sentencepiece_model_pb2 as model_pb2
     from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast

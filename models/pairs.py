@@ -1,7 +1,7 @@
 """The two sides of a TRTD row, as two sentences of their own.
 
 A TRTD row is ``<s> x </s> y </s>`` with segment 0 over ``<s> x </s>`` and 1
-over ``y </s>`` (tasks.shards.loader).  Sentence-level objectives (InfoXLM's
+over ``y </s>`` (xylent.data.loader).  Sentence-level objectives (InfoXLM's
 XLCo, VECO's cross-attention) need ``<s> x </s>`` and ``<s> y </s>`` apart:
 each side left-aligned in a batch of its own, padded to its longest row.
 """

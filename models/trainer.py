@@ -73,7 +73,7 @@ from models.run_config import TrainConfig, task_plan  # noqa: E402
 from models.stats import Norms  # noqa: E402
 from models.step_inputs import StepInputs, micro_batches, on_device  # noqa: E402
 from models.step_metrics import Interval  # noqa: E402
-from tasks.shards.loader import TrainingLoader  # noqa: E402  (the shard contract: all models take from tasks)
+from xylent.data.loader import TrainingLoader  # noqa: E402  (the shard contract: all models take from tasks)
 
 phase("xylent_modules_imported")
 

@@ -2,7 +2,8 @@
 
 - ``xylent/`` (the core) imports neither ``flows`` nor Prefect, nor tasks/models;
 - ``tasks/`` and ``models/`` never import ``flows`` or Prefect;
-- ``models/`` takes one thing from ``tasks``: the shard loader contract;
+- ``models/`` imports nothing from ``tasks``: what the ranks read of the data stages' outputs
+  (the loader, the shards' and sampling tables' contracts) is ``xylent/data/``, below both;
 - no import cycle inside ``tasks/`` or ``models/``, and no stage imports a stage that
   runs after it in the pipeline;
 - nothing imports the CLI (``flows/kit/cli.py`` is the top of the stack);
@@ -106,19 +107,18 @@ def _modules(package: str) -> list[Path]:
     return sorted((ROOT / package).rglob("*.py"))
 
 
-MODELS_FROM_TASKS = {"tasks.shards.loader"}
+RANKS_READ = {"sampling", "shards"}  # stages whose output contract is xylent/data/<stage>.py: the ranks read it
 FORBIDDEN = {
     "xylent": {"flows", "tasks", "models", "prefect", "prefect_ray", "prefect_dask"},
     "tasks": {"flows", "prefect", "prefect_ray", "prefect_dask"},
-    "models": {"flows", "prefect", "prefect_ray", "prefect_dask"},
+    "models": {"flows", "tasks", "prefect", "prefect_ray", "prefect_dask"},
 }
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_lower_layers_do_not_import_upper_ones(package):
     bad = [f"{p.relative_to(ROOT)} imports {name}" for p in _modules(package) for name in _imports(p)
-           if _top(name) in FORBIDDEN[package]
-           and not (package == "models" and name in MODELS_FROM_TASKS)]
+           if _top(name) in FORBIDDEN[package]]
     assert not bad, "\n".join(bad)
 
 
@@ -179,11 +179,6 @@ def test_a_stage_flow_enters_its_stage_through_run_and_reads_others_through_thei
     assert not bad, "\n".join(bad)
 
 
-def test_models_take_only_the_loader_from_tasks():
-    used = {name for p in _modules("models") for name in _imports(p) if _top(name) == "tasks"}
-    assert used <= MODELS_FROM_TASKS, used
-
-
 def test_only_the_training_stages_and_evaluate_use_models_and_evaluate_only_loads_exports():
     uses = {(str(p.relative_to(ROOT)), name) for p in _modules("tasks") for name in _imports(p)
             if _top(name) == "models"}
@@ -223,7 +218,7 @@ def test_core_tasks_and_models_import_without_prefect():
 def test_a_training_rank_imports_no_polars_spec_tracking_or_orchestration():
     """What a rank program imports must exist on a bare GPU image (issue 37's check carries
     DeepSpeed and pydantic as wheels; polars would not fit the bundle): the loader's table
-    readers use pyarrow, and tasks.sampling / tasks.shards re-export on first use."""
+    readers (xylent/data/) use pyarrow."""
     code = ("import os, sys\nos.environ['DS_ACCELERATOR'] = 'cpu'\nimport models.trainer\n"
             "bad = sorted({m.split('.')[0] if m.split('.')[0] != 'xylent' else m for m in sys.modules\n"
             "              if m.split('.')[0] in ('polars', 'mlflow', 'prefect', 'flows', 'matplotlib')\n"
@@ -250,7 +245,8 @@ def test_every_stage_has_what_the_adding_a_stage_checklist_asks_for():
     logic folder, its flow file, its Prefect deployment, its spec section when it reads one of
     its own name, its docs page, its row in the data-contract table naming files that exist.  And
     every stage folder has one shape: ``run.py`` (the stage's logic), ``contract.py`` (file names,
-    schemas, readers: the row's first file) and an ``__init__.py`` that only re-exports."""
+    schemas, readers: the row's first file; ``xylent/data/<stage>.py`` for the outputs the training
+    ranks read) and an ``__init__.py`` that only re-exports."""
     import re
 
     import yaml
@@ -262,7 +258,7 @@ def test_every_stage_has_what_the_adding_a_stage_checklist_asks_for():
     contracts = {}
     for line in (ROOT / "docs" / "architecture.md").read_text().splitlines():
         if m := re.match(r"^\| (\w+) \| .* \| (.*) \|$", line):
-            contracts[m.group(1)] = re.findall(r"`((?:tasks|models)/[\w/]+\.py)`", m.group(2))
+            contracts[m.group(1)] = re.findall(r"`((?:tasks|models|xylent)/[\w/]+\.py)`", m.group(2))
     for stage in STAGES:
         name = stage.name
         assert (ROOT / "tasks" / name / "__init__.py").exists(), f"{name}: no tasks/{name}/ folder"
@@ -274,7 +270,8 @@ def test_every_stage_has_what_the_adding_a_stage_checklist_asks_for():
         assert contracts.get(name), f"{name}: no row in docs/architecture.md's data-contract table"
         missing = [f for f in contracts[name] if not (ROOT / f).exists()]
         assert not missing, f"{name}'s contract names files that do not exist: {missing}"
-        assert contracts[name][0] == f"tasks/{name}/contract.py", f"{name}: its row names {contracts[name][0]} first"
+        home = f"xylent/data/{name}.py" if name in RANKS_READ else f"tasks/{name}/contract.py"
+        assert contracts[name][0] == home, f"{name}: its row names {contracts[name][0]} first, not {home}"
         assert (ROOT / "tasks" / name / "run.py").exists(), f"{name}: no tasks/{name}/run.py"
         init = ast.parse((ROOT / "tasks" / name / "__init__.py").read_text())
         defined = [n.name for n in init.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]

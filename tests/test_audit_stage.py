@@ -11,8 +11,8 @@ import polars as pl
 import pytest
 
 from tasks.audit.contract import AUDIT_TABLE, SAMPLES_TABLE, TRAJECTORY_TABLE
-from tasks.sampling.contract import pair_table
-from tasks.shards.contract import read_index
+from xylent.data.sampling import pair_table
+from xylent.data.shards import read_index
 from xylent.spec import load_spec
 
 from conftest import DEMO_SHORT, linked_data, stopped_after  # the session demo's spec (tests/data/demo-short.yaml)

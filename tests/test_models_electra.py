@@ -54,7 +54,7 @@ def test_a_sample_equal_to_the_original_counts_as_original():
 
 
 def test_a_tiny_model_learns_on_the_demo_shards(demo_run):
-    from tasks.shards import TrainingLoader
+    from xylent.data.loader import TrainingLoader
 
     res, _ = demo_run
     shards, sampling = res["stages"]["shards"]["output_dir"], res["stages"]["sampling"]["output_dir"]

@@ -237,7 +237,7 @@ def test_data_stages_on_a_bucket_match_disk_and_another_machine_reuses_them(buck
 
     # the training loader reads shards straight from the bucket: the same batches as from disk (on GCS and
     # Azure, the disk's shards published there as the stage publishes its own)
-    from tasks.shards.loader import TrainingLoader
+    from xylent.data.loader import TrainingLoader
 
     shards_fp = disk["stages"]["shards"]["fingerprint"]
     if bucket.scheme != "s3":

@@ -142,8 +142,10 @@ def test_the_base_is_the_recorded_commit_or_its_first_descendant_with_the_hashed
     then = claims.code_files("toy")
     (repo / "data_specs" / "demo.yaml").write_text("steps: 1500  # a comment\n")
     assert replay._unprovable("toy", third, then, claims.code_files("toy")) == []
+    (repo / "tasks" / "evaluate" / "run.py").write_text('"""Its docstring, new."""\nX = 1  # a comment\n')
+    assert replay._unprovable("toy", third, then, claims.code_files("toy")) == [], "the same program"
     (repo / "data_specs" / "demo.yaml").write_text("steps: 1000\n")
-    (repo / "tasks" / "evaluate" / "run.py").write_text("X = 1  # moved\n")
+    (repo / "tasks" / "evaluate" / "run.py").write_text("X = 2\n")
     assert replay._unprovable("toy", third, then, claims.code_files("toy")) == [
         "data_specs/demo.yaml (its values changed)", "tasks/evaluate/run.py (the replay never runs it)"]
 

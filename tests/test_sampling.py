@@ -316,7 +316,7 @@ def test_ccmatrix_monolingual_smoothing():
 def test_a_monolingual_corpus_gets_an_empty_pair_table_and_a_report(tmp_path):
     """MetaXLM's phase 1 (English MLM, no pairs): the language table as usual, an empty pair table the
     loader reads as no TRTD data, a note saying so; the pretrain stage refuses TRTD on it."""
-    from tasks.sampling.contract import PAIR_TABLE, pair_table
+    from xylent.data.sampling import PAIR_TABLE, pair_table
     from tasks.sampling.run import write_output
 
     cfg = SamplingConfig(temperature=5.0)

@@ -15,7 +15,8 @@ import pytest
 import sentencepiece as spm
 from scipy.stats import chisquare
 
-from tasks.shards import TrainingLoader, truncate_pair
+from tasks.shards import truncate_pair
+from xylent.data.loader import TrainingLoader
 from tasks.vocab.specials import BOS, EOS  # the layout the vocab stage writes
 from xylent.errors import XylentError
 
@@ -320,7 +321,7 @@ def test_held_out_rows_never_train_and_are_measured_two_at_a_time(skewed):
     """The audit's holdout: a fixed share of each pair's rows (2 at least) leaves the training draws
     and is measured instead, two rows of a pair at a time, the pairs in turn, both directions, the
     same on any world size; without a holdout the batches are the ones they always were."""
-    from tasks.shards.loader import heldout_rows
+    from xylent.data.loader import heldout_rows
 
     shards, sampling, _, _ = skewed
 

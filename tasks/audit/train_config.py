@@ -10,9 +10,9 @@ import numpy as np
 
 from models.adversary import HELDOUT, PAIRED, STATE_FILE, USES_LANGUAGES
 from models.run_config import DroConfig, TrainConfig, first_trtd_step, task_plan, trtd_share
-from tasks.shards.loader import TrainingLoader
+from xylent.data.loader import TrainingLoader
 from tasks.pretrain.train_json import train_config
-from tasks.shards.contract import has_rows, read_index
+from xylent.data.shards import has_rows, read_index
 from xylent.errors import XylentError
 from xylent.spec import Spec
 

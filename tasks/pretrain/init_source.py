@@ -36,7 +36,7 @@ from models.init_from import check_body, file_identity, inspect_source
 from models.run_config import TrainConfig
 from models.vocab_transfer import RULES
 from tasks.pretrain.contract import MODEL_DIR
-from tasks.shards.contract import read_index
+from xylent.data.shards import read_index
 from tasks.vocab.contract import tokenizer_path
 from xylent.atomic import write_atomic, write_json_atomic
 from xylent.errors import XylentError

@@ -20,7 +20,7 @@ from xylent.redact import redact_text
 from xylent.launch import REPO
 from tasks.pretrain.contract import MODEL_DIR, RUN_FILES, read_metrics
 from tasks.pretrain.plots import loss_curves
-from tasks.shards.contract import read_index
+from xylent.data.shards import read_index
 
 if TYPE_CHECKING:
     from xylent.spec import Spec

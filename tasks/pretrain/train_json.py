@@ -13,7 +13,7 @@ from xylent.objectives import OBJECTIVES
 from xylent.spec import DEFAULT_CLIP, DEFAULT_LR, Spec
 
 from tasks.pretrain.contract import METRICS_FILE
-from tasks.shards.contract import has_rows, read_index
+from xylent.data.shards import has_rows, read_index
 from tasks.vocab.contract import tokenizer_and_specials
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,10 +5,9 @@
                and report written)
     tables.py  the pair distributions: :func:`sinkhorn_pair_distribution`, :func:`m2m_pair_distribution`,
                :func:`smoothed_pair_distribution`
-    contract.py  the output contract: file names and the loader's readers
-
-Names are re-exported on first use: importing the package (as the training ranks do, for
-contract.py's readers) loads neither polars nor the spec.
+The output contract (file names, the loader's readers) is xylent/data/sampling.py: the training
+ranks read it without this stage's code.  Names are re-exported on first use: importing the
+package loads neither polars nor the spec.
 """
 
 from __future__ import annotations

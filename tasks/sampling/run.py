@@ -1,7 +1,7 @@
 """What the sampling flow calls: :func:`build_tables` (the language and language-pair sampling
 tables and their diagnostics from the example counts, as :class:`SamplingTables`) and
 :func:`write_output` (the tables, plots and report written into the stage's output; the file
-names: :mod:`tasks.sampling.contract`)."""
+names: :mod:`xylent.data.sampling`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from xylent.markdown import markdown_table
 from xylent.spec import SamplingConfig
 from xylent.stage import StageOutcome
 
-from tasks.sampling.contract import MONO_TABLE, PAIR_TABLE
+from xylent.data.sampling import MONO_TABLE, PAIR_TABLE
 from tasks.sampling.tables import (
     m2m_pair_distribution,
     marginal_error,

@@ -15,7 +15,7 @@ from xylent.workspace import sha256_file
 
 from tasks.prepare import contract as layout  # the text layout
 from tasks.shards.build import encode_pairs, pack_tokens, tokenize_part
-from tasks.shards.contract import MRTD_DIR, STATS_FILE, TRTD_DIR, write_index
+from xylent.data.shards import MRTD_DIR, STATS_FILE, TRTD_DIR, write_index
 from tasks.shards.plots import tokens_per_language
 
 TASK_OF = {layout.MONO: "mrtd", layout.BITEXT: "trtd"}

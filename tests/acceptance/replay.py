@@ -28,13 +28,15 @@ field or tensor and by how much: the arithmetic changed, run `make acceptance`.
 What it proves: the N replayed steps compute the same bits as the measured code, on this CPU
 model, at this thread count (``OMP_NUM_THREADS`` as given, else DeepSpeed's launcher's
 default, as `make acceptance` runs).  What it does not: the later steps of a change that only
-acts late (a schedule past step N), the evaluate stage (never run here), or a change of the
-specs' values (data_specs/ is compared as parsed YAML: comments may change, values may not).
+acts late (a schedule past step N), the evaluate stage (never run here: its code may change only
+in comments and docstrings, compared as parsed Python), or a change of the specs' values
+(data_specs/ is compared as parsed YAML: comments may change, values may not).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import concurrent.futures
 import contextlib
 import datetime as _dt
@@ -64,7 +66,7 @@ DATA_STAGES = ("download", "prepare", "dedup", "vocab", "sampling", "shards")
 # shards' reader and the launch (training's, replayed), nor the spec's code: a change there that reaches a data
 # stage changes its fingerprint, and the tree whose fingerprint differs builds that stage itself
 DATA_CODE = ["tasks/__init__.py", "tasks/versions.py", *(f"tasks/{s}/" for s in DATA_STAGES),
-             ":(exclude)tasks/shards/loader.py", "xylent/", ":(exclude)xylent/spec/", ":(exclude)xylent/launch.py",
+             ":(exclude)xylent/data/loader.py", "xylent/", ":(exclude)xylent/spec/", ":(exclude)xylent/launch.py",
              "flows/", "data_specs/demo.yaml", "pyproject.toml"]
 DEMO, INFOXLM = "data_specs/demo.yaml", "data_specs/recipes/infoxlm.yaml"
 WORKLOADS = ("electra", "audit", "infoxlm")
@@ -117,26 +119,50 @@ def base_commit(claim: str, result: dict, forced: str | None = None) -> str:
                   "or name the base with --base")
 
 
+def _same_program(old: str | None, new: str | None) -> bool:
+    """True when two Python sources differ at most in comments and docstrings."""
+    def tree(text: str):
+        module = ast.parse(text)
+        for node in ast.walk(module):
+            body = getattr(node, "body", None)
+            if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                    and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                node.body = body[1:] or [ast.Pass()]
+        return ast.dump(module)
+
+    if old is None or new is None:
+        return old == new
+    try:
+        return tree(old) == tree(new)
+    except SyntaxError:
+        return False
+
+
 def _unprovable(claim: str, sha: str, then: dict[str, str], now: dict[str, str]) -> list[str]:
-    """The claim's changed files whose effect a short replay cannot show: code it never runs, and
-    specs whose values changed (it overrides the steps, so 1500 steps or an lr changed are not its
-    to prove; a comment is)."""
+    """The claim's changed files whose effect a short replay cannot show: code it never runs (unless
+    only its comments and docstrings changed), and specs whose values changed (it overrides the steps,
+    so 1500 steps or an lr changed are not its to prove; a comment is)."""
     import yaml
 
     def parsed(text: str | None):
         return None if text is None else yaml.safe_load(text)
 
+    def at_base(p: str) -> str | None:
+        try:
+            return _git("show", f"{sha}:{p}")
+        except subprocess.CalledProcessError:
+            return None
+
     out = []
     for p in _diff(then, now):
         if p.startswith(NOT_REPLAYED):
-            out.append(f"{p} (the replay never runs it)")
-        elif p.endswith((".yaml", ".yml")):
-            try:
-                old = _git("show", f"{sha}:{p}")
-            except subprocess.CalledProcessError:
-                old = None
             new = (claims.ROOT / p).read_text() if (claims.ROOT / p).exists() else None
-            if parsed(old) != parsed(new):
+            if not (p.endswith(".py") and _same_program(at_base(p), new)):
+                out.append(f"{p} (the replay never runs it)")
+        elif p.endswith((".yaml", ".yml")):
+            new = (claims.ROOT / p).read_text() if (claims.ROOT / p).exists() else None
+            if parsed(at_base(p)) != parsed(new):
                 out.append(f"{p} (its values changed)")
     return out
 

@@ -3,7 +3,7 @@ fast tokenizers, with what span and token heads need: character offsets into
 the original text, and the model's own way of joining two segments.
 
 xylent joins a pair as pretraining's TRTD rows do (``<s> a </s> b </s>``,
-tasks.shards.loader); a Hugging Face model as its tokenizer says
+xylent.data.loader); a Hugging Face model as its tokenizer says
 (``build_inputs_with_special_tokens``).
 """
 

@@ -30,8 +30,8 @@ import numpy as np
 
 from xylent.errors import XylentError
 
-from tasks.sampling.contract import language_table, pair_table
-from tasks.shards.contract import is_url, open_shard, read_index
+from xylent.data.sampling import language_table, pair_table
+from xylent.data.shards import is_url, open_shard, read_index
 
 
 class _Rows:
