@@ -130,6 +130,15 @@ def test_the_base_is_the_recorded_commit_or_its_first_descendant_with_the_hashed
     assert replay.base_commit("toy", carried) == second
     with pytest.raises(replay.Refused, match="--base"):
         replay.base_commit("toy", carried, forced=first)
+    # the claim's list moves on with its code (moved to another folder): the base is still the tree it hashed
+    (repo / "core").mkdir()
+    subprocess.run(["git", "mv", "models/loss.py", "core/loss.py"], cwd=repo, check=True)
+    _commit(repo, "moved", paths=["models", "core"])
+    monkeypatch.setitem(claims.CLAIMS["toy"], "code", ["core/"])
+    assert replay.base_commit("toy", carried) == second
+    subprocess.run(["git", "mv", "core/loss.py", "models/loss.py"], cwd=repo, check=True)
+    _commit(repo, "moved back", paths=["models", "core"])
+    monkeypatch.setitem(claims.CLAIMS["toy"], "code", ["models/"])
     (repo / "models" / "loss.py").write_text("WEIGHT = 2.0\n")
     with pytest.raises(replay.Refused, match="make acceptance"):
         replay.base_commit("toy", {**result, "code_files": claims.code_files("toy")})

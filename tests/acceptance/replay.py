@@ -95,8 +95,11 @@ def _diff(a: dict, b: dict) -> list[str]:
 def base_commit(claim: str, result: dict, forced: str | None = None) -> str:
     """The commit whose files are exactly those ``result`` hashed: ``forced`` (--base), else the
     recorded commit, else the first of its descendants on HEAD's first-parent history that has them
-    (a result carried by a replay hashes the tree it was carried to, committed later)."""
-    paths, want = claims.CLAIMS[claim]["code"], result["code_files"]
+    (a result carried by a replay hashes the tree it was carried to, committed later).  The files
+    compared are those the claim hashes now and those the result hashed, so a claim whose list moved
+    on (a file moved to another folder) still finds the tree it was measured on."""
+    want = result["code_files"]
+    paths = [*claims.CLAIMS[claim]["code"], *want]
     if forced:
         sha = _git("rev-parse", "--verify", f"{forced}^{{commit}}")
         found = claims.files_at(sha, paths)
