@@ -55,8 +55,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # `python benchmarks/audit
 import harness  # noqa: E402
 import numpy as np  # noqa: E402
 
-from models.adversary import USES_LANGUAGES  # noqa: E402
-from models.dro import chi2_best_response, chi2_divergence  # noqa: E402
+from models.audit.adversary import USES_LANGUAGES  # noqa: E402
+from models.audit.dro import chi2_best_response, chi2_divergence  # noqa: E402
 
 TARGET_MS_AT_10K = 50.0
 TARGET_OVERHEAD = 0.05
@@ -360,8 +360,8 @@ def components(spec, upstream: dict[str, Path], scratch: Path, batches: int) -> 
     from models.objectives import build_model
     from models.stats import Norms
     from models.masking import row_noise
-    from models.adversary import PairAdversary
-    from models.audit_step import pair_totals
+    from models.audit.adversary import PairAdversary
+    from models.audit.step import pair_totals
     from xylent.data.loader import TrainingLoader
 
     threads = torch.get_num_threads()
@@ -375,7 +375,7 @@ def components(spec, upstream: dict[str, Path], scratch: Path, batches: int) -> 
         ld = TrainingLoader(cfg.shards_dir, cfg.sampling_dir, task="trtd", seed=cfg.seed, rank=0, world_size=2,
                             batch_size=cfg.batch_size // 2, max_tokens=cfg.trtd_max_tokens // 2, verify=False)
         data = list(itertools.islice(ld.batches(batches), batches))
-        d = cfg.dro  # as models.audit_step.PairAudit builds it (its baselines are timed by the whole-run benchmark)
+        d = cfg.dro  # as models.audit.step.PairAudit builds it (its baselines are timed by the whole-run benchmark)
         adv = PairAdversary(ld.names, ld.prior, rho=d.rho, min_ratio=d.min_ratio, ema=d.ema, weights=tuple(d.weights),
                             steps=cfg.steps, resamples=d.resamples)
 

@@ -27,13 +27,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # run as a script from any
 import audit as bench  # noqa: E402  (benchmarks/audit.py)
 
 PIECES = {  # a sample counts for a piece when (function, file) is on its stack
-    "language baseline": ("sentence_rows", "audit_step.py"),
-    "held-out passes": ("heldout_help", "audit_step.py"),
-    "partner swap": ("partners_swapped", "audit_step.py"),
-    "per-pair sums": ("pair_totals", "audit_step.py"),
-    "sums over ranks": ("summed_over_ranks", "audit_step.py"),
-    "EMA update": ("observe", "adversary.py"),
-    "re-sampling": ("resample", "adversary.py"),
+    "language baseline": ("sentence_rows", "audit/step.py"),
+    "held-out passes": ("heldout_help", "audit/step.py"),
+    "partner swap": ("partners_swapped", "audit/step.py"),
+    "per-pair sums": ("pair_totals", "audit/step.py"),
+    "sums over ranks": ("summed_over_ranks", "audit/step.py"),
+    "EMA update": ("observe", "audit/adversary.py"),
+    "re-sampling": ("resample", "audit/adversary.py"),
     "model forward": ("forward", "electra.py"),
     "backward": ("backward", "engine.py"),
     "optimizer step": ("step", "engine.py"),

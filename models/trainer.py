@@ -65,7 +65,7 @@ phase("torch_imported")
 
 from models.config import EncoderConfig  # noqa: E402
 from models.encoder import compile_encoders  # noqa: E402
-from models.audit_step import make_audit  # noqa: E402
+from models.audit.step import make_audit  # noqa: E402
 from models.objectives import build_model  # noqa: E402
 from models.optim import flops_per_token, lr_lambdas, make_optimizer, peak_tflops, warmup_linear_decay  # noqa: E402
 from models.rank import restore_rng, save_rng, watch_parent  # noqa: E402

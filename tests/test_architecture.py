@@ -185,7 +185,7 @@ def test_only_the_training_stages_and_evaluate_use_models_and_evaluate_only_load
     assert uses and all(u.startswith(("tasks/pretrain/", "tasks/audit/", "tasks/evaluate/")) for u, _ in uses), uses
     # the audit: its adversary's settings and state, and the χ² solver the adversary runs in the ranks
     audit = {name for u, name in uses if u.startswith("tasks/audit/")}
-    assert audit <= {"models.adversary", "models.dro", "models.run_config"}, audit
+    assert audit <= {"models.audit.adversary", "models.audit.dro", "models.run_config"}, audit
     finetune = {name for u, name in uses if u.startswith("tasks/evaluate/finetune/")}
     evaluate = {name for u, name in uses if u.startswith("tasks/evaluate/")} - finetune
     # exports only: the plug-out encoder, and VECO's plug-in model read back from the same folder

@@ -16,7 +16,7 @@ from xylent.data.shards import read_index
 from xylent.spec import load_spec
 
 from conftest import DEMO_SHORT, linked_data, stopped_after  # the session demo's spec (tests/data/demo-short.yaml)
-from models.adversary import resample_steps
+from models.audit.adversary import resample_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"

@@ -70,6 +70,14 @@ def test_the_sections_list_only_fields_they_have():
             assert not extra, f"{name}.{kind} names {sorted(extra)}, which are not its fields"
 
 
+def test_field_descriptions_are_a_sentence_or_two_not_a_lab_notebook():
+    """The spec's descriptions (what `xylent spec` and editors show) say what a knob does; why, how it was
+    measured and what it costs live in docs/spec.md and the stage's page (issue 62, item 5)."""
+    long = {f"{name}.{f}": len(fi.description) for name, cls in _sections(Spec, {}).items()
+            for f, fi in cls.model_fields.items() if fi.description and len(fi.description) > 300}
+    assert not long, f"descriptions over 300 characters: {long}; move the detail to docs/spec.md and link it"
+
+
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     RECORD.write_text(json.dumps(counted_fields(), indent=1) + "\n")
     print(f"wrote {RECORD}")

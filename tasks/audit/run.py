@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 
-from models.adversary import STATE_FILE
+from models.audit.adversary import STATE_FILE
 from models.run_config import TrainConfig
 from xylent.spec import Spec
 from xylent.stage import StageOutcome

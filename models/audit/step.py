@@ -1,5 +1,5 @@
 """The audit's side of a training step, inside every rank: the DRO adversary over the TRTD
-pairs (models.adversary) and the forward passes that measure its baselines.
+pairs (models.audit.adversary) and the forward passes that measure its baselines.
 
 The trainer holds one object, :class:`PairAudit` in an audit run and :data:`NO_AUDIT` in a
 plain pretrain run (every hook does nothing), and calls the same hooks either way:
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from models.adversary import HELDOUT, PAIRED, PARTNER, USES_LANGUAGES
+from models.audit.adversary import HELDOUT, PAIRED, PARTNER, USES_LANGUAGES
 from models.masking import row_noise
 from models.pairs import split_pair
 from models.run_config import TrainConfig, task_plan
@@ -84,7 +84,7 @@ NO_AUDIT = NoAudit()
 
 class PairAudit(NoAudit):
     def __init__(self, cfg: TrainConfig, trtd: TrainingLoader, engine, rank: int, world: int, device):
-        from models.adversary import PairAdversary
+        from models.audit.adversary import PairAdversary
 
         self.cfg, self.dro, self.engine, self.trtd = cfg, cfg.dro, engine, trtd
         self.rank, self.world, self.device = rank, world, device

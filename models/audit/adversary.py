@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from models.dro import chi2_best_response, chi2_divergence
+from models.audit.dro import chi2_best_response, chi2_divergence
 
 # columns of the per-pair sums the trainer hands in (models.stats.ROW_FIELDS + a row count)
 SUM_FIELDS = ("g_loss", "g_count", "d_loss", "d_count", "d_pos", "rows")
