@@ -260,7 +260,7 @@ def loader_child(side: str, shards_dir: str, sampling: str, steps: int) -> dict:
     shards = [str(Path(shards_dir) / s["path"]) for s in index["mrtd"]["xx"]["shards"]]
     tokens, extra = 0, {}
     if side == "xylent":
-        from tasks.shards import TrainingLoader
+        from xylent.data.loader import TrainingLoader
 
         loader = TrainingLoader(shards_dir, sampling, task="mrtd", batch_size=BATCH, prefetch=4, verify=False)
         for batch in loader.batches(steps):
@@ -305,7 +305,7 @@ def loader_equality_child(shards_dir: str, sampling: str, steps: int) -> dict:
     """The torch DataLoader fed the TrainingLoader's own row order must give the same batches."""
     import torch
 
-    from tasks.shards import TrainingLoader
+    from xylent.data.loader import TrainingLoader
 
     loader = TrainingLoader(shards_dir, sampling, task="mrtd", batch_size=BATCH, prefetch=4, verify=False)
     ours = list(loader.batches(steps))

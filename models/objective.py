@@ -21,6 +21,7 @@ from models.stats import Norms, Stats
 class ObjectiveModel(nn.Module):
     objective: str                      # its name in xylent.objectives.OBJECTIVES
     loss_weights: dict[str, float]      # the logged "loss": Σ weight × the task's metric of that name, per task
+    embeddings: nn.Module               # models.encoder.Embeddings, shared: the trainer logs its tokens' health
 
     @classmethod
     def from_options(cls, cfg: EncoderConfig, disc_weight: float, mask_prob: float,

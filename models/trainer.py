@@ -64,6 +64,7 @@ import torch.distributed as dist  # noqa: E402
 phase("torch_imported")
 
 from models.config import EncoderConfig  # noqa: E402
+from models.embedding_health import FILE as HEALTH_FILE, embedding_health  # noqa: E402
 from models.encoder import compile_encoders  # noqa: E402
 from models.audit.step import make_audit  # noqa: E402
 from models.objectives import build_model  # noqa: E402
@@ -126,21 +127,29 @@ def ds_config(cfg: TrainConfig, bf16: bool, world: int) -> dict:
                          grad_accum=len(task_plan(cfg, 0)), clip=cfg.clip, bf16=bf16)
 
 
+def _lines_up_to(path: Path, step: int) -> None:
+    """Keep the JSON lines of ``path`` up to ``step`` (a killed run's later ones are redone); none at step 0."""
+    kept = []
+    if path.exists() and step > 0:
+        for ln in path.read_text().splitlines():
+            try:
+                if json.loads(ln)["step"] <= step:
+                    kept.append(ln)
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue  # a line cut short by the kill
+    path.write_text("".join(ln + "\n" for ln in kept))
+
+
 class MetricsSink:
-    """Rank 0's metrics: metrics.jsonl (every step, flushed) and MLflow (batched)."""
+    """Rank 0's metrics: metrics.jsonl (every step, flushed), the token embeddings' health
+    (models.embedding_health, step 0 and every checkpoint) and MLflow (batched)."""
 
     def __init__(self, cfg: TrainConfig, start_step: int):
         self.path = Path(cfg.metrics_file)
+        self.health = self.path.parent / HEALTH_FILE
         self.every = cfg.log_every
-        kept = []
-        if self.path.exists() and start_step > 0:  # drop what a killed run wrote after its last checkpoint
-            for ln in self.path.read_text().splitlines():
-                try:
-                    if json.loads(ln)["step"] <= start_step:
-                        kept.append(ln)
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    continue  # a line cut short by the kill
-        self.path.write_text("".join(ln + "\n" for ln in kept))
+        for path in (self.path, self.health):
+            _lines_up_to(path, start_step)
         self.file = open(self.path, "a")
         self.client, self.run_id, self.pending = None, cfg.mlflow_run_id, []
         self.monitor = None
@@ -167,6 +176,15 @@ class MetricsSink:
         self.pending += [Metric(k, float(v), now, step) for k, v in metrics.items()]
         if step % self.every == 0:
             self.flush()
+
+    def log_health(self, step: int, values: dict[str, float]) -> None:
+        with open(self.health, "a") as fh:
+            fh.write(json.dumps({"step": step, **values}) + "\n")
+        if self.client is not None:
+            from mlflow.entities import Metric
+
+            now = int(time.time() * 1000)
+            self.pending += [Metric(f"embeddings/{k}", float(v), now, step) for k, v in values.items()]
 
     def flush(self) -> None:
         for i in range(0, len(self.pending), 1000):
@@ -299,6 +317,19 @@ def train(cfg: TrainConfig) -> None:
     fpt = flops_per_token(enc, seq_len, cfg.objective, cfg.mask_prob)
     peak = peak_tflops(torch.cuda.get_device_name(device), cfg.peak_tflops) if cuda else None
     interval = Interval(engine.module.loss_weights, fpt, peak * 1e12 * world if peak else None, averaged=cuda)
+
+    def record_health(step: int) -> None:
+        """Rank 0: the token embeddings' health (models.embedding_health); not under ZeRO-3, whose rank holds
+        a partition of them.  Reads the weights only: no random number, no change to what trains."""
+        weight = engine.module.embeddings.tokens.weight
+        if sink is None or weight.numel() == 0:
+            return
+        seen = unigram.counts > 1  # every non-special token input so far, on all ranks
+        seen[list(enc.special_ids)] = True
+        sink.log_health(step, embedding_health(weight, seen))
+
+    if start == 0:
+        record_health(0)  # the random-init peer of every later record
     engine.train()
     for step in range(start, cfg.steps):
         lr = max(lr_schedule.get_last_lr())  # the lr this step uses (a frozen body's groups are at 0)
@@ -361,6 +392,7 @@ def train(cfg: TrainConfig) -> None:
             state = engine.module.objective_state()
             if state is not None:
                 extra["objective"] = state
+            record_health(done_step)  # first: a run killed before the checkpoint completes redoes this line
             save_checkpoint(engine, cfg, ckroot, done_step, {t: ld.state_dict() for t, ld in loaders.items()},
                             rank, world, cuda, extra)
             interval.restart()

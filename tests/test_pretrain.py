@@ -201,6 +201,18 @@ def two_ranks(demo_run, tmp_path_factory, prefect_server):
     return res, Path(res["output_dir"]), ws
 
 
+def test_a_run_records_its_token_embeddings_health_at_random_init_and_every_checkpoint(two_ranks):
+    """models.embedding_health: step 0 (the random-init peer) and each checkpoint, copied into the output,
+    summarised in report.md and the stage's metrics."""
+    res, out, _ = two_ranks
+    records = [json.loads(ln) for ln in (out / "embedding_health.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, *range(EVERY, STEPS + 1, EVERY)]
+    for r in records:
+        assert 0 < r["top_pc_share"] < 1 and r["unseen_rows"] >= 0 and r["seen_mean_norm"] > 0
+    assert "Token embeddings, random init → step" in (out / "report.md").read_text()
+    assert "final.embeddings/top_pc_share" in json.loads((out / "_manifest.json").read_text())["metrics"]
+
+
 @pytest.mark.costs(deepspeed=1)
 def test_two_cpu_ranks_with_zero2_match_one_rank_with_the_same_global_batch(run_cli, demo_run, two_ranks, tmp_path):
     _, demo_ws = demo_run

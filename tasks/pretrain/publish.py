@@ -18,7 +18,7 @@ from xylent.markdown import markdown_table
 from xylent.redact import redact_text
 
 from xylent.launch import REPO
-from tasks.pretrain.contract import MODEL_DIR, RUN_FILES, read_metrics
+from tasks.pretrain.contract import HEALTH_FILE, MODEL_DIR, RUN_FILES, read_metrics
 from tasks.pretrain.plots import loss_curves
 from xylent.data.shards import read_index
 
@@ -80,6 +80,8 @@ def export_run(cfg: TrainConfig, ckdir: Path, upstream: dict[str, Path], out: Pa
            {**meta, "seq_len": read_index(upstream["shards"])["seq_len"]})
     for f in RUN_FILES:
         shutil.copy2(ckdir / f, out / f)
+    if (ckdir / HEALTH_FILE).exists():  # none under ZeRO-3 (models.trainer)
+        shutil.copy2(ckdir / HEALTH_FILE, out / HEALTH_FILE)
     rows = read_metrics(Path(cfg.metrics_file))
     loss_curves(rows, out / "loss_curves.png")
     return rows, enc_state, enc_cfg, n_params
@@ -238,6 +240,24 @@ def summary(m: dict, p, cfg: TrainConfig, enc, name: str, uri: str, resumed: int
              f"Registered in MLflow as **{name}** ({uri})." + (f" Resumed at step {resumed}." if resumed else ""),
              "", markdown_table(rows), "", *verdicts(m)]
     return "\n".join(lines)
+
+
+def health_lines(records: list[dict]) -> tuple[dict[str, float], list[str]]:
+    """(metrics, report lines) from embedding_health.jsonl: the token embeddings at random init (step 0)
+    beside the last checkpoint's (models.embedding_health says what each number shows)."""
+    if len(records) < 2 or records[0]["step"] != 0:
+        return {}, []
+    first, last = records[0], records[-1]
+    metrics = {f"{when}.embeddings/{k}": float(v) for when, r in (("init", first), ("final", last))
+               for k, v in r.items() if k != "step"}
+    line = (f"Token embeddings, random init → step {last['step']}: the top principal component holds "
+            f"{first['top_pc_share']:.1%} → {last['top_pc_share']:.1%} of their variance")
+    if last.get("unseen_rows"):
+        line += (f"; rows never input ({int(first['unseen_rows']):,} → {int(last['unseen_rows']):,}) have mean norm "
+                 f"{first.get('unseen_mean_norm', float('nan')):.3f} → {last['unseen_mean_norm']:.3f} (rows input: "
+                 f"{last['seen_mean_norm']:.3f}) and cosine {first.get('unseen_cos_to_mean', float('nan')):.2f} → "
+                 f"{last['unseen_cos_to_mean']:.2f} to their mean direction")
+    return metrics, [line + " (a collapse raises all three; embedding_health.jsonl, per checkpoint)."]
 
 
 def verdicts(m: dict) -> list[str]:

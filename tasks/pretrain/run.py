@@ -12,6 +12,7 @@ from xylent.spec import Spec
 from xylent.stage import StageOutcome
 
 from tasks.pretrain import publish as pub
+from tasks.pretrain.contract import HEALTH_FILE, read_metrics
 from tasks.pretrain.init_source import REPORT_FILE, init_metrics, init_summary, prepare_init
 from tasks.pretrain.train_json import train_config
 
@@ -35,6 +36,10 @@ def publish(spec: Spec, cfg: TrainConfig, init: dict | None, resumed_from_step: 
     metrics = done.metrics
     summary = pub.summary(metrics, p, cfg, done.encoder, f"{name} v{done.version}", done.model_uri,
                           resumed_from_step)
+    if (out / HEALTH_FILE).exists():
+        health, lines = pub.health_lines(read_metrics(out / HEALTH_FILE))
+        metrics.update(health)
+        summary += "".join("\n\n" + ln for ln in lines)
     if init:
         (out / REPORT_FILE).write_text(json.dumps(init, indent=1, ensure_ascii=False))
         tracker.log_artifact(run_id, out / REPORT_FILE)
