@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -64,6 +66,7 @@ import torch.distributed as dist  # noqa: E402
 phase("torch_imported")
 
 from models.config import EncoderConfig  # noqa: E402
+from xylent.rank_exit import DIVERGED, DIVERGED_MARK  # noqa: E402
 from models.embedding_health import FILE as HEALTH_FILE, embedding_health  # noqa: E402
 from models.encoder import compile_encoders  # noqa: E402
 from models.audit.step import make_audit  # noqa: E402
@@ -221,6 +224,17 @@ class UnigramBaseline:
             dist.all_reduce(seen)
         self.counts += seen
         return stat
+
+
+def stop_if_diverged(lines: list[tuple[int, dict[str, float]]], cfg: TrainConfig) -> None:
+    """Stop the run, with launch.DIVERGED, at the first logged step whose loss is not finite: the weights
+    are NaN from there on, and a checkpoint or a published model of them would pass for a result."""
+    for at, metrics in lines:
+        if not math.isfinite(metrics["loss"]):
+            print(f"{DIVERGED_MARK} the loss is {metrics['loss']} at step {at}: training stopped before its "
+                  f"checkpoint, nothing is published (pretrain.lr {cfg.lr}, warmup_steps {cfg.warmup_steps}, "
+                  f"clip {cfg.clip}, precision {cfg.precision})", flush=True)
+            sys.exit(DIVERGED)
 
 
 def should_compile(cfg: TrainConfig, cuda: bool) -> bool:
@@ -381,6 +395,7 @@ def train(cfg: TrainConfig) -> None:
                 lines = interval.lines(torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None)
                 for at, metrics in lines:
                     sink.log(at, metrics)
+                stop_if_diverged(lines, cfg)  # before the checkpoint: no non-finite weights are kept or published
                 if done_step % cfg.log_every == 0 or done_step == cfg.steps:
                     parts = " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if "loss" in k or k == "tokens_per_second")
                     print(f"xylent: step {done_step}/{cfg.steps} {parts}", flush=True)

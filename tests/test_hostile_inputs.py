@@ -569,6 +569,43 @@ def test_directly_started_ranks_stop_together_name_the_first_death_and_leave_not
     assert not left, [p.info["cmdline"] for p in left]
 
 
+@pytest.mark.costs(deepspeed=1)
+def test_a_run_whose_loss_goes_non_finite_stops_before_its_checkpoint_with_one_clear_error(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """Issue 64, item 0: the trainer stops at the first logged step whose loss is not finite, before the
+    checkpoint that would keep NaN weights (so nothing is published), and the launch turns its exit into one
+    error naming the step and the settings, not "a rank died, run it again"."""
+    import os
+    import types
+
+    from models.trainer import stop_if_diverged
+    from xylent.errors import XylentError
+    from xylent.launch import deepspeed_command, launch
+    from xylent.rank_exit import DIVERGED
+
+    cfg = types.SimpleNamespace(lr=1e3, warmup_steps=0, clip=2.0, precision="fp32")
+    stop_if_diverged([(4, {"loss": 7.5}), (5, {"loss": 7.1})], cfg)  # finite: nothing happens
+    with pytest.raises(SystemExit) as stop:
+        stop_if_diverged([(4, {"loss": 7.5}), (5, {"loss": float("nan")}), (6, {"loss": float("inf")})], cfg)
+    assert stop.value.code == DIVERGED
+    said = capsys.readouterr().out
+    assert "the loss is nan at step 5" in said and "pretrain.lr 1000.0" in said
+    (tmp_path / "diverges.py").write_text(
+        "import os, sys, time\n"
+        "from models.trainer import stop_if_diverged\n"
+        "import types\n"
+        "cfg = types.SimpleNamespace(lr=1e3, warmup_steps=0, clip=2.0, precision='fp32')\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    stop_if_diverged([(3, {'loss': float('nan')})], cfg)\n"
+        "time.sleep(120)\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    with pytest.raises(XylentError) as err:
+        launch(deepspeed_command(tmp_path / "x", ranks=2, module="diverges"), tmp_path / "a.log")
+    text = err.value.render()
+    assert "training diverged: the loss is nan at step 3" in text and "lower pretrain.lr" in text
+    assert "run the same command again" not in text
+
+
 def test_the_server_watchdog_stops_only_the_server_it_was_given_never_a_process_that_took_its_number():
     """PIDs wrap within minutes on a busy machine: the watchdog knows its CLI and its server by
     PID and start time, so a reused number, for the parent or the server, is not them."""

@@ -76,6 +76,17 @@ def test_a_missing_extends_parent_names_the_spec_that_points_at_it(tmp_path):
     assert f"{child.resolve()}: extends: gone/base.yaml" in text
 
 
+def test_no_float_of_the_spec_takes_inf_or_nan(tmp_path):
+    """Issue 64, item 0: pretrain.lr=.inf trained to NaN and published the model; vocab.beta=.inf gave every
+    language the smallest grid.  Every float of every section refuses them (xylent.spec.base.Strict)."""
+    spec = write_spec(tmp_path / "s.yaml", BASE)
+    with pytest.raises(XylentError) as err:
+        load_spec(spec, ["pretrain.lr=.inf", "vocab.beta=.nan", "download.timeout_s=.inf"])
+    text = err.value.render()
+    for field in ("pretrain.lr", "vocab.beta", "download.timeout_s"):
+        assert f"{field}: Input should be a finite number" in text, text
+
+
 def test_a_renamed_value_is_refused_with_its_new_name(tmp_path):
     spec = write_spec(tmp_path / "s.yaml", {**BASE, "sampling": {"pair_method": "temperature"}})
     with pytest.raises(XylentError) as err:

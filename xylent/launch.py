@@ -43,6 +43,7 @@ import psutil
 from xylent.build_locks import clear_stale_build_locks
 from xylent.errors import XylentError
 from xylent.process_identity import mark
+from xylent.rank_exit import DIVERGED, DIVERGED_MARK
 
 TRAINER_MODULE = "models.trainer"
 REPO = Path(__file__).resolve().parents[1]  # on every rank's PYTHONPATH, so the module resolves to this checkout
@@ -202,7 +203,7 @@ def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None
         env.setdefault("CUDA_VISIBLE_DEVICES", "")
         if ranks:  # each rank its share of the cores, not all of them (oversubscription halves throughput)
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks)))
-    resumed, died, tracebacks, errors = 0, [], {}, []
+    resumed, died, tracebacks, errors, stopped = 0, [], {}, [], None
     sweep_stale_shm_buffers()
     notes: list[str] = []
     clear_stale_build_locks(say=lambda line: (notes.append(line), print(line, file=sys.stderr, flush=True)))
@@ -223,6 +224,8 @@ def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None
                 log.flush()
                 if m := re.search(r"xylent: resumed from .* at step (\d+)", line):
                     resumed = int(m.group(1))
+                if DIVERGED_MARK in line:
+                    stopped = line.split(DIVERGED_MARK, 1)[1].strip()
                 if direct is None and (m := _DIED.search(line)):  # the launcher's report of a rank's death
                     rank = _SPAWNED.search(line)
                     died.append((int(rank.group(1)) if rank else None, int(m.group(1))))
@@ -243,6 +246,10 @@ def launch(cmd: list[str], log_file: Path, on_line: Callable[[str], None] | None
             watched.stop()
             out.close()
             remove_shm_buffers(cmd)
+    if stopped is not None and (rc == DIVERGED or any(code == DIVERGED for _, code in died)):
+        raise XylentError(f"training diverged: {stopped}", where=str(log_file),
+                          fix="lower pretrain.lr, lengthen pretrain.warmup_steps or lower pretrain.clip and run "
+                              "again (new settings start a new run; the same ones would diverge again)")
     if rc != 0:
         raise XylentError(_death_message(rc, died, tracebacks, errors), where=str(log_file),
                           fix=(resume_hint() if resume_hint else "fix the cause and run it again"))

@@ -44,7 +44,7 @@ DOC = ROOT / "docs" / "acceptance.md"
 # the code every learning claim runs through: the model, its training, the loader that feeds it
 _LEARNING = ["models/", "tasks/pretrain/",
              "xylent/data/",  # the loader, and the contracts it reads the shards and the sampling tables through
-             "xylent/spec/", "xylent/objectives.py", "xylent/launch.py",
+             "xylent/spec/", "xylent/objectives.py", "xylent/launch.py", "xylent/rank_exit.py",
              "xylent/atomic.py"]  # the spec and its objectives, and how the ranks are launched and write their files
 # (not xylent/process_identity.py: it decides when a rank stops with its parent, never what a run computes)
 
