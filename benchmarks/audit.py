@@ -1,4 +1,4 @@
-"""audit: time of the χ² DRO best response (tasks.audit.chi2_best_response) and the
+"""audit: time of the χ² DRO best response (xylent.tasks.audit.chi2_best_response) and the
 audit's per-step overhead against plain pretrain steps of the same model.
 
 1. ``best_response``: random seeded losses and Dirichlet priors at 100, 1 000 and
@@ -8,7 +8,7 @@ audit's per-step overhead against plain pretrain steps of the same model.
 
 2. ``step_overhead``: the demo's shards (built once with the real CLI, ``xylent run
    pipeline --until shards``, into a scratch workspace), two train.json written by
-   ``tasks.pretrain.train_json.train_config`` that differ only in ``dro`` (None vs the
+   ``xylent.tasks.pretrain.train_json.train_config`` that differ only in ``dro`` (None vs the
    audit's adversary: per-row losses, per-pair sums all-reduced over ranks, EMA
    update, K best-response re-samplings), each launched like the pretrain stage
    (``deepspeed_command`` + ``launch``, 2 CPU ranks over gloo).  Runs alternate
@@ -23,7 +23,7 @@ audit's per-step overhead against plain pretrain steps of the same model.
    drawing other batches; and the pieces are timed alone in this process
    (``components``) to say where the time goes.  One short launch first compiles
    DeepSpeed's CPU ops and warms the page cache; it is not timed.  Every launch
-   first waits until no other ``models.trainer`` runs and other processes are
+   first waits until no other ``xylent.models.trainer`` runs and other processes are
    nearly idle; a run during which someone else's trainer ran or other processes
    kept > 0.25 cores busy is done again (the discarded one is kept in the JSON).
 
@@ -55,8 +55,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # `python benchmarks/audit
 import harness  # noqa: E402
 import numpy as np  # noqa: E402
 
-from models.audit.adversary import USES_LANGUAGES  # noqa: E402
-from models.audit.dro import chi2_best_response, chi2_divergence  # noqa: E402
+from xylent.models.audit.adversary import USES_LANGUAGES  # noqa: E402
+from xylent.models.audit.dro import chi2_best_response, chi2_divergence  # noqa: E402
 
 TARGET_MS_AT_10K = 50.0
 TARGET_OVERHEAD = 0.05
@@ -136,10 +136,10 @@ def load_bench_spec():
 
 def bench_config(spec, upstream: dict[str, Path], ckdir: Path, *, steps: int, tasks: list[str], audit: bool,
                  rho: float | None = None, baseline_every: int | None = None):
-    """train.json as the pretrain stage writes it (tasks.pretrain.train_json.train_config); the audit
-    run differs only in ``dro``, taken from the audit stage's builder (tasks.audit.train_config.audit_train_config)."""
-    from tasks.audit.train_config import audit_train_config
-    from tasks.pretrain.train_json import train_config
+    """train.json as the pretrain stage writes it (xylent.tasks.pretrain.train_json.train_config); the audit
+    run differs only in ``dro``, taken from the audit stage's builder (xylent.tasks.audit.train_config.audit_train_config)."""
+    from xylent.tasks.audit.train_config import audit_train_config
+    from xylent.tasks.pretrain.train_json import train_config
 
     cfg = train_config(spec, upstream, ckdir, None, None)
     cfg.steps, cfg.tasks = steps, list(tasks)
@@ -166,13 +166,13 @@ def write_config(spec, upstream: dict[str, Path], ckdir: Path, *, steps: int, ta
 
 
 def trainer_processes() -> tuple[list, list]:
-    """(other people's, ours): running ``models.trainer`` ranks on this machine."""
+    """(other people's, ours): running ``xylent.models.trainer`` ranks on this machine."""
     import psutil
 
     me, foreign, ours = os.getpid(), [], []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "-m" not in cmd or cmd[cmd.index("-m") + 1: cmd.index("-m") + 2] != ["models.trainer"]:
+        if "-m" not in cmd or cmd[cmd.index("-m") + 1: cmd.index("-m") + 2] != ["xylent.models.trainer"]:
             continue
         try:
             (ours if any(a.pid == me for a in p.parents()) else foreign).append(p)
@@ -221,7 +221,7 @@ def wait_until_quiet(max_wait_s: float, max_foreign_cores: float = 0.1) -> float
         load = foreign_cores() if not foreign else float("nan")
         if (not foreign and load < max_foreign_cores) or time.monotonic() - t0 > max_wait_s:
             return time.monotonic() - t0
-        print(f"waiting: {len(foreign)} other models.trainer process(es) running, other processes using "
+        print(f"waiting: {len(foreign)} other xylent.models.trainer process(es) running, other processes using "
               f"{load:.2f} cores", flush=True)
         time.sleep(15)
 
@@ -356,12 +356,12 @@ def components(spec, upstream: dict[str, Path], scratch: Path, batches: int) -> 
 
     import torch
 
-    from models.config import EncoderConfig
-    from models.objectives import build_model
-    from models.stats import Norms
-    from models.masking import row_noise
-    from models.audit.adversary import PairAdversary
-    from models.audit.step import pair_totals
+    from xylent.models.config import EncoderConfig
+    from xylent.models.objectives import build_model
+    from xylent.models.stats import Norms
+    from xylent.models.masking import row_noise
+    from xylent.models.audit.adversary import PairAdversary
+    from xylent.models.audit.step import pair_totals
     from xylent.data.loader import TrainingLoader
 
     threads = torch.get_num_threads()
@@ -375,7 +375,7 @@ def components(spec, upstream: dict[str, Path], scratch: Path, batches: int) -> 
         ld = TrainingLoader(cfg.shards_dir, cfg.sampling_dir, task="trtd", seed=cfg.seed, rank=0, world_size=2,
                             batch_size=cfg.batch_size // 2, max_tokens=cfg.trtd_max_tokens // 2, verify=False)
         data = list(itertools.islice(ld.batches(batches), batches))
-        d = cfg.dro  # as models.audit.step.PairAudit builds it (its baselines are timed by the whole-run benchmark)
+        d = cfg.dro  # as xylent.models.audit.step.PairAudit builds it (its baselines are timed by the whole-run benchmark)
         adv = PairAdversary(ld.names, ld.prior, rho=d.rho, min_ratio=d.min_ratio, ema=d.ema, weights=tuple(d.weights),
                             steps=cfg.steps, resamples=d.resamples)
 
@@ -566,7 +566,7 @@ def markdown(result: dict) -> str:
         rows = [[harness.num(n), f"{c['no_floor']['median_ms']:.3g} ms", f"{c['floor_binds']['median_ms']:.3g} ms",
                  c["floor_binds"]["groups_at_floor"],
                  f"{max(x['divergence_rel_error'] for x in c.values()):.0e}"] for n, c in sorted(by.items())]
-        out += ["**Best response** (`tasks.audit.chi2_best_response`), median of "
+        out += ["**Best response** (`xylent.tasks.audit.chi2_best_response`), median of "
                 f"{br['results'][0]['repeats']} calls after a warm-up:", "",
                 harness.table(["groups", "no floor binds (ρ = 0.01)", "floors bind (ρ = 0.1, m = 0.2)",
                                "groups at the floor", "divergence vs ρ (rel. error)"], rows), ""]

@@ -23,7 +23,7 @@ done
 PYTHONPATH=tests .venv/bin/python - "$out" <<'PY'
 import json, sys
 from pathlib import Path
-from tasks.audit.contract import read_audit
+from xylent.tasks.audit.contract import read_audit
 from tests.acceptance.test_planted_audit import COPY, HUB, NOISY, bar
 for f in sorted(Path(sys.argv[1]).glob("N*-s*.json")):
     t = read_audit(Path(json.loads(f.read_text())["stages"]["audit"]["output_dir"]))

@@ -23,7 +23,7 @@
    all cores against datasketch's best configuration is reported beside them.
 2. Memory: peak RSS (VmHWM) of each side alone on the same corpus, one fresh
    process each, peak reset after the corpus is built; and the stage's
-   map/reduce/resolve/apply (tasks.dedup.mono) over generated Parquet parts at
+   map/reduce/resolve/apply (xylent.tasks.dedup.mono) over generated Parquet parts at
    two corpus sizes, each run in a fresh process: the peak must grow <= 20 %
    for the larger corpus.
 
@@ -100,7 +100,7 @@ def scores(ids, truth) -> dict:
 # ---------------------------------------------------------------- the two sides
 
 def xylent_clusters(texts: list[str], threads: int) -> np.ndarray:
-    from tasks.dedup import near_duplicate_clusters
+    from xylent.tasks.dedup import near_duplicate_clusters
     from xylent.spec import DedupConfig
 
     cfg = DedupConfig(num_perm=NUM_PERM, bands=BANDS, rows=ROWS, threshold=THRESHOLD, ngram=NGRAM)
@@ -175,7 +175,7 @@ def speed_child(docs: int, threads: int, repeats: int, warmup: int, pool: bool) 
 def memory_child(docs: int, side: str, threads: int) -> dict:
     """One side once, its peak measured from after its imports and the corpus."""
     if side == "xylent":
-        import tasks.dedup.run  # noqa: F401  (polars, pyarrow)
+        import xylent.tasks.dedup.run  # noqa: F401  (polars, pyarrow)
     else:
         import datasketch  # noqa: F401
     imported = harness.vm_rss_mb()
@@ -192,7 +192,7 @@ def memory_child(docs: int, side: str, threads: int) -> dict:
 
 def stage_child(parts_dir: str, work: str, out: str) -> dict:
     """The stage's mono dedup over one language's parts: map, reduce, resolve, apply."""
-    from tasks.dedup import mono
+    from xylent.tasks.dedup import mono
     from xylent.spec import DedupConfig
 
     parts, work_p, out_p = sorted(Path(parts_dir).glob("*.parquet")), Path(work), Path(out)

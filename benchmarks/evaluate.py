@@ -2,7 +2,7 @@
 and at all cores (the same thread count for every side of a comparison):
 
 1. embedding throughput: the stage's encoder wrapper
-   (``tasks.evaluate.encoders.HuggingFaceEncoder.embed_batches``: texts sorted by
+   (``xylent.tasks.evaluate.encoders.HuggingFaceEncoder.embed_batches``: texts sorted by
    length within chunks, pooled, put back in order) against the loop a user
    writes with ``transformers`` (batches in the given order, padded to the
    batch's longest, the same mean pooling), on the same model and tokenizer
@@ -10,7 +10,7 @@ and at all cores (the same thread count for every side of a comparison):
    ``torch.set_num_threads``. The pooled vectors must agree to ``--atol`` or the
    run fails.
 2. retrieval and margin mining for N x N unit vectors: faiss exact search
-   (``tasks.evaluate.retrieval.knn`` / ``mine_pairs``) against a blocked NumPy
+   (``xylent.tasks.evaluate.retrieval.knn`` / ``mine_pairs``) against a blocked NumPy
    matmul with ``argpartition`` top-k and a blocked torch matmul with
    ``torch.topk``. Mining runs ``mine_pairs`` itself with its k-NN search swapped
    for the peer's, so only the search differs. faiss threads via
@@ -58,7 +58,7 @@ MARGIN_TOL = 1e-4  # largest margin difference of a pair both faiss and a peer m
 
 def real_sentences(n: int) -> list[str]:
     """Real UI messages in 16 languages and English (allauth's catalogs), cycled to n."""
-    from tasks.evaluate.data import package_pairs
+    from xylent.tasks.evaluate.data import package_pairs
 
     texts = [t for xx, en in package_pairs("allauth", LANGS).values() for t in xx + en]
     return [texts[i % len(texts)] for i in range(n)]
@@ -98,7 +98,7 @@ def plain_loop(tok, model, texts: list[str], layer: int, batch: int, max_length:
 def bench_embedding(args) -> dict:
     import torch
 
-    from tasks.evaluate.encoders import CHUNK_BATCHES, HuggingFaceEncoder
+    from xylent.tasks.evaluate.encoders import CHUNK_BATCHES, HuggingFaceEncoder
 
     texts = real_sentences(args.sentences)
     layer = args.layers // 2 + 1
@@ -160,7 +160,7 @@ def torch_knn(q: np.ndarray, db: np.ndarray, k: int, batch: int = BLOCK) -> tupl
 
 
 def side_knn(side: str):
-    from tasks.evaluate import retrieval
+    from xylent.tasks.evaluate import retrieval
 
     return {"faiss": retrieval.knn, "numpy": numpy_knn, "torch": torch_knn}[side]
 
@@ -168,7 +168,7 @@ def side_knn(side: str):
 @contextmanager
 def search_backend(side: str):
     """``mine_pairs`` with its k-NN search done by ``side``: the margin and the greedy selection stay its own."""
-    from tasks.evaluate import retrieval
+    from xylent.tasks.evaluate import retrieval
 
     original = retrieval.knn
     retrieval.knn = side_knn(side)

@@ -7,7 +7,7 @@ Both sides train the same Hugging Face encoder (an XLM-R-shaped
 first-token head (dense -> tanh -> labels), AdamW with a linear schedule and
 gradient clipping at 1.0, on the same synthetic batches: ``batch`` sequences of
 exactly ``length`` tokens (no padding, so neither side saves on it), fp32 on the
-CPU.  xylent: ``tasks.evaluate.finetune.train.train`` (its epoch-end dev pass is a no-op
+CPU.  xylent: ``xylent.tasks.evaluate.finetune.train.train`` (its epoch-end dev pass is a no-op
 here; its checkpoint writes are counted); peer: ``Trainer.train()`` with saving,
 logging and evaluation off, ``dataloader_num_workers=0``.  Both use the same
 torch thread count.  One warm-up run per side, then ``repeats`` runs
@@ -40,9 +40,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # run as a script from any
 
 import harness  # noqa: E402
 
-from models.heads import Body, TaskModel  # noqa: E402
-from tasks.evaluate.finetune.features import Feature  # noqa: E402
-from tasks.evaluate.finetune.train import LoopConfig, train  # noqa: E402
+from xylent.models.heads import Body, TaskModel  # noqa: E402
+from xylent.tasks.evaluate.finetune.features import Feature  # noqa: E402
+from xylent.tasks.evaluate.finetune.train import LoopConfig, train  # noqa: E402
 
 SIZES = {"small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
          "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)}

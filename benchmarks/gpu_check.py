@@ -116,9 +116,9 @@ def learning(bundle: Path, out: Path, minutes: float, toy: bool, overrides: list
     """The real trainer, time-boxed; the last complete checkpoint exported into OUT."""
     import torch
 
-    from models.trainer import complete_checkpoints
-    from tasks.pretrain import contract, publish
-    from tasks.pretrain.train_json import train_config
+    from xylent.models.trainer import complete_checkpoints
+    from xylent.tasks.pretrain import contract, publish
+    from xylent.tasks.pretrain.train_json import train_config
     from xylent.errors import XylentError
     from xylent.launch import deepspeed_command, launch, stop_launched
     from xylent.spec import load_spec

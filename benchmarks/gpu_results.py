@@ -25,7 +25,7 @@ REPO = HERE.parent
 sys.path[:0] = [str(REPO), str(HERE)]
 
 import harness  # noqa: E402
-from tasks.evaluate.contract import read_scores  # noqa: E402
+from xylent.tasks.evaluate.contract import read_scores  # noqa: E402
 
 SPEC = REPO / "data_specs" / "gpu-check.yaml"
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     # change the encoder's architecture, so random-init is the same whichever recipe trained the returned model
     argv = check.get("argv", [])
     sets = [a for flag, a in zip(argv, argv[1:]) if flag == "--set"]
-    cmd = [sys.executable, "-m", "flows.kit.cli", "run", "evaluate", "--spec", args.spec, "--json",
+    cmd = [sys.executable, "-m", "xylent.flows.kit.cli", "run", "evaluate", "--spec", args.spec, "--json",
            *[x for s in sets for x in ("--set", s)],
            "--set", "pretrain.steps=1", "--set", "pretrain.checkpoint_every=1", "--set", "pretrain.warmup_steps=0",
            "--set", f"evaluate.models={models}", *(["--workspace", args.workspace] if args.workspace else [])]

@@ -9,7 +9,7 @@ core count, side by side (`harness.repeated_in_fresh_processes`: the same
 warm-up, alternating timed runs, one fresh process per run, every pool capped):
 
   - the floor: `xz -dc -T<cores> FILE > /dev/null`;
-  - prepare: the stage's unit of work (`tasks.prepare.prepare_unit`: stream
+  - prepare: the stage's unit of work (`xylent.tasks.prepare.prepare_unit`: stream
     (liblzma on a reader thread), validate UTF-8, clean, NFC, filter, document
     ids, write zstd Parquet) into a fresh workspace.
 
@@ -50,7 +50,7 @@ for _p in (str(HERE.parent), str(HERE)):
 import harness  # noqa: E402
 
 TARGETS = {"ratio_to_xz": 0.5, "peak_rss_mb": 1000.0, "rss_growth": 1.1}
-PRELOAD = ("tasks.prepare", "xylent.spec", "xylent.workspace")  # a fresh process imports these untimed
+PRELOAD = ("xylent.tasks.prepare", "xylent.spec", "xylent.workspace")  # a fresh process imports these untimed
 pin_cores = harness.pin_cores
 
 
@@ -136,7 +136,7 @@ def prepare_child(path: str, ws_root: str, cores: int) -> dict:
 
     import pyarrow as pa
 
-    from tasks.prepare import prepare_unit
+    from xylent.tasks.prepare import prepare_unit
     from xylent.spec import PrepareConfig
     from xylent.workspace import Workspace
 

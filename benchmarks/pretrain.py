@@ -21,10 +21,10 @@ all cores), in alternating order:
 
 GPU rows (when a GPU is visible, or ``--device cuda``): the ``--gpu-size``
 model (base) in bf16 autocast, xylent vs transformers for both steps, with
-tokens/s, MFU (FLOPs per token from ``models.optim.flops_per_token``, the same
+tokens/s, MFU (FLOPs per token from ``xylent.models.optim.flops_per_token``, the same
 count for both sides, over the GPU's dense bf16 peak) and each side's peak
 memory (built alone); then one DeepSpeed engine per ZeRO stage
-(``infra/deepspeed/zero<N>.json``, one rank, each in its own process) with its
+(``tasks/pretrain/deepspeed/zero<N>.json``, one rank, each in its own process) with its
 tokens/s and peak memory. Without a GPU the result records why they were
 skipped; nothing is estimated.
 
@@ -50,7 +50,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 import harness  # noqa: E402
 
-SPECIALS = dict(zip(("unk", "bos", "eos", "pad", "mask"), range(5)))  # tasks.vocab.specials' layout
+SPECIALS = dict(zip(("unk", "bos", "eos", "pad", "mask"), range(5)))  # xylent.tasks.vocab.specials' layout
 MASK_PROB = 0.15
 DISC_WEIGHT = 50.0
 OBJECTIVE_OPTIONS = {"electra": None, "mlm": None,
@@ -83,7 +83,7 @@ def n_params(*modules) -> int:
 
 
 # what a step reads besides its ids, made once per batch (the warm-up fills it): the trainer makes it ahead in
-# the loader's thread (models.step_inputs), so no side's timed step pays for host work or its copy
+# the loader's thread (xylent.models.step_inputs), so no side's timed step pays for host work or its copy
 _PREPARED: dict = {}
 
 
@@ -95,7 +95,7 @@ def _prepared(what: str, ids, k, make):
 
 
 def _noise(ids, k):
-    from models.masking import row_noise
+    from xylent.models.masking import row_noise
 
     return _prepared("noise", ids, k, lambda: row_noise(0, k, 0, list(range(len(ids))), [ids.shape[1]] * len(ids),
                                                         ids.shape[1]).to(ids.device))
@@ -118,7 +118,7 @@ def _host_counts(model, cfg, ids, k):
 
 def _norms(st):
     """The loss's divisors left on the device (reading the counts would make the host wait)."""
-    from models.stats import Norms
+    from xylent.models.stats import Norms
 
     return Norms(st.g_count.float().clamp(min=1), st.d_count.float().clamp(min=1))
 
@@ -128,10 +128,10 @@ def ours_discriminator(cfg, compile: bool = True):
     import torch
     import torch.nn.functional as F
 
-    from models.electra import RTDHead
-    from models.encoder import Embeddings, Encoder
-    from models.weight_init import init_weights
-    from models.optim import make_optimizer
+    from xylent.models.electra import RTDHead
+    from xylent.models.encoder import Embeddings, Encoder
+    from xylent.models.weight_init import init_weights
+    from xylent.models.optim import make_optimizer
 
     class Discriminator(torch.nn.Module):
         def __init__(self):
@@ -158,9 +158,9 @@ def ours_discriminator(cfg, compile: bool = True):
 
 
 def fast_path(model, cfg) -> bool:
-    """The trainer's CUDA path: its encoders compiled (models.encoder.compile_encoders), unless the side
+    """The trainer's CUDA path: its encoders compiled (xylent.models.encoder.compile_encoders), unless the side
     is the materialised reference, which runs eager as the step did before FlexAttention."""
-    from models.encoder import compile_encoders
+    from xylent.models.encoder import compile_encoders
 
     on_cuda = next(model.parameters()).is_cuda
     return bool(on_cuda and cfg.attention != "materialised" and compile_encoders(model))
@@ -168,8 +168,8 @@ def fast_path(model, cfg) -> bool:
 
 def ours_electra(cfg, compile: bool = True):
     """Our whole XLM-E step: generator, sampled corruption, discriminator, λ = 50."""
-    from models.electra import ElectraModel
-    from models.optim import make_optimizer
+    from xylent.models.electra import ElectraModel
+    from xylent.models.optim import make_optimizer
 
     model = ElectraModel(cfg, DISC_WEIGHT, MASK_PROB)
     compiled = compile and fast_path(model, cfg)
@@ -191,9 +191,9 @@ def objective_step(objective: str, options: dict | None):
     def make(cfg):
         import torch
 
-        from models.objectives import build_model
-        from models.optim import make_optimizer
-        from models.stats import Norms
+        from xylent.models.objectives import build_model
+        from xylent.models.optim import make_optimizer
+        from xylent.models.stats import Norms
 
         from xylent.spec import PretrainConfig
 
@@ -265,7 +265,7 @@ def hf_electra(cfg):
     import torch
     from transformers import ElectraForMaskedLM, ElectraForPreTraining
 
-    from models.masking import choose_masked, sample_tokens
+    from xylent.models.masking import choose_masked, sample_tokens
 
     gen_cfg, disc_cfg = hf_configs(cfg)
     gen, disc = ElectraForMaskedLM(gen_cfg), ElectraForPreTraining(disc_cfg)
@@ -302,7 +302,7 @@ def disc_flops_per_token(cfg, seq_len: int) -> float:
 
 
 def step_flops_per_token(what: str, cfg, seq_len: int) -> float:
-    from models.optim import flops_per_token
+    from xylent.models.optim import flops_per_token
 
     if what == "discriminator":
         return disc_flops_per_token(cfg, seq_len)
@@ -403,7 +403,7 @@ def _peak_memory_alone(make, cfg, data, device) -> float:
 
 def zero_stage_run(size: str, vocab: int, batch: int, seq_len: int, steps: int, warmup: int, repeats: int,
                    stage: int) -> dict:
-    """One DeepSpeed engine (one rank, bf16 on GPU) around our ELECTRA model with infra/deepspeed/zero<stage>.json;
+    """One DeepSpeed engine (one rank, bf16 on GPU) around our ELECTRA model with tasks/pretrain/deepspeed/zero<stage>.json;
     ``warmup`` then ``repeats`` timed windows of ``steps`` steps. Run in its own process
     (harness.in_fresh_process)."""
     import json
@@ -419,9 +419,9 @@ def zero_stage_run(size: str, vocab: int, batch: int, seq_len: int, steps: int, 
         os.environ.setdefault(k, v)
     import deepspeed
 
-    from models.config import preset
-    from models.electra import ElectraModel
-    from models.optim import (engine_config, engine_optimizer, flops_per_token, lr_lambdas, make_optimizer,
+    from xylent.models.config import preset
+    from xylent.models.electra import ElectraModel
+    from xylent.models.optim import (engine_config, engine_optimizer, flops_per_token, lr_lambdas, make_optimizer,
                               peak_tflops, warmup_linear_decay)
 
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
@@ -431,7 +431,7 @@ def zero_stage_run(size: str, vocab: int, batch: int, seq_len: int, steps: int, 
     model = ElectraModel(cfg, DISC_WEIGHT, MASK_PROB).to(device)
     fast_path(model, cfg)  # the trainer's CUDA path: flex, encoders compiled
     # the trainer's engine: its config function, optimizer and schedule (models/trainer.py train())
-    ds = engine_config(json.loads((HERE.parent / "infra" / "deepspeed" / f"zero{stage}.json").read_text()),
+    ds = engine_config(json.loads((HERE.parent / "tasks" / "pretrain" / "deepspeed" / f"zero{stage}.json").read_text()),
                        micro_batch=batch, grad_accum=1, clip=1.0, bf16=cuda)
     opt = make_optimizer(model, lr=1e-4)
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -480,9 +480,9 @@ def flex_self_test(device, size: str) -> dict:
 
     import torch
 
-    from models.config import preset
-    from models.encoder import Encoder
-    from models.weight_init import init_weights
+    from xylent.models.config import preset
+    from xylent.models.encoder import Encoder
+    from xylent.models.weight_init import init_weights
 
     cuda = device.type == "cuda"
     base = preset(size, specials=SPECIALS)
@@ -597,8 +597,8 @@ def time_gpu_groups(groups: dict, cfg, data, device, args, peak, seq_len: int) -
 def gpu_rows(args) -> dict:
     import torch
 
-    from models.config import preset
-    from models.optim import peak_tflops
+    from xylent.models.config import preset
+    from xylent.models.optim import peak_tflops
 
     if args.device == "cpu":
         return {"skipped": "not asked: --device cpu", "size": args.gpu_size}
@@ -651,15 +651,15 @@ def vocab_head_memory(head: str, rows: int, vocab: int, hidden: int) -> dict:
     inverse-CDF sample, the argmax) over ``rows`` masked tokens, fp32, in this process: the peak resident
     memory above its inputs (VmHWM after a reset, minus VmRSS; the weights' gradient, the same for both
     heads, is part of it), the time. ``head``: "unchunked", the head
-    before issue 61 (models/electra.py at 3948a21), or "chunked" (models.vocab_head)."""
+    before issue 61 (models/electra.py at 3948a21), or "chunked" (xylent.models.vocab_head)."""
     import time
     import zlib
 
     import torch
     import torch.nn.functional as F
 
-    from models.masking import sample_tokens
-    from models.vocab_head import tied_lm_loss
+    from xylent.models.masking import sample_tokens
+    from xylent.models.vocab_head import tied_lm_loss
 
     g = torch.Generator().manual_seed(0)
     h = torch.randn(rows, hidden, generator=g).requires_grad_()
@@ -691,7 +691,7 @@ def vocab_memory(args) -> dict:
     """The generator head's memory at the GPU rows' size (masked rows = 15 % of --gpu-batch x --gpu-seq-len,
     the largest of --gpu-vocabs, --gpu-size's hidden width), measured on the CPU in fp32: the head before
     issue 61 against the chunked one, each in a fresh process, and whether they agree."""
-    from models.config import preset
+    from xylent.models.config import preset
 
     args.repeats, args.warmup = 1, 0  # one run a side: the memory of a fixed computation, not a timing
     vocab = 5000 if args.quick else max(int(v) for v in args.gpu_vocabs.split(","))
@@ -760,7 +760,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     import torch
 
-    from models.config import preset
+    from xylent.models.config import preset
 
     cfg = preset(args.size, vocab_size=args.vocab, max_position=max(512, args.seq_len), specials=SPECIALS)
     cfg_nobias = preset(args.size, vocab_size=args.vocab, max_position=cfg.max_position, relative_bias=False,
@@ -947,7 +947,7 @@ def _gpu_md(result: dict) -> list[str]:
     if z.get("stages"):
         bare = gpu["rows"].get("electra", {}).get("xylent")
         out += [f"DeepSpeed engine around our ELECTRA model, {z['world_size']} rank, one process per stage "
-                "(`infra/deepspeed/zero<N>.json`" + (", built as the trainer builds it" if any(
+                "(`tasks/pretrain/deepspeed/zero<N>.json`" + (", built as the trainer builds it" if any(
                     "optimizer_wrapper" in r for r in z["stages"].values()) else "") + "); its cost is 1 − its "
                 "tokens/s over the bare whole step's (`xylent` above, same sizes):", "",
                 harness.table(["ZeRO stage", "optimizer as the engine steps it", "tokens/s, median (best)",

@@ -4,7 +4,7 @@
 Sides, on the same counts and temperature (T = 5), each run with the same
 warm-up and alternating over the timed runs (`harness.side_by_side`):
 
-- `stage`: `tasks.sampling.build_tables`, the whole stage computation
+- `stage`: `xylent.tasks.sampling.build_tables`, the whole stage computation
   (Sinkhorn P*, M2M LP, temperature table, diagnostics). Targets: < 1 s for
   CCMatrix (L = 90), < 60 s for L = 1000.
 - `xylent_sinkhorn`: `sinkhorn_pair_distribution`, the stage's P* (validation,
@@ -62,7 +62,7 @@ ROOT = HERE.parent
 CCMATRIX = ROOT / "tests" / "data" / "ccmatrix_v1_pairs.tsv"  # real CCMatrix v1 counts, shipped with the repo
 TEMPERATURE = 5.0
 EPS = 1e-12  # the paper's smoothing, -log(Q + eps)
-STOP_THR = 1e-15  # the stage's stopping threshold (tasks.sampling.tables)
+STOP_THR = 1e-15  # the stage's stopping threshold (xylent.tasks.sampling.tables)
 MAX_ITER = 100_000  # SamplingConfig.max_iter's default
 SAME_KERNEL_TOL = 1e-12  # max |P_xylent - P_pot| over all entries (P sums to 1)
 TARGETS_S = {"ccmatrix-v1": 1.0, "synthetic-1000": 60.0}
@@ -88,7 +88,7 @@ def synthetic(n: int, density: float = 0.3, seed: int = 0) -> np.ndarray:
 
 def load_table(spec: dict) -> tuple[list[str], np.ndarray]:
     if spec["kind"] == "ccmatrix":
-        from tasks.sampling import read_pair_counts
+        from xylent.tasks.sampling import read_pair_counts
 
         return read_pair_counts(spec["path"])
     c = synthetic(spec["languages"])
@@ -144,7 +144,7 @@ def stage_iterations(counts: np.ndarray, t: float) -> int:
     `ot.sinkhorn` wrapped to ask for POT's log (the stage does not return it)."""
     import ot
 
-    from tasks.sampling import sinkhorn_pair_distribution
+    from xylent.tasks.sampling import sinkhorn_pair_distribution
 
     real, seen = ot.sinkhorn, []
 
@@ -178,7 +178,7 @@ def diagnostics(plan: np.ndarray, s: np.ndarray, keep: np.ndarray, a: np.ndarray
 def measure_child(tables: list[dict], threads: int, repeats: int, warmup: int) -> dict:
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    from tasks.sampling import build_tables, m2m_pair_distribution, sinkhorn_pair_distribution
+    from xylent.tasks.sampling import build_tables, m2m_pair_distribution, sinkhorn_pair_distribution
     from xylent.spec import SamplingConfig
 
     t = TEMPERATURE

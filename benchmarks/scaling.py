@@ -15,7 +15,7 @@ that the cap binds within the sizes measured) and `runner.max_workers` =
 `--threads`.
 
 Per size and repeat a fresh workspace; per stage one process
-(`harness.in_fresh_process` -> `run_stage` -> `flows.kit.cli.main`, the CLI
+(`harness.in_fresh_process` -> `run_stage` -> `xylent.flows.kit.cli.main`, the CLI
 preloaded before the clock starts): the stage's own time (its manifest's
 `seconds`), the command's time, the process's wall time (with Python's start-up
 and the CLI's imports) and its peak RSS (VmHWM). Then `xylent run shards` again
@@ -223,13 +223,13 @@ def bench_spec(base: str, *, quick: bool, workers: int) -> dict:
 
 # ---------------------------------------------------------------- measuring
 
-CLI = ("flows.kit.cli",)  # preloaded in every command's process: its import is start-up, not the command
+CLI = ("xylent.flows.kit.cli",)  # preloaded in every command's process: its import is start-up, not the command
 
 
 def run_stage(stage: str, spec: str, workspace: str) -> dict:
     """`xylent run STAGE --spec SPEC --workspace WS --json` in this process, as a user runs it.
     Returns whether the stage was cached (and its upstream), its manifest's seconds and metrics."""
-    from flows.kit.cli import main as cli
+    from xylent.flows.kit.cli import main as cli
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -323,8 +323,8 @@ def sampling_tables(languages: int, repeats: int = 1, seed: int = 0) -> dict:
     then its output (`write_output`: Parquet tables, heatmaps, report) into a temporary
     folder. Counts: log-normal example counts, a pair with data for 30 % of the language
     pairs (and for neighbours, so none is isolated)."""
-    from tasks.sampling import build_tables
-    from tasks.sampling.run import write_output
+    from xylent.tasks.sampling import build_tables
+    from xylent.tasks.sampling.run import write_output
     from xylent.spec import SamplingConfig
 
     cfg = SamplingConfig()

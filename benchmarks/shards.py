@@ -88,7 +88,7 @@ def stage_dir(ws: Path, stage: str) -> Path:
 
 def demo_text() -> list[str]:
     """Every message of Django's catalogs in the demo's languages (English once)."""
-    from tasks.evaluate.data import package_pairs
+    from xylent.tasks.evaluate.data import package_pairs
 
     pairs = package_pairs("django", DEMO_LANGUAGES[1:])
     return [t for lang in DEMO_LANGUAGES[1:] for t in pairs[lang][0]] + pairs["de"][1]
@@ -98,7 +98,7 @@ def train_tokenizer(lines: list[str], folder: Path, vocab_size: int = 3000) -> P
     """A unigram model with the vocab stage's special ids (<unk> <s> </s> <pad> <mask>) and byte fallback."""
     import sentencepiece as spm
 
-    from tasks.vocab.specials import PAD, TRAINER_IDS
+    from xylent.tasks.vocab.specials import PAD, TRAINER_IDS
 
     folder.mkdir(parents=True, exist_ok=True)
     text = folder / "train.txt"
@@ -149,7 +149,7 @@ def tokenise_child(model: str, parts: list[str], cores: int, repeats: int, warmu
     import pyarrow.ipc as ipc
     import sentencepiece as spm
 
-    from tasks.shards.build import pack_language, tokenize_part
+    from xylent.tasks.shards.build import pack_language, tokenize_part
 
     cpus = pin_cores(cores)
     sp = spm.SentencePieceProcessor(model_file=model)
@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> dict:
         import polars as pl
         import sentencepiece as spm
 
-        from tasks.vocab.specials import special_ids
+        from xylent.tasks.vocab.specials import special_ids
 
         if args.workspace:
             ws = Path(args.workspace)
@@ -389,9 +389,9 @@ def main(argv: list[str] | None = None) -> dict:
             {side: ("shards", "loader_child", {"side": side, **kw})
              for side in ("xylent", "pyarrow", "torch w0", "torch w1")},
             repeats=args.repeats, warmup=args.warmup, threads=1,
-            preload=("torch", "tasks.shards", "pyarrow.ipc", "pandas"))  # pyarrow imports pandas on first use
+            preload=("torch", "xylent.tasks.shards", "pyarrow.ipc", "pandas"))  # pyarrow imports pandas on first use
         alone = harness.in_fresh_process("shards", "loader_child", {"side": "xylent", **kw}, threads=1,
-                                         preload=("tasks.shards",))
+                                         preload=("xylent.tasks.shards",))
         loader = {"batch": f"{BATCH} x {SEQ_LEN}", "batches": steps, "cores": 1,
                   "shard_mb": round(sum((Path(shards_dir) / s["path"]).stat().st_size for s in res["shards"]) / 1e6,
                                     1),
@@ -400,7 +400,7 @@ def main(argv: list[str] | None = None) -> dict:
                               "torch w1": "main + 1 worker process"},
                   "sides": runs, "equality": equality,
                   "xylent_alone": {"peak_rss_mb": alone["peak_rss_mb"], "rss_before_mb": alone["rss_before_mb"],
-                                   "seconds": alone["seconds"], "preload": "tasks.shards (no torch)"}}
+                                   "seconds": alone["seconds"], "preload": "xylent.tasks.shards (no torch)"}}
         for side, s in runs.items():
             s["tokens_per_s"] = round(s["result"]["tokens"] / s["median_s"])
             s["tokens_per_s_best"] = round(s["result"]["tokens"] / s["best_s"])

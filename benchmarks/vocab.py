@@ -6,7 +6,7 @@ a 4-language, 2-size variant of it built in a scratch folder for `--quick`.
 
 1. Grid, like for like (the same sampled training and held sentences per
    language, the same trainer options, the same seed; in one process):
-   - xylent: `tasks.vocab.train.train_grid` for every language (the stage's
+   - xylent: `xylent.tasks.vocab.train.train_grid` for every language (the stage's
      unit of work: write the sample, train each size, ALP on the held sample;
      the reference side reads its text files ready-made, written untimed);
    - reference method: VoCapXLM's `train_mono_spm.py` loop (github.com/
@@ -29,7 +29,7 @@ a 4-language, 2-size variant of it built in a scratch folder for `--quick`.
    alone is section 1.  The ALPs in its allocation.parquet must equal the
    reference loop's.
 3. ALP throughput on the VoCAP model (German sentences of the workspace,
-   repeated): `tasks.vocab.average_log_probability` vs VoCapXLM's `compute_alp`
+   repeated): `xylent.tasks.vocab.average_log_probability` vs VoCapXLM's `compute_alp`
    method (reference method, one thread), SentencePiece's batched multi-threaded
    `encode(..., num_threads=N)` and HF `tokenizers` (the same Unigram model
    converted with transformers' `SpmConverter`, byte fallback switched on as in
@@ -136,8 +136,8 @@ def reference_alp(model_file: str, sentences: list[str]) -> float:
 
 
 def train_options(cfg, threads: int) -> dict:
-    """The stage's per-language trainer options (tasks.vocab.train.train_model)."""
-    from tasks.vocab.specials import CONTROL_SYMBOLS
+    """The stage's per-language trainer options (xylent.tasks.vocab.train.train_model)."""
+    from xylent.tasks.vocab.specials import CONTROL_SYMBOLS
 
     return dict(model_type="unigram", character_coverage=cfg.character_coverage,
                 input_sentence_size=cfg.input_sentence_size, shuffle_input_sentence=True, byte_fallback=False,
@@ -167,8 +167,8 @@ def reference_language(lang: str, text_file: Path, held: list[str], out: Path, c
 def grid_inputs(dedup_dir: Path, cfg, seed: int, folder: Path) -> dict:
     """The stage's own sample of every language (training and held sentences),
     and the training text written where the reference loop reads it."""
-    from tasks.prepare import contract as layout  # the text layout
-    from tasks.vocab.train import sample_language
+    from xylent.tasks.prepare import contract as layout  # the text layout
+    from xylent.tasks.vocab.train import sample_language
 
     out = {}
     folder.mkdir(parents=True, exist_ok=True)
@@ -197,7 +197,7 @@ def compare_points(ours: dict, theirs: dict) -> dict:
 
 def grid_sides(inputs: dict, cfg, seed: int, scratch: Path, threads: int) -> dict:
     """{side: (callable, threads of that side, checked for equality)} at one thread setting."""
-    from tasks.vocab.train import train_grid
+    from xylent.tasks.vocab.train import train_grid
 
     one = cfg.model_copy(update={"threads_per_model": 1})
     langs = sorted(inputs)
@@ -322,8 +322,8 @@ def alp_child(model: str, hf_json: str, sentences_file: str, threads: int, repea
     import sentencepiece as spm
     from tokenizers import Tokenizer
 
-    from tasks.vocab import average_log_probability
-    from tasks.vocab.alp import alp_from_ids
+    from xylent.tasks.vocab import average_log_probability
+    from xylent.tasks.vocab.alp import alp_from_ids
 
     sentences = json.loads(Path(sentences_file).read_text(encoding="utf-8"))
 
@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import polars as pl
 
-    from tasks.prepare import contract as layout  # the text layout
+    from xylent.tasks.prepare import contract as layout  # the text layout
     from xylent.spec import load_spec
 
     cfg_spec = load_spec(spec)

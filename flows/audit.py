@@ -12,21 +12,21 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.kit.stage import StageContext, StageOutcome, stage_flow
-from flows.kit.training import checkpoint_dir, run_training, shards_source
-from flows.registry import STAGE_BY_NAME
+from xylent.flows.kit.stage import StageContext, StageOutcome, stage_flow
+from xylent.flows.kit.training import checkpoint_dir, run_training, shards_source
+from xylent.flows.registry import STAGE_BY_NAME
 
 
 @task(name="audit-evidence", cache_policy=NO_CACHE)
 def evidence_task(dedup_dir, pairs, spec):
-    from tasks.audit import run
+    from xylent.tasks.audit import run
 
     return run.evidence(spec, dedup_dir, pairs)
 
 
 @stage_flow(STAGE_BY_NAME["audit"])
 def audit(ctx: StageContext) -> StageOutcome:
-    from tasks.audit import run
+    from xylent.tasks.audit import run
 
     ckdir = checkpoint_dir(ctx)
     cfg = run.configure(ctx.spec, ctx.upstream, ckdir, ctx.run_id, ctx.tracker.uri, shards_source(ctx))

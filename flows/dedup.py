@@ -5,44 +5,44 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.kit.stage import StageContext, StageOutcome, stage_flow
-from flows.kit.progress import Progress
-from flows.registry import STAGE_BY_NAME
-from flows.kit.runners import batches, make_task_runner, run_tasks, task_slots
+from xylent.flows.kit.stage import StageContext, StageOutcome, stage_flow
+from xylent.flows.kit.progress import Progress
+from xylent.flows.registry import STAGE_BY_NAME
+from xylent.flows.kit.runners import batches, make_task_runner, run_tasks, task_slots
 
 
 @task(name="dedup-map", cache_policy=NO_CACHE)
 def map_task(items, work, cfg, languages):
-    from tasks.dedup import run as phases
+    from xylent.tasks.dedup import run as phases
 
     return phases.map_items(items, work, cfg, languages)
 
 
 @task(name="dedup-reduce", cache_policy=NO_CACHE)
 def reduce_task(items, work, cfg):
-    from tasks.dedup import run as phases
+    from xylent.tasks.dedup import run as phases
 
     return phases.reduce_buckets(items, work, cfg)
 
 
 @task(name="dedup-resolve", cache_policy=NO_CACHE)
 def resolve_task(names, work):
-    from tasks.dedup import run as phases
+    from xylent.tasks.dedup import run as phases
 
     return phases.resolve_languages(names, work)
 
 
 @task(name="dedup-apply", cache_policy=NO_CACHE)
 def apply_task(items, work, out, cfg):
-    from tasks.dedup import run as phases
+    from xylent.tasks.dedup import run as phases
 
     return phases.apply_items(items, work, out, cfg)
 
 
 @stage_flow(STAGE_BY_NAME["dedup"])
 def dedup(ctx: StageContext) -> StageOutcome:
-    from tasks.dedup.run import assemble
-    from tasks.prepare import contract as layout  # the text layout
+    from xylent.tasks.dedup.run import assemble
+    from xylent.tasks.prepare import contract as layout  # the text layout
 
     cfg = ctx.spec.dedup
     items = [p.as_dict() for p in layout.parts(ctx.upstream["prepare"])]

@@ -9,16 +9,16 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.kit.stage import StageContext, StageOutcome, stage_flow
-from flows.kit.progress import Progress
-from flows.registry import STAGE_BY_NAME
-from flows.kit.runners import run_tasks
+from xylent.flows.kit.stage import StageContext, StageOutcome, stage_flow
+from xylent.flows.kit.progress import Progress
+from xylent.flows.registry import STAGE_BY_NAME
+from xylent.flows.kit.runners import run_tasks
 from xylent.errors import XylentError, environment_error
 from xylent.spec import DownloadConfig
 from xylent.workspace import Workspace
 
 if TYPE_CHECKING:
-    from tasks.download import run as dl
+    from xylent.tasks.download import run as dl
 
 
 def _retry_unless_user_error(task, task_run, state) -> bool:
@@ -34,7 +34,7 @@ def _retry_unless_user_error(task, task_run, state) -> bool:
 @task(name="plan-source", retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE,
       retry_condition_fn=_retry_unless_user_error)
 def plan_source_task(spec, source_name: str) -> list[dl.FetchItem]:
-    from tasks.download import run as dl
+    from xylent.tasks.download import run as dl
 
     source = next(s for s in spec.sources if s.name == source_name)
     return dl.plan_source(spec, source)
@@ -44,7 +44,7 @@ def plan_source_task(spec, source_name: str) -> list[dl.FetchItem]:
       cache_policy=NO_CACHE, retry_condition_fn=_retry_unless_user_error)
 def fetch_task(label: str, items: list[dl.FetchItem], ws_root: str, cfg: DownloadConfig,
                progress: Progress | None = None):
-    from tasks.download import run as dl
+    from xylent.tasks.download import run as dl
 
     ws = Workspace(ws_root)
     on_bytes = progress.advance if progress else (lambda n: None)
@@ -67,7 +67,7 @@ def _batches(items: list[dl.FetchItem]) -> dict[str, list[dl.FetchItem]]:
 
 @stage_flow(STAGE_BY_NAME["download"])
 def download(ctx: StageContext) -> StageOutcome:
-    from tasks.download import run as dl
+    from xylent.tasks.download import run as dl
 
     spec = ctx.spec
     plans = [plan_source_task.submit(spec, s.name) for s in spec.sources]

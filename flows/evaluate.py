@@ -12,10 +12,10 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.kit.stage import StageContext, StageOutcome, stage_flow
-from flows.kit.training import checkpoint_dir
-from flows.kit.progress import Progress
-from flows.registry import STAGE_BY_NAME
+from xylent.flows.kit.stage import StageContext, StageOutcome, stage_flow
+from xylent.flows.kit.training import checkpoint_dir
+from xylent.flows.kit.progress import Progress
+from xylent.flows.registry import STAGE_BY_NAME
 
 
 def _model_dir(model, spec, pipeline_dir: Path) -> tuple[str, Path]:
@@ -35,7 +35,7 @@ def model_ref(model, name: str, spec, pipeline_dir: Path) -> dict:
 
 
 def load_encoder(model, spec, pipeline_dir: Path):
-    from tasks.evaluate.run import load_ref
+    from xylent.tasks.evaluate.run import load_ref
 
     name = model if isinstance(model, str) else model.name
     return load_ref(model_ref(model, name, spec, pipeline_dir))
@@ -44,7 +44,7 @@ def load_encoder(model, spec, pipeline_dir: Path):
 @task(name="evaluate-model", task_run_name="evaluate {name}", cache_policy=NO_CACHE)
 def evaluate_model_task(name: str, model, spec, pipeline_dir: Path, data_dirs: dict, preds: Path, progress,
                         finetune_data: dict, checkpoints: Path, labels: Path):
-    from tasks.evaluate.run import FineTuning, evaluate_model
+    from xylent.tasks.evaluate.run import FineTuning, evaluate_model
 
     enc = load_encoder(model, spec, pipeline_dir)
     cfg = spec.evaluate
@@ -93,8 +93,8 @@ def tag_registrations(client, name: str, version: str, tags: dict[str, str]) -> 
 
 @stage_flow(STAGE_BY_NAME["evaluate"])
 def evaluate(ctx: StageContext) -> StageOutcome:
-    from tasks.evaluate import run
-    from tasks.pretrain.contract import MODEL_DIR
+    from xylent.tasks.evaluate import run
+    from xylent.tasks.pretrain.contract import MODEL_DIR
 
     cfg, tracker = ctx.spec.evaluate, ctx.tracker
     cache = ctx.ws.stage_dir("evaluate") / "_cache"  # fetched archives outlive a failed run

@@ -7,8 +7,8 @@ import contextlib
 from prefect import flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-from flows.kit.stage import Invocation, flow_run_namer
-from flows.registry import STAGE_NAMES, STAGES, stage_flow_of
+from xylent.flows.kit.stage import Invocation, flow_run_namer
+from xylent.flows.registry import STAGE_NAMES, STAGES, stage_flow_of
 from xylent.stage import find_stage
 
 

@@ -13,14 +13,14 @@ needs only the flow.
 
 from __future__ import annotations
 
-from flows.kit.stage import StageContext, StageOutcome, stage_flow
-from flows.registry import STAGE_BY_NAME
-from flows.kit.training import checkpoint_dir, run_training, shards_source
+from xylent.flows.kit.stage import StageContext, StageOutcome, stage_flow
+from xylent.flows.registry import STAGE_BY_NAME
+from xylent.flows.kit.training import checkpoint_dir, run_training, shards_source
 
 
 @stage_flow(STAGE_BY_NAME["pretrain"])
 def pretrain(ctx: StageContext) -> StageOutcome:
-    from tasks.pretrain import run
+    from xylent.tasks.pretrain import run
 
     ckdir = checkpoint_dir(ctx)
     cfg, init = run.configure(ctx.spec, ctx.ws, ctx.upstream, ckdir, ctx.run_id, ctx.tracker.uri, shards_source(ctx))

@@ -5,7 +5,7 @@ the spec fields it reads, the stages it reads, its code version.  That is all
 ``xylent stages``, ``xylent status`` and the fingerprints need, so this module
 imports neither Prefect nor anything a stage computes with (torch, faiss ...).
 A stage's body and Prefect flow are ``flows/<name>.py:<name>``, made by
-:func:`flows.kit.stage_flow` from the declaration and imported only when the
+:func:`xylent.flows.kit.stage_flow` from the declaration and imported only when the
 stage runs (:func:`stage_flow_of`).  A new stage is a declaration here, after
 the stages it reads (checked at import).
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 
-from tasks import versions
+from xylent.tasks import versions
 from xylent.spec import Spec
 from xylent.stage import StageContext, StageDef, StageOutcome, order_stages
 from xylent.workspace import Workspace
@@ -24,7 +24,7 @@ from xylent.workspace import Workspace
 
 def stage_flow_of(name: str):
     """The Prefect flow of a declared stage (``flows/<name>.py:<name>``), imported now."""
-    return getattr(importlib.import_module(f"flows.{name}"), name)
+    return getattr(importlib.import_module(f"xylent.flows.{name}"), name)
 
 
 class _Body:
@@ -41,38 +41,38 @@ class _Body:
 
 
 def _download_slice(spec: Spec) -> dict:
-    from tasks.download.identity import spec_slice
+    from xylent.tasks.download.identity import spec_slice
 
     return spec_slice(spec)
 
 
 def _pretrain_identity(spec: Spec, ws: Workspace) -> dict:
-    from tasks.pretrain.model_shape import check_model
+    from xylent.tasks.pretrain.model_shape import check_model
 
     check_model(spec)  # a run with an impossible model shape stops here, before the data stages
     if spec.pretrain.init is None:
         return {}  # the source model's identity only with pretrain.init (and torch only then)
-    from tasks.pretrain.init_source import source_identity
+    from xylent.tasks.pretrain.init_source import source_identity
 
     return source_identity(spec, ws)
 
 
 def _audit_identity(spec: Spec, ws: Workspace) -> dict:
-    from tasks.pretrain.model_shape import check_model
+    from xylent.tasks.pretrain.model_shape import check_model
 
     check_model(spec)
     return {}  # nothing beyond the spec: the fingerprint is the spec's alone
 
 
 def _register_pretrain(spec: Spec, manifest: dict, tracker) -> dict:
-    from tasks.pretrain.publish import model_name, register_cached
+    from xylent.tasks.pretrain.publish import model_name, register_cached
 
     return register_cached(tracker, manifest, model_name(spec))
 
 
 def _register_audit(spec: Spec, manifest: dict, tracker) -> dict:
-    from tasks.audit.run import audit_model_name
-    from tasks.pretrain.publish import register_cached
+    from xylent.tasks.audit.run import audit_model_name
+    from xylent.tasks.pretrain.publish import register_cached
 
     return register_cached(tracker, manifest, audit_model_name(spec))
 

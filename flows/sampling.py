@@ -8,18 +8,18 @@ from typing import TYPE_CHECKING
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.kit.stage import StageContext, StageOutcome, stage_flow
-from flows.registry import STAGE_BY_NAME
+from xylent.flows.kit.stage import StageContext, StageOutcome, stage_flow
+from xylent.flows.registry import STAGE_BY_NAME
 from xylent.spec import SamplingConfig
 
 if TYPE_CHECKING:
-    from tasks.sampling.run import SamplingTables
+    from xylent.tasks.sampling.run import SamplingTables
 
 
 @task(name="sampling-tables", cache_policy=NO_CACHE)
 def tables_task(dedup_dir: Path, cfg: SamplingConfig) -> SamplingTables:
-    from tasks.dedup.contract import read_counts
-    from tasks.sampling.run import build_tables
+    from xylent.tasks.dedup.contract import read_counts
+    from xylent.tasks.sampling.run import build_tables
 
     mono, pairs = read_counts(dedup_dir)
     return build_tables(mono, pairs, cfg)
@@ -27,7 +27,7 @@ def tables_task(dedup_dir: Path, cfg: SamplingConfig) -> SamplingTables:
 
 @stage_flow(STAGE_BY_NAME["sampling"])
 def sampling(ctx: StageContext) -> StageOutcome:
-    from tasks.sampling.run import write_output
+    from xylent.tasks.sampling.run import write_output
 
     tables = tables_task.submit(ctx.upstream["dedup"], ctx.spec.sampling).result()
     return write_output(tables, ctx.spec.sampling, ctx.out)

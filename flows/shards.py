@@ -8,31 +8,31 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.kit.stage import StageContext, StageOutcome, stage_flow
-from flows.kit.progress import Progress
-from flows.registry import STAGE_BY_NAME
-from flows.kit.runners import batches, make_task_runner, run_tasks, task_slots
+from xylent.flows.kit.stage import StageContext, StageOutcome, stage_flow
+from xylent.flows.kit.progress import Progress
+from xylent.flows.registry import STAGE_BY_NAME
+from xylent.flows.kit.runners import batches, make_task_runner, run_tasks, task_slots
 from xylent.spec import ShardsConfig
 
 
 @task(name="tokenize", cache_policy=NO_CACHE)
 def tokenize_task(items: list[dict], model: Path, out: Path, cfg: ShardsConfig) -> list[dict]:
-    from tasks.shards.run import tokenize_items
+    from xylent.tasks.shards.run import tokenize_items
 
     return tokenize_items(items, model, out, cfg.seq_len, cfg.shard_mb << 20)
 
 
 @task(name="pack", task_run_name="pack {name}", cache_policy=NO_CACHE)
 def pack_task(name: str, tokenized: list[dict], out: Path, cfg: ShardsConfig, specials: dict) -> dict:
-    from tasks.shards.run import pack_part
+    from xylent.tasks.shards.run import pack_part
 
     return pack_part(name, tokenized, out, cfg.seq_len, cfg.shard_mb << 20, specials)
 
 
 @stage_flow(STAGE_BY_NAME["shards"])
 def shards(ctx: StageContext) -> StageOutcome:
-    from tasks.shards.run import assemble, work_items
-    from tasks.vocab.contract import tokenizer_and_specials, tokenizer_path
+    from xylent.tasks.shards.run import assemble, work_items
+    from xylent.tasks.vocab.contract import tokenizer_and_specials, tokenizer_path
 
     cfg = ctx.spec.shards
     model = tokenizer_path(ctx.upstream["vocab"])

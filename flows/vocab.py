@@ -7,24 +7,24 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.kit.stage import StageContext, StageOutcome, stage_flow
-from flows.registry import STAGE_BY_NAME
-from flows.kit.runners import run_tasks
+from xylent.flows.kit.stage import StageContext, StageOutcome, stage_flow
+from xylent.flows.registry import STAGE_BY_NAME
+from xylent.flows.kit.runners import run_tasks
 from xylent.spec import VocabConfig
 
 
 @task(name="vocab-grid", task_run_name="grid {lang}", cache_policy=NO_CACHE)
 def grid_task(lang: str, parts: list[Path], out: Path, cfg: VocabConfig, seed: int) -> dict:
-    from tasks.vocab.run import language_grid
+    from xylent.tasks.vocab.run import language_grid
 
     return language_grid(lang, parts, out, cfg, seed)
 
 
 @stage_flow(STAGE_BY_NAME["vocab"])
 def vocab(ctx: StageContext) -> StageOutcome:
-    from tasks.dedup.contract import read_counts
-    from tasks.prepare import contract as layout  # the text layout
-    from tasks.vocab.run import compose, no_text_error
+    from xylent.tasks.dedup.contract import read_counts
+    from xylent.tasks.prepare import contract as layout  # the text layout
+    from xylent.tasks.vocab.run import compose, no_text_error
 
     dedup_dir, cfg, grid = ctx.upstream["dedup"], ctx.spec.vocab, ctx.out / "_grid"
     langs = layout.group_names(dedup_dir, layout.MONO)

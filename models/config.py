@@ -30,7 +30,7 @@ class EncoderConfig:
     # the kernel that adds the bias (models/attention.py): auto = flex on CUDA, materialised elsewhere
     attention: str = "auto"
     # the tokenizer's special ids (unk, bos, eos, pad, mask), copied from it when the model is
-    # configured (tasks.pretrain.train_json); models read them from here, never from a constant
+    # configured (xylent.tasks.pretrain.train_json); models read them from here, never from a constant
     specials: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -46,7 +46,7 @@ class EncoderConfig:
             return self.specials[name]
         except KeyError:
             raise ValueError(f"the encoder config has no {name!r} id (specials={self.specials}); configure the "
-                             "model with its tokenizer's special ids (tasks.vocab.specials.special_ids)") from None
+                             "model with its tokenizer's special ids (xylent.tasks.vocab.specials.special_ids)") from None
 
     @property
     def special_ids(self) -> tuple[int, ...]:

@@ -13,14 +13,14 @@ the MLM/TLM ablation.
 - ``objective: mlm`` trains one encoder with BERT's 80/10/10 corruption: MLM on
   MRTD batches, TLM (both sides of the pair masked) on TRTD batches.
 
-Forward passes return *sums and counts* (models.stats.Stats), not means; the
-objectives are built by name in models.objectives.
+Forward passes return *sums and counts* (xylent.models.stats.Stats), not means; the
+objectives are built by name in xylent.models.objectives.
 
 ELECTRA's step never makes the host wait on the device (issue 61): the masked and the real
 positions are gathered by sorts to sizes the host counts from the numpy batch
 (``host_counts``), in the row-major order boolean indexing gave, and the generator's
 output layer runs over the vocabulary in chunks when its logits would not fit whole
-(models.vocab_head), so no (masked × V) fp32 copy exists at V = 250 002.  Below that
+(xylent.models.vocab_head), so no (masked × V) fp32 copy exists at V = 250 002.  Below that
 size it is the step it replaced, bit for bit on the CPU (tests/test_electra_step.py).
 """
 
@@ -30,13 +30,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.config import EncoderConfig
-from models.encoder import Embeddings, Encoder
-from models.objective import ObjectiveModel
-from models.weight_init import init_weights
-from models.masking import bert_corrupt, choose_masked, corrupt, masked_count, positions
-from models.stats import Norms, Stats, row_sums, row_sums_at, zero
-from models.vocab_head import generator_outputs
+from xylent.models.config import EncoderConfig
+from xylent.models.encoder import Embeddings, Encoder
+from xylent.models.objective import ObjectiveModel
+from xylent.models.weight_init import init_weights
+from xylent.models.masking import bert_corrupt, choose_masked, corrupt, masked_count, positions
+from xylent.models.stats import Norms, Stats, row_sums, row_sums_at, zero
+from xylent.models.vocab_head import generator_outputs
 
 
 class TiedLMHead(nn.Module):

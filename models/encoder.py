@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.attention import FLEX_BLOCK, FlexBias, RelativePositionTable, SelfAttention, padding_block_mask
-from models.config import EncoderConfig
+from xylent.models.attention import FLEX_BLOCK, FlexBias, RelativePositionTable, SelfAttention, padding_block_mask
+from xylent.models.config import EncoderConfig
 
 
 class Embeddings(nn.Module):

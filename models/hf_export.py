@@ -1,7 +1,7 @@
 """An exported xylent encoder (``model/``, format ``xylent-encoder/1``) as a Hugging Face
 model folder: ``AutoModel.from_pretrained(dir, trust_remote_code=True)`` and
 ``AutoTokenizer.from_pretrained(dir)`` work offline and give what
-``models.load_pretrained`` gives.
+``xylent.models.load_pretrained`` gives.
 
     config.json          XylentConfig, with auto_map to modeling_xylent.py
     modeling_xylent.py   a copy of models/hf_modeling_xylent.py (self-contained)
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from models.pretrained import FORMAT
+from xylent.models.pretrained import FORMAT
 from xylent.errors import XylentError
 
 MODELING = Path(__file__).with_name("hf_modeling_xylent.py")
@@ -32,8 +32,8 @@ AUTO_MAP = {
     "AutoModelForTokenClassification": "modeling_xylent.XylentForTokenClassification",
     "AutoModelForQuestionAnswering": "modeling_xylent.XylentForQuestionAnswering",
 }
-# xylent's module names (models.encoder) and hf_modeling_xylent's, prefix by prefix ({i}: a layer index);
-# every key must match exactly one.  One table for both directions (models.init_from reads HF dirs back).
+# xylent's module names (xylent.models.encoder) and hf_modeling_xylent's, prefix by prefix ({i}: a layer index);
+# every key must match exactly one.  One table for both directions (xylent.models.init_from reads HF dirs back).
 NAME_PAIRS = (
     ("embeddings.tokens.", "embeddings.word_embeddings."),
     ("embeddings.positions.", "embeddings.position_embeddings."),
@@ -113,7 +113,7 @@ def read_xylent_config(model_dir: Path) -> dict:
 
 
 def hf_config(enc: dict, specials: dict[str, int]):
-    from models.hf_modeling_xylent import XylentConfig
+    from xylent.models.hf_modeling_xylent import XylentConfig
 
     config = XylentConfig(
         vocab_size=enc["vocab_size"], hidden_size=enc["hidden"], num_hidden_layers=enc["layers"],
@@ -132,14 +132,14 @@ def hf_state_dict(weights: Path, config) -> dict[str, torch.Tensor]:
     """The export's weights under XylentModel's names, checked name by name and shape by shape."""
     from safetensors.torch import load_file
 
-    from models.hf_modeling_xylent import XylentModel
+    from xylent.models.hf_modeling_xylent import XylentModel
 
     out = {}
     for key, value in load_file(str(weights)).items():
         hits = [(pat, new) for pat, new in RENAMES if pat.match(key)]
         if len(hits) != 1:
             raise XylentError(f"weight {key!r} has no Hugging Face counterpart", where=str(weights),
-                              fix="export_hf knows models.encoder's layout; extend models/hf_export.py RENAMES "
+                              fix="export_hf knows xylent.models.encoder's layout; extend models/hf_export.py RENAMES "
                                   "and models/hf_modeling_xylent.py together")
         out[hits[0][0].sub(hits[0][1], key)] = value.contiguous()
     with torch.device("meta"):  # names and shapes only: no memory for the weights

@@ -1,11 +1,11 @@
 """xylent encoders as Hugging Face transformers models (``trust_remote_code=True``).
 
-Self-contained on purpose: :func:`models.hf_export.export_hf` copies this file into
+Self-contained on purpose: :func:`xylent.models.hf_export.export_hf` copies this file into
 the exported folder, where transformers' dynamic module loader imports it without
-xylent installed.  The computation is :mod:`models.encoder` / :mod:`models.attention`
+xylent installed.  The computation is :mod:`xylent.models.encoder` / :mod:`xylent.models.attention`
 op for op (post-LayerNorm blocks, XLM-E's gated relative position bias over T5
 buckets, absolute position embeddings), so hidden states match
-``models.load_pretrained`` to rounding.
+``xylent.models.load_pretrained`` to rounding.
 """
 
 from __future__ import annotations

@@ -43,10 +43,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from models.config import EncoderConfig
-from models.electra import MaskedLMModel
-from models.pairs import split_pair
-from models.stats import Norms, Stats, distributed, gather_rows, gather_uneven
+from xylent.models.config import EncoderConfig
+from xylent.models.electra import MaskedLMModel
+from xylent.models.pairs import split_pair
+from xylent.models.stats import Norms, Stats, distributed, gather_rows, gather_uneven
 
 
 @dataclass(frozen=True, kw_only=True)

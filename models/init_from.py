@@ -23,7 +23,7 @@ init, so everything not copied is exactly what training from scratch starts from
 - **position embeddings**: the rows both models have (a longer new table keeps its
   random rows beyond the source's);
 - **token embeddings**: row i from the source's row ``match.old_ids[i]``
-  (:mod:`models.vocab_transfer`); unmatched rows stay random;
+  (:mod:`xylent.models.vocab_transfer`); unmatched rows stay random;
 - ELECTRA's **generator** (``generator``): ``random`` (default: as ELECTRA starts,
   with a generator that learns from scratch next to a trained discriminator),
   ``body`` (the first ``generator_layers`` layers of the source body, with its
@@ -43,11 +43,11 @@ from pathlib import Path
 
 import numpy as np
 
-from models.hf_export import renames
-from models.vocab_transfer import Vocabulary, from_hf_tokenizer, from_sentencepiece
+from xylent.models.hf_export import renames
+from xylent.models.vocab_transfer import Vocabulary, from_hf_tokenizer, from_sentencepiece
 from xylent.errors import XylentError
 
-XYLENT_FORMAT = "xylent-encoder/1"  # models.pretrained.FORMAT (not imported: that pulls in torch)
+XYLENT_FORMAT = "xylent-encoder/1"  # xylent.models.pretrained.FORMAT (not imported: that pulls in torch)
 HF_PLAIN = ("bert", "roberta", "xlm-roberta", "camembert")
 SUPPORTED = ("an xylent export (a pretrain output's model/ dir), a Hugging Face dir written by `xylent export-hf`, "
              f"or a local Hugging Face dir of a BertModel-layout encoder (model_type {', '.join(HF_PLAIN)})")
@@ -182,7 +182,7 @@ def file_identity(files) -> dict[str, list[int]]:
 
 
 def _suggest(body: dict) -> str:
-    from models.config import PRESETS
+    from xylent.models.config import PRESETS
 
     sizes = [name for name, p in PRESETS.items() if all(getattr(p, k) == body[k] for k in BODY_FIELDS)]
     if sizes:
@@ -221,7 +221,7 @@ def check_body(info: SourceInfo, target: dict, where: str = "spec fields pretrai
 
 # -- loading the weights ---------------------------------------------------------------------------
 
-# export-hf's names back to xylent's export names (the one table in models.hf_export)
+# export-hf's names back to xylent's export names (the one table in xylent.models.hf_export)
 _FROM_XYLENT_HF = renames(to_hf=False)
 # BertModel's names (after the bert./roberta. prefix) -> xylent's, per layer; q, k, v are concatenated
 _FROM_BERT_LAYER = {"attention.output.dense": "attn.out", "attention.output.LayerNorm": "ln1",

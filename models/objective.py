@@ -1,10 +1,10 @@
 """The contract of a pretraining objective: every call the trainer, the audit, the optimizer's
 setup and the MFU count make on the model they train, declared here with what it must do.
-The objectives (xylent.objectives.OBJECTIVES) name their class; models.objectives builds
+The objectives (xylent.objectives.OBJECTIVES) name their class; xylent.models.objectives builds
 it.  A hook an objective does not need keeps the default below, so the trainer calls every
 hook unconditionally.
 
-A forward pass returns *sums and counts* (models.stats.Stats), never means: the trainer adds
+A forward pass returns *sums and counts* (xylent.models.stats.Stats), never means: the trainer adds
 them over ranks and divides by the global counts (``loss(st, norms)``), so the loss is the
 global batch's mean whatever its split.
 """
@@ -14,14 +14,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.config import EncoderConfig
-from models.stats import Norms, Stats
+from xylent.models.config import EncoderConfig
+from xylent.models.stats import Norms, Stats
 
 
 class ObjectiveModel(nn.Module):
     objective: str                      # its name in xylent.objectives.OBJECTIVES
     loss_weights: dict[str, float]      # the logged "loss": Σ weight × the task's metric of that name, per task
-    embeddings: nn.Module               # models.encoder.Embeddings, shared: the trainer logs its tokens' health
+    embeddings: nn.Module               # xylent.models.encoder.Embeddings, shared: the trainer logs its tokens' health
 
     @classmethod
     def from_options(cls, cfg: EncoderConfig, disc_weight: float, mask_prob: float,
@@ -33,7 +33,7 @@ class ObjectiveModel(nn.Module):
     def forward(self, ids: torch.Tensor, pad: torch.Tensor, segments: torch.Tensor | None, noise: torch.Tensor,
                 per_row: bool = False, **host_counts: int) -> Stats:
         """One micro-batch: token ids (B, T), their padding, segment ids (TRTD rows; None for MRTD),
-        the rows' uniforms (models.masking.row_noise: every random choice comes from them).
+        the rows' uniforms (xylent.models.masking.row_noise: every random choice comes from them).
         ``per_row``: also Stats.rows, each row's losses and counts (the audit's per-pair losses).
         ``host_counts``: what :meth:`host_counts` gave for this batch."""
         raise NotImplementedError
@@ -83,7 +83,7 @@ class ObjectiveModel(nn.Module):
     @classmethod
     def layer_passes(cls, cfg: EncoderConfig) -> float:
         """Encoder layers a token passes through per forward, for the MFU's FLOPs count
-        (models.optim.flops_per_token)."""
+        (xylent.models.optim.flops_per_token)."""
         return cfg.layers
 
     @classmethod

@@ -1,13 +1,13 @@
 """The pretraining objectives by name (``pretrain.objective``): one place that builds a model
 from a train.json, for the trainer and for the export.  Which objectives exist, and which class
-each trains, is declared in xylent.objectives; the classes keep models.objective's contract."""
+each trains, is declared in xylent.objectives; the classes keep xylent.models.objective's contract."""
 
 from __future__ import annotations
 
 import importlib
 
-from models.config import EncoderConfig
-from models.objective import ObjectiveModel
+from xylent.models.config import EncoderConfig
+from xylent.models.objective import ObjectiveModel
 from xylent.objectives import OBJECTIVES
 
 
@@ -18,7 +18,7 @@ def model_class(objective: str) -> type[ObjectiveModel]:
     module, _, name = declared.model.partition(":")
     cls = getattr(importlib.import_module(module), name)
     if not issubclass(cls, ObjectiveModel):
-        raise TypeError(f"objective {objective}'s model {declared.model} is not a models.objective.ObjectiveModel")
+        raise TypeError(f"objective {objective}'s model {declared.model} is not a xylent.models.objective.ObjectiveModel")
     return cls
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.config import EncoderConfig
-from models.objectives import model_class
+from xylent.models.config import EncoderConfig
+from xylent.models.objectives import model_class
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -98,7 +98,7 @@ def flops_per_token(cfg: EncoderConfig, seq_len: int, objective: str, mask_prob:
     """
     h = cfg.hidden
     per_layer = 2 * (4 * h * h + 2 * h * cfg.ffn) + 4 * seq_len * h
-    model = model_class(objective)  # its layers per token and any extra head (models.objective)
+    model = model_class(objective)  # its layers per token and any extra head (xylent.models.objective)
     head = mask_prob * 2 * (h * h + h * cfg.vocab_size)
     return 3 * (model.layer_passes(cfg) * per_layer + head + model.extra_head_flops(cfg))
 

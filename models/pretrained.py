@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models.config import EncoderConfig
-from models.encoder import Embeddings, Encoder
-from models.weight_init import init_weights
+from xylent.models.config import EncoderConfig
+from xylent.models.encoder import Embeddings, Encoder
+from xylent.models.weight_init import init_weights
 from xylent.errors import XylentError
 
 FORMAT = "xylent-encoder/1"

@@ -4,6 +4,6 @@ loaded, instead of unpickling an object (what it warns about)."""
 
 import mlflow.models
 
-from models.serving import EncoderPyfunc
+from xylent.models.serving import EncoderPyfunc
 
 mlflow.models.set_model(EncoderPyfunc())

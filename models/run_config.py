@@ -1,5 +1,5 @@
 """train.json: everything one training run needs, written by the pretrain stage
-(:func:`tasks.pretrain.train_json.train_config`) and read by every rank (plain JSON,
+(:func:`xylent.tasks.pretrain.train_json.train_config`) and read by every rank (plain JSON,
 so a Slurm job can be launched from it).
 
 No field has a default here: the spec (``xylent.spec.PretrainConfig``) is the one
@@ -16,14 +16,14 @@ from pathlib import Path
 
 @dataclass
 class DroConfig:
-    """The audit's adversary (models.audit.adversary), from the spec's ``audit`` section
-    (tasks.audit.train_config)."""
+    """The audit's adversary (xylent.models.audit.adversary), from the spec's ``audit`` section
+    (xylent.tasks.audit.train_config)."""
     rho: float
     min_ratio: float
     ema: float
     resamples: int
     weights: list[float]        # (w_G, w_D): each pair's loss is w_G·L_G + w_D·L_D
-    baseline: str | None        # pair_loss excess: models.audit.adversary.BASELINES; None: the loss itself
+    baseline: str | None        # pair_loss excess: xylent.models.audit.adversary.BASELINES; None: the loss itself
     baseline_every: int
     language_every: int         # the language baseline on every Nth baseline_every period (the -larger kinds)
     holdout: float              # baseline heldout(-larger): each pair's share held out of training; else 0
@@ -34,7 +34,7 @@ class DroConfig:
 class TrainConfig:
     """Every field a rank reads, declared.  The knobs are the spec's ``pretrain`` fields of the same
     name (xylent.spec.PretrainConfig: their defaults, types and docs), as the stage resolved them
-    (:func:`tasks.pretrain.train_json.train_config`; the audit's :func:`tasks.audit.train_config.
+    (:func:`xylent.tasks.pretrain.train_json.train_config`; the audit's :func:`xylent.tasks.audit.train_config.
     audit_train_config` shortens the run); tests/test_pretrain_config.py holds the names to the spec's."""
     # where things are
     shards_dir: str
@@ -43,7 +43,7 @@ class TrainConfig:
     metrics_file: str
     deepspeed_config: str       # the JSON actually used (xylent's zero<N>.json or the user's)
     zero_stage: int             # read from that JSON: reported, never written back into it
-    model: dict                 # models.config.EncoderConfig fields, tokenizer's special ids included
+    model: dict                 # xylent.models.config.EncoderConfig fields, tokenizer's special ids included
     # what to train: the objective and its data
     objective: str
     objective_options: dict     # the objective's own section (PretrainConfig.objective_options), resolved

@@ -7,7 +7,7 @@ import mlflow.pyfunc
 
 class EncoderPyfunc(mlflow.pyfunc.PythonModel):
     def load_context(self, context):
-        from models.pretrained import load_pretrained
+        from xylent.models.pretrained import load_pretrained
 
         self.model = load_pretrained(context.artifacts["model"])
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from models.masking import row_noise
-from models.run_config import TrainConfig, task_plan
+from xylent.models.masking import row_noise
+from xylent.models.run_config import TrainConfig, task_plan
 
 
 def micro_batches(cfg: TrainConfig, task: str, a: int, b: int) -> list[tuple[int, int]]:

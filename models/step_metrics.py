@@ -1,6 +1,6 @@
 """Rank 0's per-step metrics, kept on the device until a logging interval ends.
 
-A step adds its sums (models.stats) on the device and records them here; nothing is
+A step adds its sums (xylent.models.stats) on the device and records them here; nothing is
 read back until :meth:`Interval.lines`, called at every ``log_every`` boundary, before
 a checkpoint and at the end: one copy to the host for the whole interval, instead of
 several waits per micro-batch.  Every step still gets its own line, with the values
@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from models.stats import Stats
+from xylent.models.stats import Stats
 
 
 def summarise(sums: dict[str, list[float]]) -> dict[str, float]:

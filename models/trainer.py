@@ -1,13 +1,13 @@
 """One training rank, started by the ``deepspeed`` launcher:
 
-    deepspeed --num_gpus N --module models.trainer --config train.json
+    deepspeed --num_gpus N --module xylent.models.trainer --config train.json
 
 (local CPU ranks are started directly by ``xylent.launch``, with the
 command line and environment the launcher would give them).
 
 Each optimizer step runs ``grad_accum`` micro-batches per task it trains
 (``alternate``: one task per step; ``mix``: every task every step).  Losses are
-normalised by token counts summed over all ranks (models.stats), data and
+normalised by token counts summed over all ranks (xylent.models.stats), data and
 masking noise are functions of (seed, step, global row), so with dropout 0 the
 run is the same on any number of ranks up to float rounding.  Dropout is not:
 each rank draws it from its own stream (seed + 1 + rank), so with dropout > 0
@@ -19,9 +19,9 @@ restart loads the newest complete one and continues exactly.  Rank 0 writes one
 JSON line of metrics per step to ``metrics.jsonl`` and sends them to MLflow.
 
 The step never waits on the device (issue 61): each micro-batch's noise, masked count
-and unigram counts are made in the loader's thread (models.step_inputs), the sums stay
+and unigram counts are made in the loader's thread (xylent.models.step_inputs), the sums stay
 on the device, and the metrics of a whole logging interval are read at once at every
-``log_every`` boundary, checkpoint and the end (models.step_metrics).  Every line holds
+``log_every`` boundary, checkpoint and the end (xylent.models.step_metrics).  Every line holds
 its own step's losses, accuracies, grad norm and tokens; on a GPU ``step_seconds``,
 ``tokens_per_second`` and ``mfu`` are the averages of the interval the line is in (one
 step's time is not known without waiting on the device), on the CPU each step's own.
@@ -65,18 +65,18 @@ import torch.distributed as dist  # noqa: E402
 
 phase("torch_imported")
 
-from models.config import EncoderConfig  # noqa: E402
+from xylent.models.config import EncoderConfig  # noqa: E402
 from xylent.rank_exit import DIVERGED, DIVERGED_MARK  # noqa: E402
-from models.embedding_health import FILE as HEALTH_FILE, embedding_health  # noqa: E402
-from models.encoder import compile_encoders  # noqa: E402
-from models.audit.step import make_audit  # noqa: E402
-from models.objectives import build_model  # noqa: E402
-from models.optim import flops_per_token, lr_lambdas, make_optimizer, peak_tflops, warmup_linear_decay  # noqa: E402
-from models.rank import restore_rng, save_rng, watch_parent  # noqa: E402
-from models.run_config import TrainConfig, task_plan  # noqa: E402
-from models.stats import Norms  # noqa: E402
-from models.step_inputs import StepInputs, micro_batches, on_device  # noqa: E402
-from models.step_metrics import Interval  # noqa: E402
+from xylent.models.embedding_health import FILE as HEALTH_FILE, embedding_health  # noqa: E402
+from xylent.models.encoder import compile_encoders  # noqa: E402
+from xylent.models.audit.step import make_audit  # noqa: E402
+from xylent.models.objectives import build_model  # noqa: E402
+from xylent.models.optim import flops_per_token, lr_lambdas, make_optimizer, peak_tflops, warmup_linear_decay  # noqa: E402
+from xylent.models.rank import restore_rng, save_rng, watch_parent  # noqa: E402
+from xylent.models.run_config import TrainConfig, task_plan  # noqa: E402
+from xylent.models.stats import Norms  # noqa: E402
+from xylent.models.step_inputs import StepInputs, micro_batches, on_device  # noqa: E402
+from xylent.models.step_metrics import Interval  # noqa: E402
 from xylent.data.loader import TrainingLoader  # noqa: E402  (the shard contract: all models take from tasks)
 
 phase("xylent_modules_imported")
@@ -124,7 +124,7 @@ def refuse_other_world_size(tag_dir: Path, world: int, zero_stage: int) -> None:
 
 
 def ds_config(cfg: TrainConfig, bf16: bool, world: int) -> dict:
-    from models.optim import engine_config  # one home for the engine's config: benchmarks/pretrain.py uses it too
+    from xylent.models.optim import engine_config  # one home for the engine's config: benchmarks/pretrain.py uses it too
 
     return engine_config(json.loads(Path(cfg.deepspeed_config).read_text()), micro_batch=cfg.batch_size // world,
                          grad_accum=len(task_plan(cfg, 0)), clip=cfg.clip, bf16=bf16)
@@ -145,7 +145,7 @@ def _lines_up_to(path: Path, step: int) -> None:
 
 class MetricsSink:
     """Rank 0's metrics: metrics.jsonl (every step, flushed), the token embeddings' health
-    (models.embedding_health, step 0 and every checkpoint) and MLflow (batched)."""
+    (xylent.models.embedding_health, step 0 and every checkpoint) and MLflow (batched)."""
 
     def __init__(self, cfg: TrainConfig, start_step: int):
         self.path = Path(cfg.metrics_file)
@@ -216,7 +216,7 @@ class UnigramBaseline:
     def __call__(self, tokens: torch.Tensor, seen: torch.Tensor, world: int) -> torch.Tensor:
         """(sum of -log q(token), tokens) over the global micro-batch; then the counts take its tokens.
         ``tokens``: this rank's non-special ones in row-major order, ``seen``: their counts (float64),
-        both made on the host (models.step_inputs): a boolean mask or a bincount here would wait on the device."""
+        both made on the host (xylent.models.step_inputs): a boolean mask or a bincount here would wait on the device."""
         nll = -(self.counts[tokens] / self.counts.sum()).log().sum()
         stat = torch.stack([nll, torch.full((), float(tokens.numel()), dtype=nll.dtype, device=nll.device)])
         if world > 1:
@@ -238,7 +238,7 @@ def stop_if_diverged(lines: list[tuple[int, dict[str, float]]], cfg: TrainConfig
 
 
 def should_compile(cfg: TrainConfig, cuda: bool) -> bool:
-    """pretrain.compile: auto compiles on CUDA only (models.encoder.compile_encoders says why)."""
+    """pretrain.compile: auto compiles on CUDA only (xylent.models.encoder.compile_encoders says why)."""
     return cfg.compile == "on" or (cfg.compile == "auto" and cuda)
 
 
@@ -275,7 +275,7 @@ def train(cfg: TrainConfig) -> None:
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=lr_schedule,
                                            config=ds_config(cfg, bf16, world))
     phase("engine_ready")
-    engine.module.attach(device)  # state outside the trained module (InfoXLM's keys); models.objective
+    engine.module.attach(device)  # state outside the trained module (InfoXLM's keys); xylent.models.objective
     torch.manual_seed(cfg.seed + 1 + rank)  # dropout: each rank its own stream
 
     loaders = {t: TrainingLoader(cfg.shards_dir, cfg.sampling_dir, task=t, seed=cfg.seed, rank=rank, world_size=world,
@@ -333,7 +333,7 @@ def train(cfg: TrainConfig) -> None:
     interval = Interval(engine.module.loss_weights, fpt, peak * 1e12 * world if peak else None, averaged=cuda)
 
     def record_health(step: int) -> None:
-        """Rank 0: the token embeddings' health (models.embedding_health); not under ZeRO-3, whose rank holds
+        """Rank 0: the token embeddings' health (xylent.models.embedding_health); not under ZeRO-3, whose rank holds
         a partition of them.  Reads the weights only: no random number, no change to what trains."""
         weight = engine.module.embeddings.tokens.weight
         if sink is None or weight.numel() == 0:

@@ -1,7 +1,7 @@
 """VECO's cross-attention MLM (CA-MLM; Luo et al. 2021, METHODS.md "VECO").
 
 Every layer is self-attention → cross-attention → FFN, each sublayer post-LN
-like models.encoder.Layer.  The cross-attention sublayers are a *plug-in*:
+like xylent.models.encoder.Layer.  The cross-attention sublayers are a *plug-in*:
 
 - plug-out pass: the layers without cross-attention, i.e. exactly the
   MaskedLMModel encoder (same parameter names, same ``encoder_state_dict``,
@@ -13,7 +13,7 @@ like models.encoder.Layer.  The cross-attention sublayers are a *plug-in*:
 A TRTD row ``<s> x </s> y </s>`` is masked on the pair row at
 ``pair_mask_prob`` (25 %, VECO Table 8; BERT 80/10/10 per side, the same noise
 planes as MaskedLMModel), then split into ``<s> x̂ </s>`` and ``<s> ŷ </s>``
-(models.pairs).  VECO §4: "the overall objective is the sum of TLM and the
+(xylent.models.pairs).  VECO §4: "the overall objective is the sum of TLM and the
 proposed CA-MLM objectives", so a pair trains five terms through the one tied
 LM head: TLM, −log P(x, y | x̂ ŷ) on the joined masked row (``tlm``), and
 CA-MLM's Eq. 1, −log P(x|x̂) − log P(x|ŷ,x̂) − log P(y|ŷ) − log P(y|x̂,ŷ).
@@ -55,12 +55,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.config import EncoderConfig
-from models.electra import MaskedLMModel
-from models.masking import bert_corrupt, choose_masked
-from models.pairs import split_pair
-from models.stats import Norms, Stats, all_ranks_sum, row_sums, zero
-from models.weight_init import init_weights
+from xylent.models.config import EncoderConfig
+from xylent.models.electra import MaskedLMModel
+from xylent.models.masking import bert_corrupt, choose_masked
+from xylent.models.pairs import split_pair
+from xylent.models.stats import Norms, Stats, all_ranks_sum, row_sums, zero
+from xylent.models.weight_init import init_weights
 
 CROSS = "cross."
 
@@ -125,7 +125,7 @@ class VecoModel(MaskedLMModel):
 
     def __init__(self, cfg: EncoderConfig, mask_prob: float = 0.15, options: VecoOptions | None = None):
         """``options``: pretrain.veco's; None for a model that only encodes (an export plugged in,
-        models.veco_plug_in), which cannot train."""
+        xylent.models.veco_plug_in), which cannot train."""
         super().__init__(cfg, mask_prob)
         self.options = options
         self.cross = nn.ModuleList(CrossSublayer(cfg, cfg.dropout) for _ in range(cfg.layers))
@@ -148,7 +148,7 @@ class VecoModel(MaskedLMModel):
     def _training_options(self) -> VecoOptions:
         if self.options is None:
             raise RuntimeError("this VecoModel was built to encode, without pretrain.veco's options: build it "
-                               "with models.objectives.build_model and the run's objective_options to train it")
+                               "with xylent.models.objectives.build_model and the run's objective_options to train it")
         return self.options
 
     def plug_in_state_dict(self) -> dict[str, torch.Tensor]:
@@ -167,7 +167,7 @@ class VecoModel(MaskedLMModel):
         x = enc.drop(enc.ln(self.embeddings(ids)))
         n = x.shape[1]
         x, pad, rel = enc.attention_inputs(x, pad)
-        for layer, cross in zip(enc.layers, self.cross):  # models.encoder.Layer, cross-attention in between
+        for layer, cross in zip(enc.layers, self.cross):  # xylent.models.encoder.Layer, cross-attention in between
             x = layer.ln1(x + layer.drop(layer.attn(x, rel, pad)))
             x = cross(x, memory, memory_pad)
             x = layer.ln2(x + layer.drop(layer.ffn(x)))

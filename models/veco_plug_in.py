@@ -5,7 +5,7 @@ The exported ``model.safetensors`` is the plug-out encoder (what every other tas
 reads); ``pretraining.safetensors`` keeps the ``cross.<i>`` sublayers.  Here the
 input's layers attend to H^L of its translation — the translation's final states
 through the plug-out encoder — exactly as VECO's plug-in pass did in pretraining
-(models.veco.VecoModel.plug_in).
+(xylent.models.veco.VecoModel.plug_in).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models.pretrained import mean_pool, read_model_dir, tokenize
-from models.veco import VecoModel
+from xylent.models.pretrained import mean_pool, read_model_dir, tokenize
+from xylent.models.veco import VecoModel
 from xylent.errors import XylentError
 
 
@@ -64,7 +64,7 @@ def load_plug_in(path: str | Path, map_location: str = "cpu") -> PlugInEncoder:
     if meta.get("objective") != "veco":
         raise XylentError(f"this model was pretrained with objective {meta.get('objective')!r}; only VECO's "
                           "(objective: veco) has cross-attention sublayers to plug in", where=str(path),
-                          fix="load it with models.load_pretrained, or pretrain with --set pretrain.objective=veco")
+                          fix="load it with xylent.models.load_pretrained, or pretrain with --set pretrain.objective=veco")
     full = load_file(str(path / "pretraining.safetensors"), device=map_location)
     model = VecoModel(cfg)
     missing, unexpected = model.load_state_dict(full, strict=False)

@@ -10,7 +10,7 @@ the embedding gradient is then one matrix product over the K rows, as before, an
 (V, H) fp32 buffer is needed for bf16 weights.
 
 Per row, the loss is ``F.cross_entropy``'s, the sample the same inverse-CDF draw as
-``models.masking.sample_tokens`` from the same uniform, and the prediction the same
+``xylent.models.masking.sample_tokens`` from the same uniform, and the prediction the same
 argmax.  On the CPU, in chunks of 64 rows or more, they are bit-identical to the
 unchunked head's (narrower chunks take another GEMM kernel, whose logits differ in
 the last bit).  The gradient is softmax − one-hot as before, formed from the kept
@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models.masking import sample_tokens
+from xylent.models.masking import sample_tokens
 
 # the masked rows × V above which the head runs in chunks: 512 MiB per fp32 copy of the logits, of which the
 # plain head holds about four.  Base size at 32k (2 458 × 32 000) stays plain; at V = 250 002, past 536 rows
@@ -100,7 +100,7 @@ class _TiedLogitsLoss(torch.autograd.Function):
 
 def generator_outputs(head, x: torch.Tensor, embedding: torch.Tensor, target: torch.Tensor, u: torch.Tensor, *,
                       sample: bool, per_token: bool):
-    """The tied output layer ``head`` (models.electra.TiedLMHead) at the masked rows ``x``: (Σ cross-entropy,
+    """The tied output layer ``head`` (xylent.models.electra.TiedLMHead) at the masked rows ``x``: (Σ cross-entropy,
     the per-token losses or None unless ``per_token``, the tokens sampled at the uniforms ``u`` or None
     unless ``sample``, the argmax).  While rows × V ≤ :data:`WHOLE_LOGITS_ELEMENTS` the logits are made
     whole, the very ops of the step before issue 61 (bit for bit on the CPU: what the acceptance replay

@@ -32,7 +32,7 @@ def planted_pairs(seed: int = 0, max_pairs: int | None = None, shuffled: float =
     """(pair name ``en-xx`` -> rows (en, xx) with the defects planted, language -> its real
     sentences: the vocabulary's monolingual text).  ``shuffled``: the share of the noisy pair's
     rows whose xx side is shuffled (among themselves); the rest stay translations."""
-    from tasks.evaluate.data import package_pairs
+    from xylent.tasks.evaluate.data import package_pairs
 
     langs = CLEAN + list(PLANTED.values())
     real = package_pairs("django", langs, max_pairs=max_pairs)

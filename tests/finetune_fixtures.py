@@ -15,10 +15,10 @@ from pathlib import Path
 import sentencepiece as spm
 import torch
 
-from models.config import EncoderConfig
-from models.pretrained import PretrainedEncoder
-from tasks.evaluate.encoders import XylentEncoder
-from tasks.evaluate.finetune.data import Example
+from xylent.models.config import EncoderConfig
+from xylent.models.pretrained import PretrainedEncoder
+from xylent.tasks.evaluate.encoders import XylentEncoder
+from xylent.tasks.evaluate.finetune.data import Example
 
 WORDS = "the a cat dog house river green blue run walk over under near far old new".split()
 CITIES = ["paris", "berlin", "rome", "tokyo", "lima", "oslo"]
@@ -96,7 +96,7 @@ def write_conll(path: Path, examples: list[Example], lang: str) -> Path:
 
 def tiny_export(root: Path, sp, seed: int = 0) -> Path:
     """``tiny_encoder``'s weights as an exported xylent ``model/`` dir (what other processes load)."""
-    from models.pretrained import export
+    from xylent.models.pretrained import export
 
     tok_dir = root / "vocab"
     tok_dir.mkdir(parents=True, exist_ok=True)

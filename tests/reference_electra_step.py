@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from models.stats import Stats
+from xylent.models.stats import Stats
 
 
 def _maskable(ids, special_ids):

@@ -1,4 +1,4 @@
-"""The layering holds (docs/architecture.md): flows -> tasks, models -> xylent.
+"""The layering holds (docs/architecture.md): flows -> tasks, models -> xylent's core.
 
 - ``xylent/`` (the core) imports neither ``flows`` nor Prefect, nor tasks/models;
 - ``tasks/`` and ``models/`` never import ``flows`` or Prefect;
@@ -7,7 +7,9 @@
 - no import cycle inside ``tasks/`` or ``models/``, and no stage imports a stage that
   runs after it in the pipeline;
 - nothing imports the CLI (``flows/kit/cli.py`` is the top of the stack);
-- no module patches ``sys.path``.
+- no module patches ``sys.path``;
+- flows/, tasks/ and models/ are imported as ``xylent.flows``, ``xylent.tasks`` and ``xylent.models`` only
+  (an install puts them inside the xylent package; tests/test_install.py).
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("xylent", "tasks", "models", "flows")
+SUBPACKAGES = ("flows", "tasks", "models")  # xylent.flows, xylent.tasks, xylent.models
 
 
 def _top(name: str) -> str:
-    return name.split(".")[0]
+    """The layer of a module: flows, tasks or models for xylent.<that>, else its top-level package."""
+    parts = name.split(".")
+    return parts[1] if parts[0] == "xylent" and len(parts) > 1 and parts[1] in SUBPACKAGES else parts[0]
 
 
 def _imports(path: Path) -> list[str]:
@@ -47,7 +52,8 @@ def _imports_at(path: Path) -> list[tuple[str, int]]:
 
 
 def _module_name(path: Path) -> str:
-    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(("xylent",) * (parts[0] in SUBPACKAGES) + parts).removesuffix(".__init__")
 
 
 _MODULES = {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
@@ -134,10 +140,10 @@ def test_no_import_cycle_inside_tasks_or_models():
 def test_no_stage_imports_a_downstream_stage():
     """``tasks/<stage>/`` may read the stages before it in the pipeline (their data contracts),
     never one after it; shared code lives below the stages (``xylent/``, ``models/``)."""
-    from flows.registry import STAGE_NAMES
+    from xylent.flows.registry import STAGE_NAMES
 
     order = {name: i for i, name in enumerate(STAGE_NAMES)}
-    stage_of = {name: name.split(".")[1] for name in _MODULES if _top(name) == "tasks" and name.count(".") >= 1}
+    stage_of = {name: name.split(".")[2] for name in _MODULES if _top(name) == "tasks" and name.count(".") >= 2}
     bad = []
     for module, deps in _graph(("tasks",)).items():
         me = stage_of.get(module)
@@ -151,8 +157,8 @@ def test_no_stage_imports_a_downstream_stage():
 
 
 def _task_modules_imported(path: Path) -> list[tuple[str, int]]:
-    """The modules of tasks/ a file imports: ``from tasks.x import run`` is ``tasks.x.run``, a name
-    that is not a module (``from tasks.x.run import f``) is its module."""
+    """The modules of tasks/ a file imports: ``from xylent.tasks.x import run`` is ``xylent.tasks.x.run``, a name
+    that is not a module (``from xylent.tasks.x.run import f``) is its module."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -167,15 +173,15 @@ def test_a_stage_flow_enters_its_stage_through_run_and_reads_others_through_thei
     """flows/<stage>.py calls its stage through ``tasks/<stage>/run.py`` (which holds, or imports from a
     sibling, every name the flow calls) and reads an upstream stage's output through that stage's
     ``contract.py``: a stage's other modules can be split or renamed without touching its flow."""
-    from flows.registry import STAGE_NAMES
+    from xylent.flows.registry import STAGE_NAMES
 
     bad = []
     for stage in STAGE_NAMES:
         for module, line in _task_modules_imported(ROOT / "flows" / f"{stage}.py"):
-            if module == f"tasks.{stage}.run" or module.endswith(".contract"):
+            if module == f"xylent.tasks.{stage}.run" or module.endswith(".contract"):
                 continue
             bad.append(f"flows/{stage}.py:{line} imports {module}: call it through tasks/{stage}/run.py"
-                       + ("" if module.startswith(f"tasks.{stage}.") else " (another stage's output: its contract.py)"))
+                       + ("" if module.startswith(f"xylent.tasks.{stage}.") else " (another stage's output: its contract.py)"))
     assert not bad, "\n".join(bad)
 
 
@@ -185,13 +191,13 @@ def test_only_the_training_stages_and_evaluate_use_models_and_evaluate_only_load
     assert uses and all(u.startswith(("tasks/pretrain/", "tasks/audit/", "tasks/evaluate/")) for u, _ in uses), uses
     # the audit: its adversary's settings and state, and the χ² solver the adversary runs in the ranks
     audit = {name for u, name in uses if u.startswith("tasks/audit/")}
-    assert audit <= {"models.audit.adversary", "models.audit.dro", "models.run_config"}, audit
+    assert audit <= {"xylent.models.audit.adversary", "xylent.models.audit.dro", "xylent.models.run_config"}, audit
     finetune = {name for u, name in uses if u.startswith("tasks/evaluate/finetune/")}
     evaluate = {name for u, name in uses if u.startswith("tasks/evaluate/")} - finetune
     # exports only: the plug-out encoder, and VECO's plug-in model read back from the same folder
-    assert evaluate and evaluate <= {"models.pretrained", "models.config", "models.veco_plug_in"}, evaluate
+    assert evaluate and evaluate <= {"xylent.models.pretrained", "xylent.models.config", "xylent.models.veco_plug_in"}, evaluate
     # evaluate's fine-tuning: the task heads, and the rank conventions its DeepSpeed ranks share with pretrain's
-    assert finetune and finetune <= {"models.heads", "models.rank"}, finetune
+    assert finetune and finetune <= {"xylent.models.heads", "xylent.models.rank"}, finetune
 
 
 def test_nothing_imports_the_cli_and_nobody_patches_sys_path():
@@ -200,16 +206,32 @@ def test_nothing_imports_the_cli_and_nobody_patches_sys_path():
             text = p.read_text(encoding="utf-8")
             assert "sys.path.insert" not in text and "sys.path.append" not in text, p
             if p != ROOT / "flows" / "kit" / "cli.py":
-                assert "flows.kit.cli" not in _imports(p), p
+                assert "xylent.flows.kit.cli" not in _imports(p), p
+
+
+def test_flows_tasks_and_models_are_imported_only_inside_the_xylent_namespace():
+    """``import models`` would work from a checkout's root and load a second copy of every module
+    beside ``xylent.models``'s (and a user's own ``models`` would shadow it once installed)."""
+    tracked = subprocess.run(["git", "ls-files", "*.py", "*.sh"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    bad = []
+    for rel in tracked:
+        path = ROOT / rel
+        if path.suffix == ".py":
+            names = _imports_at(path)
+        else:  # shell scripts run python -c / heredocs
+            names = [(m.split()[1], i) for i, line in enumerate(path.read_text().splitlines(), 1)
+                     for m in [line.strip()] if m.startswith(("from ", "import ")) and len(m.split()) > 1]
+        bad += [f"{rel}:{line} imports {name}" for name, line in names if name.split(".")[0] in SUBPACKAGES]
+    assert not bad, "\n".join(bad)
 
 
 def test_core_tasks_and_models_import_without_prefect():
     """Importing every module below the flows layer loads no Prefect at all."""
-    mods = [".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-            for pkg in ("xylent", "tasks", "models") for p in _modules(pkg)]
+    mods = [_module_name(p) for pkg in ("xylent", "tasks", "models") for p in _modules(pkg)]
     code = ("import importlib, sys\n"
             f"for m in {mods!r}:\n    importlib.import_module(m)\n"
-            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('prefect', 'flows'))\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'prefect' or m.startswith('xylent.flows'))\n"
             "print(len(bad), bad[:5])\nsys.exit(1 if bad else 0)\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
@@ -219,17 +241,17 @@ def test_a_training_rank_imports_no_polars_spec_tracking_or_orchestration():
     """What a rank program imports must exist on a bare GPU image (issue 37's check carries
     DeepSpeed and pydantic as wheels; polars would not fit the bundle): the loader's table
     readers (xylent/data/) use pyarrow."""
-    code = ("import os, sys\nos.environ['DS_ACCELERATOR'] = 'cpu'\nimport models.trainer\n"
+    code = ("import os, sys\nos.environ['DS_ACCELERATOR'] = 'cpu'\nimport xylent.models.trainer\n"
             "bad = sorted({m.split('.')[0] if m.split('.')[0] != 'xylent' else m for m in sys.modules\n"
             "              if m.split('.')[0] in ('polars', 'mlflow', 'prefect', 'flows', 'matplotlib')\n"
-            "              or m.startswith('xylent.spec')})\n"
+            "              or m.startswith(('xylent.spec', 'xylent.flows'))})\n"
             "print(bad)\nsys.exit(1 if bad else 0)\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
 
 
 def test_every_stage_is_declared_once_with_a_callable_body_and_a_docs_page():
-    from flows.registry import STAGE_FLOWS, STAGES
+    from xylent.flows.registry import STAGE_FLOWS, STAGES
 
     assert [f.stage for f in STAGE_FLOWS] == STAGES
     for flow_obj, stage in zip(STAGE_FLOWS, STAGES):
@@ -251,7 +273,7 @@ def test_every_stage_has_what_the_adding_a_stage_checklist_asks_for():
 
     import yaml
 
-    from flows.registry import STAGES
+    from xylent.flows.registry import STAGES
     from xylent.spec import Spec
 
     deployments = {d["entrypoint"] for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]}

@@ -15,12 +15,12 @@ from xylent.spec import DedupConfig
 from xylent.stage import section_identity
 from xylent.workspace import Workspace
 
-from tasks.audit import plots
-from tasks.audit.evidence import pair_evidence, reading, sample_pairs, verdict
-from tasks.dedup import run as phases
-from tasks.dedup.run import assemble
-from tasks.prepare import contract as layout  # the text layout
-from tasks.prepare.writer import BITEXT_SCHEMA, PartWriter
+from xylent.tasks.audit import plots
+from xylent.tasks.audit.evidence import pair_evidence, reading, sample_pairs, verdict
+from xylent.tasks.dedup import run as phases
+from xylent.tasks.dedup.run import assemble
+from xylent.tasks.prepare import contract as layout  # the text layout
+from xylent.tasks.prepare.writer import BITEXT_SCHEMA, PartWriter
 
 LONG_HUB = ("No se encontró el archivo solicitado en el servidor; compruebe la ruta, los permisos "
             "y vuelva a intentarlo más tarde.")

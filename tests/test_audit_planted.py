@@ -15,7 +15,7 @@ import pytest
 import polars as pl
 
 from audit_planted import CLEAN, PLANTED, write_corpus
-from tasks.audit.contract import read_audit
+from xylent.tasks.audit.contract import read_audit
 
 NOISY, COPY, HUB = (f"{min('en', x)}-{max('en', x)}" for x in (PLANTED["noisy"], PLANTED["copy"], PLANTED["hub"]))
 SHORT = 60  # pretraining and audit steps: the evidence and the report need no trained model; five re-samplings

@@ -46,7 +46,7 @@ def test_an_extends_cycle_or_a_missing_base_is_a_clear_error(tmp_path):
 
 
 def test_compare_marks_a_tie_at_the_precision_it_shows():
-    from tasks.evaluate.compare import table
+    from xylent.tasks.evaluate.compare import table
 
     def run(ours, base):
         return {"label": "r", "objective": "electra", "pretrain": {},
@@ -63,8 +63,8 @@ def test_a_claim_over_seeds_is_shown_only_when_its_paired_interval_excludes_zero
 
     from scipy.stats import t as student_t
 
-    from tasks.evaluate.compare import seed_table
-    from tasks.evaluate.paired import difference
+    from xylent.tasks.evaluate.compare import seed_table
+    from xylent.tasks.evaluate.paired import difference
 
     base = {s: {"de": 10.0 + s, "fr": 20.0, "ja": 30.0 - s} for s in range(3)}
     better = {s: {lang: v + 1.0 + 0.5 * (lang == "de") + 0.1 * s for lang, v in langs.items()}

@@ -7,7 +7,7 @@ from itertools import combinations
 
 import numpy as np
 
-from tasks.dedup import minhash_signatures, near_duplicate_clusters
+from xylent.tasks.dedup import minhash_signatures, near_duplicate_clusters
 
 
 def _vocab(rng, n=20000):
@@ -119,7 +119,7 @@ def test_length_ratio_between_a_spaced_and_an_unspaced_language_compares_like_wi
     """Thai has ~6 characters per English word: characters against words would flag nearly every good pair."""
     import polars as pl
 
-    from tasks.dedup.bitext import length_outliers
+    from xylent.tasks.dedup.bitext import length_outliers
     from xylent.spec import DedupConfig
 
     cfg = DedupConfig()

@@ -233,7 +233,7 @@ def test_joining_a_token_cluster_without_the_token_is_one_clear_error(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH_TOKEN")}
     env.update(HOME=str(tmp_path), RAY_AUTH_MODE="token", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    code = ("from flows.kit.runners import shared_cluster\nfrom xylent.spec import RunnerConfig\n"
+    code = ("from xylent.flows.kit.runners import shared_cluster\nfrom xylent.spec import RunnerConfig\n"
             "with shared_cluster(RunnerConfig(kind='ray', address='127.0.0.1:1')): pass")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
@@ -255,7 +255,7 @@ def test_ray_runner_joins_the_cluster_at_runner_address(run_cli, tmp_path, monke
 
     import ray
 
-    from flows.kit.runners import shared_cluster
+    from xylent.flows.kit.runners import shared_cluster
     from xylent.spec import RunnerConfig
 
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)  # undone after the test, whatever Ray sets

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from prefect.client.orchestration import get_client
 
-from flows.registry import STAGE_NAMES
+from xylent.flows.registry import STAGE_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,7 +54,7 @@ def test_prefect_yaml_declares_every_stage_and_deploys(deployed):
         flow_params = set(got.parameter_openapi_schema["properties"])
         assert {"spec_file", "workspace", "overrides", "force"} <= flow_params, "the UI's form is the flow's signature"
         assert not {p for p in flow_params if "mlflow" in p}, "no internal parameter on the run form"
-        assert got.pull_steps == [{"flows.kit.deployment_steps.enter_xylent_home": {}}], \
+        assert got.pull_steps == [{"xylent.flows.kit.deployment_steps.enter_xylent_home": {}}], \
             "nothing of the deploying machine is stored: the worker's XYLENT_HOME is read when a run starts"
     assert "gpu" in deployments["pretrain"].tags
     crons = {name: [(s.schedule.cron, s.schedule.timezone, s.active) for s in d.schedules]
@@ -135,7 +135,7 @@ def test_xylent_worker_says_in_one_line_what_is_missing_then_is_prefects_worker(
     bare.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PATH=BIN_PATH)  # no profile names a server
 
     def worker(*args, **env):
-        return subprocess.run([sys.executable, "-m", "flows.kit.cli", "worker", *args], cwd=tmp_path,
+        return subprocess.run([sys.executable, "-m", "xylent.flows.kit.cli", "worker", *args], cwd=tmp_path,
                               env={**bare, **env}, capture_output=True, text=True, timeout=180)
 
     done = worker()

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tasks.download import fetch, opus_list_pairs
+from xylent.tasks.download import fetch, opus_list_pairs
 from xylent.errors import XylentError
 
 BODY = os.urandom(300_000)

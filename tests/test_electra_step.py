@@ -2,7 +2,7 @@
 it replaced (kept as an oracle in tests/reference_electra_step.py), with no boolean indexing,
 host reads or graph breaks, and a generator head that never holds a (masked × V) fp32 copy.
 
-With the generator's logits small enough to make whole (models.vocab_head.WHOLE_LOGITS_ELEMENTS,
+With the generator's logits small enough to make whole (xylent.models.vocab_head.WHOLE_LOGITS_ELEMENTS,
 every CPU run the acceptance tier measured), everything is bit-identical on the CPU: every count of
 Stats, the per-row rows, the sampled and corrupted ids, both losses and every gradient, because the
 same values are gathered by positions instead of boolean masks and go through the same ops.
@@ -22,12 +22,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models.config import preset
-from models.electra import ElectraModel
-from models.masking import choose_masked, masked_count, row_noise, sample_tokens
-from models.stats import Norms, Stats
-from models import vocab_head
-from models.vocab_head import tied_lm_loss
+from xylent.models.config import preset
+from xylent.models.electra import ElectraModel
+from xylent.models.masking import choose_masked, masked_count, row_noise, sample_tokens
+from xylent.models.stats import Norms, Stats
+from xylent.models import vocab_head
+from xylent.models.vocab_head import tied_lm_loss
 from reference_electra_step import reference_forward, reference_loss
 
 SPECIALS = dict(zip(("unk", "bos", "eos", "pad", "mask"), range(5)))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.embedding_health import embedding_health
+from xylent.models.embedding_health import embedding_health
 
 
 def test_the_health_of_a_small_matrix_is_what_the_hand_computes():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.evaluate.data import package_pairs, read_probe, write_probe
-from tasks.evaluate.encoders import default_layer, family
-from tasks.evaluate.probe import MIN_TRAIN_PER_LABEL, evaluate_probe
-from tasks.prepare.holdout import drop_reserved, is_reserved, probe_split, reserved_keys
+from xylent.tasks.evaluate.data import package_pairs, read_probe, write_probe
+from xylent.tasks.evaluate.encoders import default_layer, family
+from xylent.tasks.evaluate.probe import MIN_TRAIN_PER_LABEL, evaluate_probe
+from xylent.tasks.prepare.holdout import drop_reserved, is_reserved, probe_split, reserved_keys
 from xylent.errors import XylentError
 
 
@@ -152,7 +152,7 @@ def test_a_probe_with_fewer_than_two_learnable_labels_is_a_user_error():
 def test_a_probe_file_with_an_ignored_column_or_in_another_language_is_warned_about(tmp_path):
     from types import SimpleNamespace
 
-    from tasks.evaluate.data import probe_warnings
+    from xylent.tasks.evaluate.data import probe_warnings
 
     pairs = package_pairs("django", ["de", "fr"])  # real catalog text
     long = {lang: [t for t in pairs[lang][0] if len(t) >= 30][:60] for lang in ("de", "fr")}

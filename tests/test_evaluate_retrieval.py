@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.evaluate.retrieval import (
+from xylent.tasks.evaluate.retrieval import (
     bucc_mine,
     choose_threshold,
     evaluate_bucc,
@@ -17,7 +17,7 @@ from tasks.evaluate.retrieval import (
     mine_pairs,
     tatoeba_accuracy,
 )
-from tasks.evaluate.retrieval_data import LASER_TATOEBA, read_bucc, read_tatoeba, tatoeba_code
+from xylent.tasks.evaluate.retrieval_data import LASER_TATOEBA, read_bucc, read_tatoeba, tatoeba_code
 from xylent.errors import XylentError
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.evaluate.metrics import accuracy, bucc_f1, map_at_k, tag_f1
-from tasks.evaluate.qa_metrics import (
+from xylent.tasks.evaluate.metrics import accuracy, bucc_f1, map_at_k, tag_f1
+from xylent.tasks.evaluate.qa_metrics import (
     mlqa_exact_match,
     mlqa_f1,
     mlqa_normalize,
@@ -21,8 +21,8 @@ from tasks.evaluate.qa_metrics import (
     squad_normalize,
     squad_scores,
 )
-from tasks.evaluate.scoring import XTREME_GROUPS, XTREME_R_TASK_LANGS, XTREME_TASK_LANGS, score_submission
-from tasks.evaluate.submission import read_tag_sentences, write_predictions
+from xylent.tasks.evaluate.scoring import XTREME_GROUPS, XTREME_R_TASK_LANGS, XTREME_TASK_LANGS, score_submission
+from xylent.tasks.evaluate.submission import read_tag_sentences, write_predictions
 from xylent.errors import XylentError
 
 
@@ -457,7 +457,7 @@ def test_malformed_jsonl_names_line(tmp_path):
     bad = preds / "xcopa" / "test-et.jsonl"
     bad.parent.mkdir(parents=True)
     bad.write_text('{"label": 0}\n{"label": 1\n{"label": 1}\n', encoding="utf-8")
-    from tasks.evaluate.scoring import score_language
+    from xylent.tasks.evaluate.scoring import score_language
     with pytest.raises(XylentError, match=re.escape(f"{bad}: malformed JSON on line 2")):
         score_language(bad, gold / "xcopa" / "test-et.jsonl", "xcopa", "et")
 
@@ -467,15 +467,15 @@ def test_the_scorecards_paper_rows_are_the_shared_transcription():
     scorecard shows Table 1's and Table 4's rows and, beside a run's XNLI, Table 11's languages."""
     import csv
 
-    from tasks.evaluate import paper_refs
-    from tasks.evaluate.scorecard import render
+    from xylent.tasks.evaluate import paper_refs
+    from xylent.tasks.evaluate.scorecard import render
 
     shared = Path(__file__).resolve().parents[2] / "shared" / "data" / "xylent_paper"
     with open(shared / "tables.tsv", newline="", encoding="utf-8") as f:
         want = list(csv.DictReader(f, delimiter="\t"))
     with open(paper_refs.PAPER_FILE, newline="", encoding="utf-8") as f:
         got = list(csv.DictReader(f, delimiter="\t"))
-    assert [{k: r[k] for k in want[0]} for r in got] == want, "regenerate: python -m tasks.evaluate.paper_refs"
+    assert [{k: r[k] for k in want[0]} for r in got] == want, "regenerate: python -m xylent.tasks.evaluate.paper_refs"
     assert all(r["source"].endswith(f"Table {r['table'].removeprefix('table')}") for r in got)
 
     langs = {"en": {"accuracy": 80.0}, "de": {"accuracy": 70.0}, "sw": {"accuracy": 50.0}}
@@ -497,7 +497,7 @@ def test_the_scorecards_paper_rows_are_the_shared_transcription():
 
 
 def test_the_scorecard_opens_with_a_verdict_against_the_trivial_peers():
-    from tasks.evaluate.scorecard import render
+    from xylent.tasks.evaluate.scorecard import render
 
     def task(avg, **kw):
         return {"languages": {"de": {"accuracy": avg}}, "avg": avg, **kw}
@@ -523,7 +523,7 @@ def test_the_scorecard_opens_with_a_verdict_against_the_trivial_peers():
 def test_the_scorecard_names_the_recipe_variant_the_pipeline_was_trained_with():
     """The InfoXLM recipe runs the demo's XLCo variant: the scorecard says where it departs
     from the paper's settings (the objective's defaults), so its numbers are not read as InfoXLM's."""
-    from tasks.evaluate.scorecard import render
+    from xylent.tasks.evaluate.scorecard import render
     from xylent.spec import load_spec
 
     pre = load_spec(Path(__file__).resolve().parents[1] / "data_specs/recipes/infoxlm.yaml").pretrain

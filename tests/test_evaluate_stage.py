@@ -16,8 +16,8 @@ import pytest
 import sentencepiece as spm
 import yaml
 
-from tasks.evaluate.data import holdout_messages
-from tasks.evaluate.scoring import score_language
+from xylent.tasks.evaluate.data import holdout_messages
+from xylent.tasks.evaluate.scoring import score_language
 from xylent.spec import load_spec
 
 from conftest import DEMO_SHORT  # the session demo's spec (tests/data/demo-short.yaml)
@@ -174,9 +174,9 @@ def test_demo_holdout_never_reaches_the_shards(demo_run):
         texts = {norm(t) for t in path.read_text().splitlines()}
         assert len(texts) > 200 and not texts & seen[lang], path.name
     # and the check can see a message when it is there: the English messages not reserved are in the shards
-    from tasks.download.contract import read_records
-    from tasks.prepare.gettext import read_catalog
-    from tasks.prepare.holdout import is_reserved
+    from xylent.tasks.download.contract import read_records
+    from xylent.tasks.prepare.gettext import read_catalog
+    from xylent.tasks.prepare.holdout import is_reserved
 
     download = Path(res["stages"]["download"]["output_dir"])
     english = set()
@@ -203,7 +203,7 @@ def _tiny_hf_encoder(path: Path, texts: list[str]) -> Path:
 
 
 def test_a_local_hugging_face_encoder_is_evaluated_side_by_side(demo_run, run_cli, tmp_path):
-    from tasks.evaluate.data import package_pairs
+    from xylent.tasks.evaluate.data import package_pairs
 
     res, ws = demo_run
     pairs = package_pairs("allauth", ["de", "ja"])
@@ -239,7 +239,7 @@ def test_a_local_hugging_face_encoder_is_evaluated_side_by_side(demo_run, run_cl
 
     xx, en = pairs["de"]
     # the stage's wrapper (length-sorted batches) gives the vectors of a plain forward pass
-    from tasks.evaluate.encoders import HuggingFaceEncoder
+    from xylent.tasks.evaluate.encoders import HuggingFaceEncoder
 
     ours = np.concatenate([b[3] for b in HuggingFaceEncoder("tiny-bert", hf).embed_batches(
         xx, [3], batch_size=64, max_length=128)])
@@ -333,7 +333,7 @@ def _check_finetuned(out: Path, model: str, name: str, task, r: dict) -> None:
     per_seed = {s: [] for s in r["per_seed"]}
     from collections import Counter
 
-    from tasks.evaluate.finetune.task import TaskData
+    from xylent.tasks.evaluate.finetune.task import TaskData
 
     # the trivial baseline: always answer the commonest label of what was trained on (train-en minus the dev share)
     commonest = Counter(e.label for e in TaskData(task, out / "data" / name).train).most_common(1)[0][0]

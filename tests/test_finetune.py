@@ -26,15 +26,15 @@ from finetune_fixtures import (
     write_squad,
     write_xnli,
 )
-from models.heads import IGNORE
-from tasks.evaluate.scoring import score_language
-from tasks.evaluate.submission import submission_file
-from tasks.evaluate.finetune.data import Example, read_classification, read_squad, read_tagging
-from tasks.evaluate.finetune.encoders import factory
-from tasks.evaluate.finetune.features import tagging_features, tagging_predictions
-from tasks.evaluate.finetune.run import finetune_task
-from tasks.evaluate.finetune.task import TaskData
-from tasks.evaluate.finetune.tokens import SentencePieceTokenizer
+from xylent.models.heads import IGNORE
+from xylent.tasks.evaluate.scoring import score_language
+from xylent.tasks.evaluate.submission import submission_file
+from xylent.tasks.evaluate.finetune.data import Example, read_classification, read_squad, read_tagging
+from xylent.tasks.evaluate.finetune.encoders import factory
+from xylent.tasks.evaluate.finetune.features import tagging_features, tagging_predictions
+from xylent.tasks.evaluate.finetune.run import finetune_task
+from xylent.tasks.evaluate.finetune.task import TaskData
+from xylent.tasks.evaluate.finetune.tokens import SentencePieceTokenizer
 from xylent.errors import XylentError
 from xylent.spec.evaluate import EvalTask
 
@@ -165,7 +165,7 @@ def test_the_xy_lent_defaults_are_table_15_and_xnli_warms_up_for_12500_steps_at_
     """defaults: xy-lent resolves each XTREME task to the paper's Table 15 (the shared TSV), grids included."""
     import csv
 
-    from tasks.evaluate.finetune.train import loop_config
+    from xylent.tasks.evaluate.finetune.train import loop_config
 
     rows = {r["task"]: r for r in csv.DictReader(open(ROOT.parent / "shared" / "data" / "xylent_paper" /
                                                       "finetune_hparams.tsv"), delimiter="\t")}
@@ -207,9 +207,9 @@ import sys, json
 from pathlib import Path
 sys.path[:0] = [{tests!r}, {root!r}]
 from finetune_fixtures import tiny_encoder, tiny_tokenizer
-from tasks.evaluate.finetune.encoders import factory
-from tasks.evaluate.finetune.run import finetune_task
-from tasks.evaluate.finetune.task import TaskData
+from xylent.tasks.evaluate.finetune.encoders import factory
+from xylent.tasks.evaluate.finetune.run import finetune_task
+from xylent.tasks.evaluate.finetune.task import TaskData
 from xylent.spec.evaluate import EvalTask
 sp = tiny_tokenizer()
 out = Path(sys.argv[1])
@@ -292,7 +292,7 @@ def test_original_headered_xnli_and_pawsx_files_are_read_by_column_name(tmp_path
 def test_a_hugging_face_tokenizer_joins_segments_as_its_own_post_processor_does(tmp_path):
     from transformers import BertTokenizerFast
 
-    from tasks.evaluate.finetune.tokens import HuggingFaceTokenizer
+    from xylent.tasks.evaluate.finetune.tokens import HuggingFaceTokenizer
 
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefgh", *(f"##{c}" for c in "abcdefgh")]
     (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
@@ -308,7 +308,7 @@ def test_a_hugging_face_tokenizer_joins_segments_as_its_own_post_processor_does(
 
 
 def test_a_task_in_all_of_xtremes_languages_is_also_scored_by_score_submission(sp, tmp_path):
-    from tasks.evaluate.scoring import XTREME_TASK_LANGS
+    from xylent.tasks.evaluate.scoring import XTREME_TASK_LANGS
 
     langs = XTREME_TASK_LANGS["pawsx"]
     rng = random.Random(3)
@@ -327,7 +327,7 @@ def test_a_task_in_all_of_xtremes_languages_is_also_scored_by_score_submission(s
 
 
 def test_on_several_ranks_a_last_batch_too_small_to_share_is_left_out():
-    from tasks.evaluate.finetune.train import LoopConfig, optimiser_steps
+    from xylent.tasks.evaluate.finetune.train import LoopConfig, optimiser_steps
 
     cfg = LoopConfig(lr=1e-3, epochs=3, batch_size=16, warmup=0.0, weight_decay=0.0, selection="dev",
                      checkpoint_every=10, seed=1)

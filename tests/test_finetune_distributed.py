@@ -23,10 +23,10 @@ import json, random, sys
 from pathlib import Path
 sys.path[:0] = [{tests!r}, {root!r}]
 from finetune_fixtures import tiny_tokenizer, tiny_export, pair_examples, write_xnli
-from tasks.evaluate.encoders import load_xylent
-from tasks.evaluate.finetune.encoders import factory
-from tasks.evaluate.finetune.run import finetune_task
-from tasks.evaluate.finetune.task import TaskData
+from xylent.tasks.evaluate.encoders import load_xylent
+from xylent.tasks.evaluate.finetune.encoders import factory
+from xylent.tasks.evaluate.finetune.run import finetune_task
+from xylent.tasks.evaluate.finetune.task import TaskData
 from xylent.spec.evaluate import EvalTask
 out, shared = Path(sys.argv[1]), Path({shared!r})
 model_dir, data = shared / "m" / "model", shared / "data"
@@ -69,14 +69,14 @@ def test_two_deepspeed_ranks_fine_tune_and_learn(driver):
     seed = whole["per_seed"]["1"]
     assert seed["steps"] == 3 * 20 and len(seed["history"]) == 3  # 320 examples / 16 per global batch, 3 epochs
     log = (root / "whole" / "ck" / "seed-1" / "train.log").read_text()
-    assert "--num_gpus 2" in log and "tasks.evaluate.finetune.distributed" in log
+    assert "--num_gpus 2" in log and "xylent.tasks.evaluate.finetune.distributed" in log
     left = sorted(p.name for p in (root / "whole" / "ck" / "seed-1").iterdir())
     assert "ds" not in left and not [n for n in left if n.startswith("rng-")], "a finished seed keeps no optimiser"
 
 
 def _ranks_of(script: Path) -> list[psutil.Process]:
     return [p for p in psutil.process_iter(["cmdline"])
-            if "tasks.evaluate.finetune.distributed" in " ".join(p.info["cmdline"] or [])]
+            if "xylent.tasks.evaluate.finetune.distributed" in " ".join(p.info["cmdline"] or [])]
 
 
 def test_kill_9_mid_fine_tuning_stops_the_ranks_and_a_rerun_resumes(driver):

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from tasks.evaluate.finetune.qa import QAWindow, best_span, char_span_of_answer, qa_windows
+from xylent.tasks.evaluate.finetune.qa import QAWindow, best_span, char_span_of_answer, qa_windows
 
 CLS, SEP = 1, 2
 

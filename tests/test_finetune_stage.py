@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from finetune_fixtures import pair_examples, qa_examples, tag_examples, write_conll, write_squad, write_xnli
-from tasks.evaluate.scoring import score_language
-from tasks.evaluate.submission import submission_file
+from xylent.tasks.evaluate.scoring import score_language
+from xylent.tasks.evaluate.submission import submission_file
 
 from conftest import DEMO_SHORT  # the session demo's spec (tests/data/demo-short.yaml)
 

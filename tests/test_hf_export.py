@@ -13,10 +13,10 @@ import pytest
 import sentencepiece as spm
 import torch
 
-from models.config import preset
-from models.hf_export import export_hf
-from models.pretrained import PretrainedEncoder, export, load_pretrained
-from tasks.vocab.specials import CONTROL_SYMBOLS, PAD, TRAINER_IDS, special_ids
+from xylent.models.config import preset
+from xylent.models.hf_export import export_hf
+from xylent.models.pretrained import PretrainedEncoder, export, load_pretrained
+from xylent.tasks.vocab.specials import CONTROL_SYMBOLS, PAD, TRAINER_IDS, special_ids
 from xylent.errors import XylentError
 
 SENTENCES = {

@@ -82,7 +82,7 @@ def _venv_tool(name: str) -> str:
 def test_dockerfile_and_shell_scripts_pass_their_linters():
     lint = subprocess.run([_venv_tool("hadolint"), str(DOCKER / "Dockerfile")], capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout + lint.stderr
-    scripts = [DOCKER / "entrypoint.sh", SBATCH]
+    scripts = [DOCKER / "entrypoint.sh", SBATCH, ROOT / ".ci" / "run", ROOT / ".ci" / "install-check"]
     check = subprocess.run([_venv_tool("shellcheck"), *map(str, scripts)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
 
@@ -192,7 +192,7 @@ def test_image_builds_where_a_docker_daemon_runs():
 
 def test_a_run_without_a_checkout_records_the_commit_the_image_was_built_from(tmp_path, monkeypatch):
     """.git stays out of the image; the commit comes in as a build argument (XYLENT_GIT_COMMIT)."""
-    from flows.kit.run_record import source_tags
+    from xylent.flows.kit.run_record import source_tags
 
     spec = tmp_path / "s.yaml"
     spec.write_text("name: x\n")

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from models.attention import GatedRelativeBias, RelativePositionTable, SelfAttention, relative_buckets
-from models.config import PRESETS, EncoderConfig, preset
-from models.weight_init import init_weights
+from xylent.models.attention import GatedRelativeBias, RelativePositionTable, SelfAttention, relative_buckets
+from xylent.models.config import PRESETS, EncoderConfig, preset
+from xylent.models.weight_init import init_weights
 
 
 def t5_bucket(rel: int, num_buckets: int = 32, max_distance: int = 128) -> int:

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from models.config import preset
-from models.electra import ElectraModel, MaskedLMModel
-from models.stats import Norms
-from models.masking import bert_corrupt, choose_masked, corrupt, maskable, positions, row_noise, sample_tokens
-from tasks.vocab.specials import BOS, EOS, MASK, PAD, SPECIAL_PIECES
+from xylent.models.config import preset
+from xylent.models.electra import ElectraModel, MaskedLMModel
+from xylent.models.stats import Norms
+from xylent.models.masking import bert_corrupt, choose_masked, corrupt, maskable, positions, row_noise, sample_tokens
+from xylent.tasks.vocab.specials import BOS, EOS, MASK, PAD, SPECIAL_PIECES
 
 pytestmark = pytest.mark.demo_data  # reads the session demo only (pyproject.toml's markers)
 

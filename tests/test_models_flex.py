@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.attention import FlexBias, RelativePositionTable, relative_buckets
-from models.config import preset
-from models.encoder import Encoder
-from models.weight_init import init_weights
+from xylent.models.attention import FlexBias, RelativePositionTable, relative_buckets
+from xylent.models.config import preset
+from xylent.models.encoder import Encoder
+from xylent.models.weight_init import init_weights
 
 
 def encoders(gate: str, layers: int = 2):
@@ -120,7 +120,7 @@ def test_the_gpu_checks_self_test_passes_here_on_the_forward():
 def test_the_trainer_compiles_the_encoders_on_cuda_unless_told_otherwise():
     from types import SimpleNamespace
 
-    from models.trainer import should_compile
+    from xylent.models.trainer import should_compile
 
     assert should_compile(SimpleNamespace(compile="auto"), cuda=True)
     assert not should_compile(SimpleNamespace(compile="auto"), cuda=False)  # CPU: Inductor's compile costs more

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.config import preset
-from models.infoxlm import InfoXLMModel, XLCoConfig, merge_groups, xlco_default_layer
+from xylent.models.config import preset
+from xylent.models.infoxlm import InfoXLMModel, XLCoConfig, merge_groups, xlco_default_layer
 from xylent.spec import InfoXLMConfig  # the options' one home: their defaults
-from models.stats import gather_rows
-from models.masking import row_noise
-from models.pairs import split_pair
-from models.stats import Norms
+from xylent.models.stats import gather_rows
+from xylent.models.masking import row_noise
+from xylent.models.pairs import split_pair
+from xylent.models.stats import Norms
 from tests.test_models_electra import SPECIALS, _batch
 
 PAD, BOS = SPECIALS["pad"], SPECIALS["bos"]

@@ -1,4 +1,4 @@
-"""VECO's CA-MLM (models.veco): the stop-gradient on H^L, plug-out = the plain MLM
+"""VECO's CA-MLM (xylent.models.veco): the stop-gradient on H^L, plug-out = the plain MLM
 encoder, the four-term loss by hand, per-row sums, and a model that learns to use
 the translation."""
 
@@ -9,14 +9,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.config import preset
-from models.electra import MaskedLMModel
-from models.masking import bert_corrupt, choose_masked, row_noise
-from models.pretrained import PretrainedEncoder
-from models.stats import Norms
-from models.veco import VecoModel, VecoOptions
+from xylent.models.config import preset
+from xylent.models.electra import MaskedLMModel
+from xylent.models.masking import bert_corrupt, choose_masked, row_noise
+from xylent.models.pretrained import PretrainedEncoder
+from xylent.models.stats import Norms
+from xylent.models.veco import VecoModel, VecoOptions
 from xylent.spec import VecoConfig
-from tasks.vocab.specials import BOS, EOS, PAD, SPECIAL_PIECES
+from xylent.tasks.vocab.specials import BOS, EOS, PAD, SPECIAL_PIECES
 from tests.test_hf_export import tokenizer_dir  # noqa: F401  (a fixture: a small SentencePiece model)
 from xylent.errors import XylentError
 
@@ -131,7 +131,7 @@ def test_plug_out_is_the_mlm_encoder_and_exports_as_a_pretrained_encoder():
 
 
 def test_a_silent_cross_attention_leaves_the_plug_in_pass_equal_to_plug_out():
-    """Guards the plug-in loop, which re-states models.encoder.Layer with the cross sublayer inside."""
+    """Guards the plug-in loop, which re-states xylent.models.encoder.Layer with the cross sublayer inside."""
     model = _model()
     for c in model.cross:
         torch.nn.init.zeros_(c.attn.out.weight)
@@ -250,14 +250,14 @@ def test_the_model_learns_and_the_translation_helps(one_thread):
 
 
 def test_plug_in_mode_puts_the_cross_attention_back_and_reads_the_translation(tmp_path, tokenizer_dir):  # noqa: F811
-    """models.load_plug_in: the exported model/ folder's pretraining weights in plug-in mode give
+    """xylent.models.load_plug_in: the exported model/ folder's pretraining weights in plug-in mode give
     VecoModel.plug_in's states over H^L of the translation; the same folder's plug-out encoder
-    (models.load_pretrained) does not see the translation; a non-VECO export is refused."""
+    (xylent.models.load_pretrained) does not see the translation; a non-VECO export is refused."""
     import sentencepiece as spm
 
-    import models
-    from models.pretrained import export, tokenize
-    from tasks.vocab.specials import special_ids
+    from xylent import models
+    from xylent.models.pretrained import export, tokenize
+    from xylent.tasks.vocab.specials import special_ids
 
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_dir / "spm.model"))
     cfg = preset("tiny", vocab_size=sp.get_piece_size(), max_position=64, dropout=0.0, specials=special_ids(sp))
@@ -301,10 +301,10 @@ def test_the_evaluate_probe_in_plug_in_mode_reads_each_text_beside_its_translati
 
     import sentencepiece as spm
 
-    from models.pretrained import export
-    from tasks.evaluate.encoders import load_ref
-    from tasks.evaluate.model_eval import evaluate_model
-    from tasks.vocab.specials import special_ids
+    from xylent.models.pretrained import export
+    from xylent.tasks.evaluate.encoders import load_ref
+    from xylent.tasks.evaluate.model_eval import evaluate_model
+    from xylent.tasks.vocab.specials import special_ids
     from xylent.spec.evaluate import EvalTask
 
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_dir / "spm.model"))

@@ -1,6 +1,6 @@
 """One objective contract (issue 62, item 1): the spec's choices, sections and checks, the model
 class the trainer builds and its FLOPs all come from xylent.objectives.OBJECTIVES and
-models.objective.ObjectiveModel; a new objective plugs in with an entry and its class alone."""
+xylent.models.objective.ObjectiveModel; a new objective plugs in with an entry and its class alone."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.config import preset
-from models.encoder import Embeddings, Encoder
-from models.objective import ObjectiveModel
-from models.objectives import build_model, model_class
-from models.optim import flops_per_token, make_optimizer
-from models.stats import Norms, Stats
+from xylent.models.config import preset
+from xylent.models.encoder import Embeddings, Encoder
+from xylent.models.objective import ObjectiveModel
+from xylent.models.objectives import build_model, model_class
+from xylent.models.optim import flops_per_token, make_optimizer
+from xylent.models.stats import Norms, Stats
 from xylent.objectives import OBJECTIVES, Objective, with_section
 from xylent.spec import PretrainConfig
 

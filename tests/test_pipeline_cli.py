@@ -275,7 +275,7 @@ def test_commands_that_run_no_stage_import_nothing_heavy(tmp_path):
                 ["status", "--spec", spec, "--workspace", ws, "--set", "sampling.temperature=x"]]
 
     def run(argvs) -> dict:
-        code = ("import contextlib, io, json, sys\nfrom flows.kit.cli import main\nrcs, outs = [], []\n"
+        code = ("import contextlib, io, json, sys\nfrom xylent.flows.kit.cli import main\nrcs, outs = [], []\n"
                 f"for argv in {[[str(a) for a in c] for c in argvs]!r}:\n"
                 "    out = io.StringIO()\n"
                 "    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):\n"
@@ -291,7 +291,7 @@ def test_commands_that_run_no_stage_import_nothing_heavy(tmp_path):
     before = run(commands)
     assert before["rcs"] == [0, 0, 0, 2, 2, 2]
     # one stage published with its manifest: status reads it (its MLflow run id, its metrics)
-    from flows.registry import STAGES
+    from xylent.flows.registry import STAGES
     from xylent.spec import load_spec
     from xylent.stage import stage_fingerprints
     from xylent.workspace import Workspace
@@ -315,7 +315,7 @@ def test_the_cli_starts_its_temporary_server_before_importing_prefect_only_when_
         tmp_path, monkeypatch):
     """The guess read without Prefect (the environment, the active profile, the working folder's
     settings files); Prefect's own settings overrule it before the first flow."""
-    from flows.kit.processes import _no_api_configured
+    from xylent.flows.kit.processes import _no_api_configured
 
     for k in [k for k in os.environ if k.startswith("PREFECT_")]:
         monkeypatch.delenv(k)

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import cc100_xz, moses_zip, po_file
-from tasks.prepare import prepare_unit
+from xylent.tasks.prepare import prepare_unit
 from xylent.errors import XylentError
 from xylent.spec import PrepareConfig
 from xylent.workspace import Workspace, sha256_file
@@ -192,7 +192,7 @@ def test_a_gettext_source_of_its_source_language_alone_gives_the_msgids_as_monol
                                                                                           catalog_package):
     """MetaXLM's phase 1 is an English model: spec languages [en] read the msgids of the package's
     own en catalogs (Django ships them, every msgid, no msgstr), or of the locale that locales names."""
-    from tasks.download.plan import plan_source
+    from xylent.tasks.download.plan import plan_source
     from xylent.spec import spec_from_dict
 
     entries = [{"msgid": "Save", "msgstr": ""}, {"msgid": "Delete the file", "msgstr": ""}]

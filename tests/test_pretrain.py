@@ -24,9 +24,9 @@ import pytest
 from conftest import DEMO_SHORT, linked_data
 from cost_guard import costs
 
-from models.optim import param_groups, warmup_linear_decay
-from models.run_config import TrainConfig
-from models.run_config import task_plan
+from xylent.models.optim import param_groups, warmup_linear_decay
+from xylent.models.run_config import TrainConfig
+from xylent.models.run_config import task_plan
 
 pytestmark = pytest.mark.demo_data  # reads the session demo only (pyproject.toml's markers)
 
@@ -153,7 +153,7 @@ def _kill_launcher_after_first_checkpoint(ws: Path, *extra: str, ranks: int = 2)
     args = ["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), *SMALL,
             "--set", f"pretrain.ranks={ranks}", *extra]
     with open(ws.parent / f"{ws.name}.stderr", "w") as err:  # a pipe nobody reads would block the child
-        proc = subprocess.Popen([sys.executable, "-m", "flows.kit.cli", *args], stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, "-m", "xylent.flows.kit.cli", *args], stdout=subprocess.DEVNULL,
                                 stderr=err, env=os.environ.copy())
     deadline = time.time() + 240
     while not list(ws.glob(f"pretrain/_checkpoints/*/deepspeed/step-{EVERY:08d}/COMPLETE")):
@@ -163,7 +163,7 @@ def _kill_launcher_after_first_checkpoint(ws: Path, *extra: str, ranks: int = 2)
     rank_procs = []
     for p in tree:
         with contextlib.suppress(psutil.NoSuchProcess):
-            if "models.trainer" in " ".join(p.cmdline()) and "--local_rank" in " ".join(p.cmdline()):
+            if "xylent.models.trainer" in " ".join(p.cmdline()) and "--local_rank" in " ".join(p.cmdline()):
                 rank_procs.append(p)
     at_kill = {"checkpoints": _complete_checkpoints(ws), "steps": _steps_written(ws)}
     proc.send_signal(signal.SIGKILL)
@@ -186,7 +186,7 @@ def _kill_launcher_after_first_checkpoint(ws: Path, *extra: str, ranks: int = 2)
 def two_ranks(demo_run, tmp_path_factory, prefect_server):
     """The reference run: 2 CPU ranks, ZeRO-2, STEPS uninterrupted steps."""
     _, demo_ws = demo_run
-    from flows.kit.cli import main
+    from xylent.flows.kit.cli import main
 
     ws = linked_data(demo_ws, tmp_path_factory.mktemp("pt") / "two")
     import contextlib
@@ -202,7 +202,7 @@ def two_ranks(demo_run, tmp_path_factory, prefect_server):
 
 
 def test_a_run_records_its_token_embeddings_health_at_random_init_and_every_checkpoint(two_ranks):
-    """models.embedding_health: step 0 (the random-init peer) and each checkpoint, copied into the output,
+    """xylent.models.embedding_health: step 0 (the random-init peer) and each checkpoint, copied into the output,
     summarised in report.md and the stage's metrics."""
     res, out, _ = two_ranks
     records = [json.loads(ln) for ln in (out / "embedding_health.jsonl").read_text().splitlines()]
@@ -275,14 +275,14 @@ def test_a_killed_rank_is_reported_and_the_rerun_resumes_exactly(run_cli, demo_r
     ws = linked_data(demo_ws, tmp_path / "killed")
     args = ["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), *SMALL,
             "--set", "pretrain.ranks=2", "--set", "pretrain.zero_stage=2"]
-    proc = subprocess.Popen([sys.executable, "-m", "flows.kit.cli", *args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "xylent.flows.kit.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "XYLENT_DEEPSPEED_LAUNCHER": "1"})
     deadline, killed = time.time() + 240, None
     while time.time() < deadline and proc.poll() is None and killed is None:
         if list(ws.glob(f"pretrain/_checkpoints/*/deepspeed/step-{EVERY:08d}/COMPLETE")):
             for p in psutil.Process(proc.pid).children(recursive=True):
                 with_rank = [a for a in p.cmdline() if a == "--local_rank=1"]
-                if with_rank and "models.trainer" in " ".join(p.cmdline()):
+                if with_rank and "xylent.models.trainer" in " ".join(p.cmdline()):
                     p.send_signal(signal.SIGKILL)
                     killed = p.pid
         time.sleep(0.02)
@@ -293,7 +293,7 @@ def test_a_killed_rank_is_reported_and_the_rerun_resumes_exactly(run_cli, demo_r
     assert "run the same command again to resume from its checkpoint at step" in err
     assert "Traceback" not in err.split("Error:")[-1], "a clear message, not a traceback"
     assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and
-                f"{ws}" in " ".join(p.info["cmdline"]) and "models.trainer" in " ".join(p.info["cmdline"])], \
+                f"{ws}" in " ".join(p.info["cmdline"]) and "xylent.models.trainer" in " ".join(p.info["cmdline"])], \
         "no rank outlives the failed run"
 
     res, out = _pretrain(run_cli, ws, "--set", "pretrain.ranks=2", "--set", "pretrain.zero_stage=2")
@@ -421,7 +421,7 @@ def zero0_two_ranks(demo_run, tmp_path_factory, prefect_server):
     import contextlib
     import io
 
-    from flows.kit.cli import main
+    from xylent.flows.kit.cli import main
 
     ws = linked_data(demo_run[1], tmp_path_factory.mktemp("pt") / "zero0")
     buf = io.StringIO()
@@ -464,7 +464,7 @@ def test_sigterm_ends_a_training_run_within_seconds_and_publishes_nothing(demo_r
             "--set", "pretrain.checkpoint_every=10",  # the 2 kept checkpoints span 20 steps: time to stop
             "--set", "pretrain.ranks=1", "--set", "pretrain.zero_stage=0", "--set", "pretrain.log_every=1"]
     with open(tmp_path / "stderr", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "flows.kit.cli", *args], stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, "-m", "xylent.flows.kit.cli", *args], stdout=subprocess.DEVNULL,
                                 stderr=err, env=os.environ.copy())
     deadline = time.time() + 240
     while not list(ws.glob("pretrain/_checkpoints/*/deepspeed/step-00000010/COMPLETE")):
@@ -529,9 +529,9 @@ def test_mlm_ablation_with_zero3_mixed_tasks_and_accumulation_exports_a_loadable
     import torch
     from safetensors.torch import load_file
 
-    import models
-    from models.config import EncoderConfig
-    from models.electra import MaskedLMModel
+    from xylent import models
+    from xylent.models.config import EncoderConfig
+    from xylent.models.electra import MaskedLMModel
 
     enc = models.load_pretrained(out / "model")
     cfg = json.loads((out / "model" / "config.json").read_text())
@@ -597,8 +597,8 @@ def test_warmup_then_linear_decay_and_no_decay_on_norms_and_biases():
     f = warmup_linear_decay(10, 110)
     assert f(0) == pytest.approx(0.1) and f(9) == pytest.approx(1.0) and f(10) == pytest.approx(1.0)
     assert f(60) == pytest.approx(0.5) and f(110) == pytest.approx(0.0)
-    from models.config import preset
-    from models.electra import ElectraModel
+    from xylent.models.config import preset
+    from xylent.models.electra import ElectraModel
 
     model = ElectraModel(preset("tiny", vocab_size=50, max_position=32,
                                 specials={"unk": 0, "bos": 1, "eos": 2, "pad": 3, "mask": 4}))
@@ -619,9 +619,9 @@ def test_the_demo_model_is_exported_tracked_and_registered(demo_run, run_cli, mo
     from mlflow import MlflowClient
     from safetensors.torch import load_file
 
-    import models
-    from models.config import EncoderConfig
-    from models.electra import ElectraModel
+    from xylent import models
+    from xylent.models.config import EncoderConfig
+    from xylent.models.electra import ElectraModel
 
     res, ws = demo_run
     out = Path(res["stages"]["pretrain"]["output_dir"])

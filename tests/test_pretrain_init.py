@@ -16,11 +16,11 @@ import sentencepiece as spm
 import torch
 
 from conftest import linked_data
-from models.config import preset
-from models.init_from import build_init_state, check_body, inspect_source, load_source
-from models.objectives import build_model
-from models.pretrained import export
-from models.vocab_transfer import (
+from xylent.models.config import preset
+from xylent.models.init_from import build_init_state, check_body, inspect_source, load_source
+from xylent.models.objectives import build_model
+from xylent.models.pretrained import export
+from xylent.models.vocab_transfer import (
     RULES,
     Vocabulary,
     from_hf_tokenizer,
@@ -31,7 +31,7 @@ from models.vocab_transfer import (
     read_dictionary,
     transfer_report,
 )
-from tasks.vocab.specials import CONTROL_SYMBOLS, PAD, TRAINER_IDS, special_ids
+from xylent.tasks.vocab.specials import CONTROL_SYMBOLS, PAD, TRAINER_IDS, special_ids
 from xylent.errors import XylentError
 
 pytestmark = pytest.mark.demo_data  # reads the session demo only (pyproject.toml's markers)
@@ -291,7 +291,7 @@ def test_electra_source_generator(tmp_path, vocabs):
 
 
 def test_init_from_an_export_hf_dir_equals_the_xylent_export(tmp_path, vocabs, mlm_export):
-    from models.hf_export import export_hf
+    from xylent.models.hf_export import export_hf
 
     hf = export_hf(mlm_export, tmp_path / "hf")
     assert inspect_source(hf).kind == "xylent-hf"
@@ -372,8 +372,8 @@ def test_errors_say_what_and_what_to_do(tmp_path, vocabs, mlm_export):
 
 
 def test_spec_field_fingerprint_and_registry(tmp_path, mlm_export):
-    from flows.registry import STAGES
-    from tasks.pretrain.init_source import resolve_source
+    from xylent.flows.registry import STAGES
+    from xylent.tasks.pretrain.init_source import resolve_source
     from xylent.spec import load_spec
     from xylent.stage import section_identity, stage_fingerprints
     from xylent.workspace import Workspace
@@ -441,7 +441,7 @@ def test_timing_is_small(vocabs):
 
 
 def test_metaxlm_recipes_load_and_chain(tmp_path):
-    from flows.registry import STAGES
+    from xylent.flows.registry import STAGES
     from xylent.spec import load_spec
     from xylent.stage import stage_fingerprints
     from xylent.workspace import Workspace

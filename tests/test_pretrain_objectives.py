@@ -1,6 +1,6 @@
 """Every pretraining objective through the real stage (DeepSpeed ZeRO-2, CPU ranks): a run
 stopped after its checkpoint at step 10 resumes bit for bit, 1 and 2 ranks agree up to float
-rounding, and the exported encoder loads with models.load_pretrained.  (ELECTRA's own checks are
+rounding, and the exported encoder loads with xylent.models.load_pretrained.  (ELECTRA's own checks are
 in test_pretrain.py, the kill -9 itself with them: what a kill leaves is the same for every
 objective, what the checkpoint must hold is each objective's own.  That the infoxlm recipe
 retrieves better than random-init on the demo is the acceptance tier's claim:
@@ -42,7 +42,7 @@ OBJECTIVES = {
 def objective_runs(request, demo_run, tmp_path_factory, prefect_server):
     """(objective, its reference run on 2 ranks, a run of the same spec resumed from the reference's
     checkpoint at step RESUME_AT, a run on 1 rank)."""
-    from flows.kit.cli import main  # in-process: the session's Prefect server
+    from xylent.flows.kit.cli import main  # in-process: the session's Prefect server
 
     name, extra = request.param, OBJECTIVES[request.param]
     demo_ws = Path(demo_run[1])
@@ -85,7 +85,7 @@ def test_one_rank_equals_two_up_to_float_rounding(objective_runs):
 
 
 def test_the_objective_learns_and_its_encoder_loads(objective_runs):
-    import models
+    from xylent import models
 
     name = objective_runs["name"]
     _, out, _ = objective_runs["ref"]
@@ -121,11 +121,11 @@ def test_the_objective_learns_and_its_encoder_loads(objective_runs):
 def test_vecos_two_phase_schedule_holds_the_body_still_then_trains_it():
     """freeze_body_steps: lr 0 for the body's parameter groups (AdamW's decay included), the
     cross-attention trains from step 0; afterwards everything trains."""
-    from models.config import preset
-    from models.masking import row_noise
-    from models.optim import lr_lambdas, make_optimizer, warmup_linear_decay
-    from models.stats import Norms
-    from models.veco import VecoOptions, VecoModel
+    from xylent.models.config import preset
+    from xylent.models.masking import row_noise
+    from xylent.models.optim import lr_lambdas, make_optimizer, warmup_linear_decay
+    from xylent.models.stats import Norms
+    from xylent.models.veco import VecoOptions, VecoModel
     from tests.test_models_electra import SPECIALS, _batch
 
     torch.manual_seed(0)
@@ -179,10 +179,10 @@ def test_the_model_side_options_are_the_spec_sections_fields_with_no_second_defa
     from a section whole, and one without its options is refused by name."""
     from dataclasses import MISSING, asdict, fields
 
-    from models.config import preset
-    from models.infoxlm import XLCoConfig
-    from models.objectives import build_model
-    from models.veco import VecoOptions, VecoModel
+    from xylent.models.config import preset
+    from xylent.models.infoxlm import XLCoConfig
+    from xylent.models.objectives import build_model
+    from xylent.models.veco import VecoOptions, VecoModel
     from tests.test_models_electra import SPECIALS
     from xylent.spec import InfoXLMConfig, VecoConfig
 

@@ -1,5 +1,5 @@
 """The optimizer under DeepSpeed's engine (issue 61, item 3): which wrapper runs it at each ZeRO
-stage and precision, and that the engine as the trainer now builds it (models.optim.engine_config)
+stage and precision, and that the engine as the trainer now builds it (xylent.models.optim.engine_config)
 updates the weights as it did before on CPU.
 
 The engines are real DeepSpeed 0.19.8 engines on the CPU accelerator with gloo, one rank, in one
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-ZERO = ROOT / "infra" / "deepspeed"
+ZERO = ROOT / "tasks" / "pretrain" / "deepspeed"
 STEPS = 5
 SPECIALS = dict(zip(("unk", "bos", "eos", "pad", "mask"), range(5)))
 
@@ -36,7 +36,7 @@ def _old_config(stage: int, bf16: bool) -> dict:
 
 
 def _new_config(stage: int, bf16: bool) -> dict:
-    from models.optim import engine_config
+    from xylent.models.optim import engine_config
 
     return engine_config(json.loads((ZERO / f"zero{stage}.json").read_text()), micro_batch=4, grad_accum=1,
                          clip=1.0, bf16=bf16)
@@ -67,11 +67,11 @@ def _child(out: Path) -> None:
     import deepspeed
     import torch
 
-    from models.config import preset
-    from models.electra import ElectraModel
-    from models.masking import row_noise
-    from models.optim import engine_optimizer, lr_lambdas, make_optimizer, warmup_linear_decay
-    from models.stats import Norms
+    from xylent.models.config import preset
+    from xylent.models.electra import ElectraModel
+    from xylent.models.masking import row_noise
+    from xylent.models.optim import engine_optimizer, lr_lambdas, make_optimizer, warmup_linear_decay
+    from xylent.models.stats import Norms
 
     deepspeed.init_distributed(dist_backend="gloo")
     cfg = preset("tiny", vocab_size=300, specials=SPECIALS)

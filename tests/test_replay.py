@@ -59,7 +59,7 @@ def test_a_pure_move_is_carried_and_a_one_ulp_change_in_a_loss_is_not(clone, dem
     moved, n = re.subn(r"\n\ndef _prefixed\(.*\n    return .*\n", "\n", original)
     assert n == 1, "models/electra.py's _prefixed changed: move another function here"
     electra.write_text(moved.replace("from __future__ import annotations\n",
-                                     "from __future__ import annotations\n\nfrom models.prefixed import _prefixed\n"))
+                                     "from __future__ import annotations\n\nfrom xylent.models.prefixed import _prefixed\n"))
     (clone / "models" / "prefixed.py").write_text(
         '"""A state dict\'s entries under some prefixes (moved out of models/electra.py)."""\n\n'
         "from __future__ import annotations\n\nimport torch\nfrom torch import nn\n\n\n"
@@ -153,6 +153,12 @@ def test_the_base_is_the_recorded_commit_or_its_first_descendant_with_the_hashed
     assert replay._unprovable("toy", third, then, claims.code_files("toy")) == []
     (repo / "tasks" / "evaluate" / "run.py").write_text('"""Its docstring, new."""\nX = 1  # a comment\n')
     assert replay._unprovable("toy", third, then, claims.code_files("toy")) == [], "the same program"
+    # the namespace move: the same statements on modules renamed tasks.x -> xylent.tasks.x
+    assert replay._same_program('from tasks.evaluate.data import f\nimport models.pretrained as p\nM = "tasks.x"\n',
+                                'from xylent.tasks.evaluate.data import f\nimport xylent.models.pretrained as p\n'
+                                'M = "xylent.tasks.x"\n')
+    assert not replay._same_program("from tasks.evaluate.data import f\n", "from tasks.evaluate.data import g\n")
+    assert not replay._same_program('M = "tasks.x"\n', 'M = "xylent.tasks.y"\n')
     (repo / "data_specs" / "demo.yaml").write_text("steps: 1000\n")
     (repo / "tasks" / "evaluate" / "run.py").write_text("X = 2\n")
     assert replay._unprovable("toy", third, then, claims.code_files("toy")) == [

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.sampling import (
+from xylent.tasks.sampling import (
     build_tables,
     language_distribution,
     m2m_pair_distribution,
@@ -17,7 +17,7 @@ from tasks.sampling import (
     sinkhorn_pair_distribution,
     smoothed_pair_distribution,
 )
-from tasks.sampling.tables import marginal_error, target_marginal
+from xylent.tasks.sampling.tables import marginal_error, target_marginal
 from xylent.errors import XylentError
 from xylent.spec import SamplingConfig
 
@@ -317,7 +317,7 @@ def test_a_monolingual_corpus_gets_an_empty_pair_table_and_a_report(tmp_path):
     """MetaXLM's phase 1 (English MLM, no pairs): the language table as usual, an empty pair table the
     loader reads as no TRTD data, a note saying so; the pretrain stage refuses TRTD on it."""
     from xylent.data.sampling import PAIR_TABLE, pair_table
-    from tasks.sampling.run import write_output
+    from xylent.tasks.sampling.run import write_output
 
     cfg = SamplingConfig(temperature=5.0)
     t = build_tables({"en": 500}, {}, cfg)

@@ -15,9 +15,9 @@ import pytest
 import sentencepiece as spm
 from scipy.stats import chisquare
 
-from tasks.shards import truncate_pair
+from xylent.tasks.shards import truncate_pair
 from xylent.data.loader import TrainingLoader
-from tasks.vocab.specials import BOS, EOS  # the layout the vocab stage writes
+from xylent.tasks.vocab.specials import BOS, EOS  # the layout the vocab stage writes
 from xylent.errors import XylentError
 
 pytestmark = pytest.mark.demo_data  # reads the session demo only (pyproject.toml's markers)
@@ -107,7 +107,7 @@ MONO_TAG, SRC_TAG, TGT_TAG = 100, 200, 300  # first token after <s> says where a
 
 
 def _write_group(root: Path, sub: str, schema, columns: list[list[np.ndarray]]) -> dict:
-    from tasks.shards.build import ShardWriter
+    from xylent.tasks.shards.build import ShardWriter
 
     writer = ShardWriter(root / sub, schema, max_bytes=2000)  # small: several shards per group
     n = len(columns[0])
@@ -122,8 +122,8 @@ def _write_group(root: Path, sub: str, schema, columns: list[list[np.ndarray]]) 
 def skewed(tmp_path_factory):
     """Shards written by the shards stage's writer, and sampling tables built by the
     sampling stage (build_tables) from the same counts, with ``p`` then overridden."""
-    from tasks.sampling import build_tables
-    from tasks.shards.build import MRTD_SCHEMA, TRTD_SCHEMA
+    from xylent.tasks.sampling import build_tables
+    from xylent.tasks.shards.build import MRTD_SCHEMA, TRTD_SCHEMA
     from xylent.spec import SamplingConfig
 
     root = tmp_path_factory.mktemp("skewed")
@@ -255,7 +255,7 @@ def test_corrupt_or_missing_shard_is_a_clear_error(dirs, tmp_path):
 
 
 def test_documents_spanning_chunks_and_parts_stay_whole(dirs, tmp_path):
-    from tasks.shards import pack_language
+    from xylent.tasks.shards import pack_language
 
     sp = spm.SentencePieceProcessor(model_file=str(dirs["vocab"] / "spm.model"))
     words = pl.read_parquet(dirs["dedup"] / "mono" / "lang=de" / "*.parquet")["text"].to_list()

@@ -10,7 +10,7 @@ from conftest import write_spec
 from xylent.errors import XylentError
 from xylent.spec import load_spec
 
-from flows.registry import STAGES
+from xylent.flows.registry import STAGES
 from xylent.stage import stage_fingerprints as _fingerprints
 
 
@@ -24,7 +24,7 @@ BASE = {"languages": ["de", "en"],
 
 
 def test_shipped_specs_validate():
-    from tasks.download.plan import plan_source
+    from xylent.tasks.download.plan import plan_source
 
     demo = load_spec(ROOT / "data_specs" / "demo.yaml")
     assert len(demo.languages) == 20 and demo.sources[0].kind == "gettext"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from models.masking import row_noise
-from models.stats import Stats
-from models.step_inputs import StepInputs
-from models.step_metrics import Interval, summarise
-from models.trainer import UnigramBaseline
+from xylent.models.masking import row_noise
+from xylent.models.stats import Stats
+from xylent.models.step_inputs import StepInputs
+from xylent.models.step_metrics import Interval, summarise
+from xylent.models.trainer import UnigramBaseline
 
 SPECIAL_IDS = (0, 1, 2, 3, 4)
 PAD = 3

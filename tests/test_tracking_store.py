@@ -153,7 +153,7 @@ def test_a_cached_models_new_name_tells_a_lost_version_from_a_refusing_registry(
     import pytest
     from mlflow import MlflowClient
 
-    from tasks.pretrain.publish import register_cached
+    from xylent.tasks.pretrain.publish import register_cached
     from xylent.errors import XylentError
 
     tracker = tracking.Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "xylent-test")
@@ -193,7 +193,7 @@ def test_a_cached_models_new_name_tells_a_lost_version_from_a_refusing_registry(
 def test_evaluations_tag_every_registration_of_the_same_model(tmp_path):
     """A cached pretrain registered again under a new pretrain.register_name is the same model: evaluate's
     headline tags reach both names' versions, and no other model's."""
-    from flows.evaluate import tag_registrations
+    from xylent.flows.evaluate import tag_registrations
 
     tracker = tracking.Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "xylent-test")
     client = tracker.client

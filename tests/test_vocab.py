@@ -17,9 +17,9 @@ import pytest
 import sentencepiece as spm
 
 from conftest import write_spec
-from tasks.vocab import allocate_vocabulary, average_log_probability, concave_curve
-from tasks.vocab.merge import merge_vocab_model
-from tasks.vocab.train import model_pieces, train_model
+from xylent.tasks.vocab import allocate_vocabulary, average_log_probability, concave_curve
+from xylent.tasks.vocab.merge import merge_vocab_model
+from xylent.tasks.vocab.train import model_pieces, train_model
 from xylent.spec import VocabConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@ there during a flow run), but a run's long loops run in worker threads: the task
 streams a DeepSpeed launch's output, a download's chunks.  Python cannot stop a thread
 from outside, and the flow waits for its task threads before it ends -- so without this
 a pretrain given SIGTERM trained on to its last step.  The stage wrapper
-(``flows.kit.stage``) calls :func:`request` when the main thread is interrupted; those
+(``xylent.flows.kit.stage``) calls :func:`request` when the main thread is interrupted; those
 loops call :func:`check`, which raises ``KeyboardInterrupt`` in their thread, and their
 own cleanup runs (a launch's ranks are stopped, a half-written download is dropped).
 """

@@ -45,7 +45,7 @@ from xylent.errors import XylentError
 from xylent.process_identity import mark
 from xylent.rank_exit import DIVERGED, DIVERGED_MARK
 
-TRAINER_MODULE = "models.trainer"
+TRAINER_MODULE = "xylent.models.trainer"
 REPO = Path(__file__).resolve().parents[1]  # on every rank's PYTHONPATH, so the module resolves to this checkout
 _DIED = re.compile(r"exits with return code = (-?\d+)")
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]:")
@@ -67,7 +67,7 @@ def gpu_available() -> bool:
 def deepspeed_command(config: Path, *, ranks: int, hostfile: str | None = None, master_port: int | None = None,
                       module: str = TRAINER_MODULE) -> list[str]:
     """The launcher's command line; ``module`` is the rank's entry point (pretrain's
-    trainer, or fine-tuning's ``tasks.evaluate.finetune.distributed``)."""
+    trainer, or fine-tuning's ``xylent.tasks.evaluate.finetune.distributed``)."""
     exe = shutil.which("deepspeed", path=str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", ""))
     if exe is None:
         raise XylentError("the deepspeed launcher is not installed", where=sys.executable,

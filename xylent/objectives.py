@@ -1,7 +1,7 @@
 """The pretraining objectives (``pretrain.objective``), declared once: what the spec offers
 and checks, whether an objective has a section of knobs (``pretrain.<name>``, a class in
 xylent/spec/pretrain.py), and the model class the trainer builds (a
-models.objective.ObjectiveModel, imported only where it trains).  Adding an objective is an
+xylent.models.objective.ObjectiveModel, imported only where it trains).  Adding an objective is an
 entry here, its section if it has knobs, its module under models/ and a test:
 docs/architecture.md, "How to add an objective".
 
@@ -25,11 +25,11 @@ class Objective:
 
 
 OBJECTIVES: dict[str, Objective] = {o.name: o for o in (
-    Objective("electra", "XLM-E generator + discriminator", "models.electra:ElectraModel"),
-    Objective("mlm", "the MLM/TLM ablation", "models.electra:MaskedLMModel"),
-    Objective("infoxlm", "MMLM + TLM + XLCo contrast", "models.infoxlm:InfoXLMModel", has_section=True,
+    Objective("electra", "XLM-E generator + discriminator", "xylent.models.electra:ElectraModel"),
+    Objective("mlm", "the MLM/TLM ablation", "xylent.models.electra:MaskedLMModel"),
+    Objective("infoxlm", "MMLM + TLM + XLCo contrast", "xylent.models.infoxlm:InfoXLMModel", has_section=True,
               needs_pairs="XLCo and TLM", no_zero3="keeps a momentum copy of the encoder"),
-    Objective("veco", "MLM + cross-attention MLM (plug-in/plug-out)", "models.veco:VecoModel", has_section=True,
+    Objective("veco", "MLM + cross-attention MLM (plug-in/plug-out)", "xylent.models.veco:VecoModel", has_section=True,
               needs_pairs="cross-attention MLM"),
 )}
 

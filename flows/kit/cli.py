@@ -17,11 +17,11 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from flows.kit.processes import quiet_console, quiet_user_errors
+from xylent.flows.kit.processes import quiet_console, quiet_user_errors
 
 quiet_console(sys.argv)  # before Prefect is imported: its console handler reads its level once
 
-from flows.registry import STAGE_NAMES, STAGES  # noqa: E402  (declarations only: no Prefect, no torch)
+from xylent.flows.registry import STAGE_NAMES, STAGES  # noqa: E402  (declarations only: no Prefect, no torch)
 from xylent.errors import XylentError, environment_error  # noqa: E402
 from xylent.stage import find_stage, stage_fingerprints, workspace_for  # noqa: E402
 from xylent.tracking import tracking_uri_for  # noqa: E402
@@ -128,7 +128,7 @@ def _outputs(spec_file: str, overrides: list[str], workspace: str | None, fetch:
 
 
 def _compare(args) -> dict:
-    from tasks.evaluate.compare import read_run, seed_table, table
+    from xylent.tasks.evaluate.compare import read_run, seed_table, table
 
     def run_of(spec: str, overrides: list[str], label: str, rerun: str) -> dict:
         outputs = {name: (out, manifest) for name, _, out, manifest in _outputs(spec, overrides, args.workspace)}
@@ -200,7 +200,7 @@ def _run(args) -> dict:
             raise XylentError("--until only goes with 'pipeline'", fix=f"xylent run pipeline --until {target}")
     elif args.until:
         find_stage(STAGES, args.until)
-    from flows.kit.processes import run_log, start_prefect_server
+    from xylent.flows.kit.processes import run_log, start_prefect_server
     from xylent.spec import load_spec
 
     spec = load_spec(args.spec, args.overrides)
@@ -209,9 +209,9 @@ def _run(args) -> dict:
     server_ready = start_prefect_server()
     # while the server starts: the flow, and MLflow's store that every stage's tracker opens
     if target == "pipeline":
-        from flows.pipeline import pipeline as run
+        from xylent.flows.pipeline import pipeline as run
     else:
-        from flows.registry import stage_flow_of
+        from xylent.flows.registry import stage_flow_of
 
         run = stage_flow_of(target)
     from xylent.tracking import import_store
@@ -241,7 +241,7 @@ def _print_summary(result: dict, *, ran: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from flows.kit.run_record import headline_text
+    from xylent.flows.kit.run_record import headline_text
 
     console = Console()
     table = Table("stage", "state", "time", "headline", "fingerprint")
@@ -337,11 +337,11 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(numbers, indent=2) + "\n" if args.json else result["markdown"], end="")
             return 0
         if args.command == "worker":
-            from flows.kit.worker import start_worker
+            from xylent.flows.kit.worker import start_worker
 
             start_worker(args.pool, extra)
         if args.command == "export-hf":
-            from models.hf_export import export_hf
+            from xylent.models.hf_export import export_hf
 
             _check_export_target(Path(args.out_dir), args.replace)
 

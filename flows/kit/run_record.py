@@ -69,7 +69,7 @@ def run_name(spec: Spec, target: str, fingerprint: str | None, overrides: list[s
 def effective_params(spec: Spec, fingerprint: str, upstream: dict[str, str]) -> dict:
     """The whole spec as it ran (a changed upstream knob shows in every later stage's
     run), the model's preset resolved to numbers, and the upstream fingerprints."""
-    from models.config import preset
+    from xylent.models.config import preset
 
     params = spec.dump()
     body = preset(spec.model.size, **spec.model.overrides()).to_dict()

@@ -8,7 +8,7 @@ import logging
 from contextvars import ContextVar
 from typing import Iterator
 
-from flows.kit.progress import Progress
+from xylent.flows.kit.progress import Progress
 from xylent.errors import XylentError
 from xylent.spec import RunnerConfig
 
@@ -142,7 +142,7 @@ def make_task_runner(cfg: RunnerConfig):
 
         from prefect.task_runners import ProcessPoolTaskRunner
 
-        from flows.kit.processes import worker_init
+        from xylent.flows.kit.processes import worker_init
 
         return ProcessPoolTaskRunner(max_workers=cfg.max_workers, initializer=worker_init, initargs=(os.getpid(),))
     if cfg.kind == "dask":

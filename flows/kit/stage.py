@@ -25,10 +25,10 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, State
 
 import xylent
-from flows.kit.deployment_steps import workspace_slot
-from flows.registry import STAGE_BY_NAME, stage_flow_of
-from flows.kit.run_record import effective_params, headline, log_spec_file, log_stage_inputs, run_name, source_tags
-from flows.kit.runners import cluster_tags, shared_cluster
+from xylent.flows.kit.deployment_steps import workspace_slot
+from xylent.flows.registry import STAGE_BY_NAME, stage_flow_of
+from xylent.flows.kit.run_record import effective_params, headline, log_spec_file, log_stage_inputs, run_name, source_tags
+from xylent.flows.kit.runners import cluster_tags, shared_cluster
 from xylent import interrupt
 from xylent.errors import XylentError, environment_error
 from xylent.spec import Spec, load_spec

@@ -2,7 +2,7 @@
 the audit train, evaluate fine-tunes): its checkpoint folder outside the published
 output, the launch as a Prefect task with a progress bar, and where remote ranks read
 the shards.  The launch itself (processes, logs, death messages) is :mod:`xylent.launch`;
-what the ranks run is :mod:`models.trainer` (and fine-tuning's rank program)."""
+what the ranks run is :mod:`xylent.models.trainer` (and fine-tuning's rank program)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from flows.kit.stage import StageContext
-from flows.kit.progress import Progress
-from models.run_config import TrainConfig
+from xylent.flows.kit.stage import StageContext
+from xylent.flows.kit.progress import Progress
+from xylent.models.run_config import TrainConfig
 from xylent import interrupt
 
 _STEP = re.compile(r"xylent: step (\d+)/(\d+)")
@@ -27,7 +27,7 @@ def train_ranks(cmd: list[str], log_file: str, steps: int, checkpoints: str, loc
                 stage: str = "pretrain"):
     from prefect import get_run_logger
 
-    from models.trainer import complete_checkpoints
+    from xylent.models.trainer import complete_checkpoints
     from xylent.launch import launch
 
     logger = get_run_logger()
@@ -81,7 +81,7 @@ def checkpoint_dir(ctx: StageContext) -> Path:
 
 def run_training(ctx: StageContext, cfg: TrainConfig, ckdir: Path):
     """Write train.json, launch the ranks (pretrain.ranks / hostfile) and wait for them."""
-    from tasks.pretrain.train_json import check_resumable
+    from xylent.tasks.pretrain.train_json import check_resumable
     from xylent.launch import deepspeed_command, world_size
 
     p = ctx.spec.pretrain

@@ -24,10 +24,10 @@ from xylent.errors import XylentError
 from xylent.spec import DedupConfig
 from xylent.workspace import read_manifest
 
-from tasks.dedup.bitext import length_outliers
-from tasks.dedup.keys import normalize_expr
-from tasks.dedup.contract import BITEXT_REASONS, HUBS_FILE, STATS_FILE
-from tasks.prepare import contract as layout  # the text layout
+from xylent.tasks.dedup.bitext import length_outliers
+from xylent.tasks.dedup.keys import normalize_expr
+from xylent.tasks.dedup.contract import BITEXT_REASONS, HUBS_FILE, STATS_FILE
+from xylent.tasks.prepare import contract as layout  # the text layout
 
 # Verdict thresholds: a rate above one of these is a finding.
 COPY_RATE_MAX = 0.15       # names, numbers, URLs, "Email" are copied legitimately (Django's catalogs: 6-8 %)

@@ -67,7 +67,7 @@ def trajectories(traj: pl.DataFrame, pairs: list[str], path: Path) -> Path:
     """w of each given pair at each re-sampling (x: training step), one labelled line per pair."""
     missing = [c for c in ("resample", "step", "pair", "w") if c not in traj.columns]
     if missing:
-        raise XylentError(f"the trajectory table lacks columns {missing}", where="tasks.audit.plots.trajectories",
+        raise XylentError(f"the trajectory table lacks columns {missing}", where="xylent.tasks.audit.plots.trajectories",
                           fix="pass the audit's trajectory (resample, step, pair, q, prior, w)")
     shown = [p for p in dict.fromkeys(pairs) if p in set(traj["pair"].to_list())]
     fig, ax = plt.subplots(figsize=(9 + 0.02 * len(shown), max(4.5, 0.12 * len(shown) + 2)))
@@ -104,10 +104,10 @@ def w_against_evidence(table: pl.DataFrame, columns: list[str], path: Path) -> P
     """One scatter per evidence column (x) against ``w_final`` (y), extreme pairs named."""
     missing = [c for c in ("pair", "w_final", *columns) if c not in table.columns]
     if missing:
-        raise XylentError(f"the evidence table lacks columns {missing}", where="tasks.audit.plots.w_against_evidence",
+        raise XylentError(f"the evidence table lacks columns {missing}", where="xylent.tasks.audit.plots.w_against_evidence",
                           fix="join pair_evidence() with the audit's w_final per pair")
     if not columns:
-        raise XylentError("no evidence column to plot", where="tasks.audit.plots.w_against_evidence",
+        raise XylentError("no evidence column to plot", where="xylent.tasks.audit.plots.w_against_evidence",
                           fix="name at least one numeric column, e.g. hub_rate")
     cols = min(3, len(columns))
     rows = math.ceil(len(columns) / cols)

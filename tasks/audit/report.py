@@ -10,8 +10,8 @@ import polars as pl
 from xylent.markdown import markdown_table
 from xylent.stage import StageOutcome
 
-from tasks.audit.evidence import reading, sample_pairs, verdict
-from tasks.audit.contract import (AUDIT_TABLE, LEFT_BASE_RATE, SAMPLES_TABLE, TRAJECTORY_TABLE, audit_table,
+from xylent.tasks.audit.evidence import reading, sample_pairs, verdict
+from xylent.tasks.audit.contract import (AUDIT_TABLE, LEFT_BASE_RATE, SAMPLES_TABLE, TRAJECTORY_TABLE, audit_table,
                                   trajectory_table)
 
 SAMPLES_PER_PAIR = 5
@@ -65,7 +65,7 @@ def learning_check(train: dict, table: pl.DataFrame) -> tuple[bool, list[str]]:
 
 def write_output(state: dict, evidence: pl.DataFrame, dedup_dir: Path, spec, train: dict, out: Path
                  ) -> StageOutcome:
-    from tasks.audit import plots  # matplotlib: not for the training ranks
+    from xylent.tasks.audit import plots  # matplotlib: not for the training ranks
 
     a = spec.audit
     table = audit_table(state, evidence)

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import polars as pl
 
-from models.audit.adversary import STATE_FILE
-from models.run_config import TrainConfig
+from xylent.models.audit.adversary import STATE_FILE
+from xylent.models.run_config import TrainConfig
 from xylent.spec import Spec
 from xylent.stage import StageOutcome
 
-from tasks.audit.evidence import pair_evidence
-from tasks.audit.report import write_output
-from tasks.audit.train_config import audit_train_config
-from tasks.pretrain import publish as pub
+from xylent.tasks.audit.evidence import pair_evidence
+from xylent.tasks.audit.report import write_output
+from xylent.tasks.audit.train_config import audit_train_config
+from xylent.tasks.pretrain import publish as pub
 
 
 def configure(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str | None, tracking_uri: str | None,

@@ -16,5 +16,5 @@ from __future__ import annotations
 
 from xylent.reexport import on_first_use
 
-_HOME = {"minhash_signatures": "tasks.dedup.minhash", "near_duplicate_clusters": "tasks.dedup.run"}
+_HOME = {"minhash_signatures": "xylent.tasks.dedup.minhash", "near_duplicate_clusters": "xylent.tasks.dedup.run"}
 __getattr__, __all__ = on_first_use(__name__, _HOME)

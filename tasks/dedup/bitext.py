@@ -23,7 +23,7 @@ from rapidfuzz import fuzz, process
 from xylent.errors import XylentError
 from xylent.spec import DedupConfig
 
-from tasks.dedup.keys import bucket_of, normalize_expr, part_range, rids, stable_hash
+from xylent.tasks.dedup.keys import bucket_of, normalize_expr, part_range, rids, stable_hash
 
 REASONS = ["exact", "copy", "ratio", "hub", "langid"]
 HUB_TEXT_CHARS = 200

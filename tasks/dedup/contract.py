@@ -1,4 +1,4 @@
-"""dedup's output contract beyond the text layout (:mod:`tasks.prepare.contract`,
+"""dedup's output contract beyond the text layout (:mod:`xylent.tasks.prepare.contract`,
 which dedup keeps): the statistics every later stage reads, and the evidence files.
 
     dedup_stats.parquet      kind, name, in, exact, near, copy, ratio, hub, langid, out

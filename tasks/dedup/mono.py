@@ -7,7 +7,7 @@ resolve (per lang) connected components of the edges -> near-duplicate drops
 apply (per part)   the part without its dropped rows, same file name
 
 Memory is set by one part or one bucket, never by the language.  Row ids are
-``part << 32 | row`` (:mod:`tasks.dedup.keys`); a unit (line or document) is named by its first row.
+``part << 32 | row`` (:mod:`xylent.tasks.dedup.keys`); a unit (line or document) is named by its first row.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ import pyarrow.parquet as pq
 
 from xylent.spec import DedupConfig
 
-from tasks.dedup.clusters import candidate_pairs, cluster_representatives
-from tasks.dedup.keys import bucket_of, normalize_expr, part_range, rids, split_rid, stable_hash
-from tasks.dedup.minhash import (EMPTY, band_keys, signatures_from_shingles, shingle_hashes, token_hashes,
+from xylent.tasks.dedup.clusters import candidate_pairs, cluster_representatives
+from xylent.tasks.dedup.keys import bucket_of, normalize_expr, part_range, rids, split_rid, stable_hash
+from xylent.tasks.dedup.minhash import (EMPTY, band_keys, signatures_from_shingles, shingle_hashes, token_hashes,
                                  usable_threads)
-from tasks.dedup.scratch import write_buckets, write_scratch
+from xylent.tasks.dedup.scratch import write_buckets, write_scratch
 
 DROP_SCHEMA = {"rid": pl.Int64, "reason": pl.String, "kept": pl.Int64}
 _SIG_BATCH = 16_384  # units per MinHash batch within a part

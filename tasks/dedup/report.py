@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 from xylent.markdown import markdown_table
 from xylent.stage import StageOutcome
 
-from tasks.dedup.keys import split_rid
-from tasks.dedup.plots import removal_bars
-from tasks.dedup.contract import (
+from xylent.tasks.dedup.keys import split_rid
+from xylent.tasks.dedup.plots import removal_bars
+from xylent.tasks.dedup.contract import (
     BITEXT_REASONS, HUBS_FILE, HUBS_SCHEMA, MONO_REASONS, SAMPLES_FILE, SAMPLES_SCHEMA, STAT_COLUMNS, write_stats,
 )
 

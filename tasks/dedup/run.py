@@ -3,7 +3,7 @@ runs each phase's batches as Prefect tasks on the spec's runner), then :func:`as
 statistics, evidence, plot and report); and :func:`near_duplicate_clusters`, the same map -> reduce ->
 resolve path over a list of texts in this process (tests, benchmarks).
 
-An item is one input part (:meth:`tasks.prepare.contract.Part.as_dict`); a
+An item is one input part (:meth:`xylent.tasks.prepare.contract.Part.as_dict`); a
 bucket is ``(kind, name, bucket index)``; ``work`` is the stage's scratch folder
 (``<work>/<kind>/<name>/``), removed once the output is assembled.
 """
@@ -19,11 +19,11 @@ import polars as pl
 
 from xylent.spec import DedupConfig
 
-from tasks.dedup import bitext as bitext_dedup
-from tasks.dedup import mono as mono_dedup
-from tasks.dedup.minhash import usable_threads
-from tasks.dedup.report import assemble  # the flow's last step; its home is report.py
-from tasks.dedup.scratch import write_scratch
+from xylent.tasks.dedup import bitext as bitext_dedup
+from xylent.tasks.dedup import mono as mono_dedup
+from xylent.tasks.dedup.minhash import usable_threads
+from xylent.tasks.dedup.report import assemble  # the flow's last step; its home is report.py
+from xylent.tasks.dedup.scratch import write_scratch
 
 __all__ = ["apply_items", "assemble", "map_items", "near_duplicate_clusters", "reduce_buckets", "resolve_languages"]
 

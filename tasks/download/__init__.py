@@ -17,9 +17,9 @@ from __future__ import annotations
 from xylent.reexport import on_first_use
 
 _HOME = {
-    "VERSION": "tasks.download.run", "materialise": "tasks.download.run", "unit_fingerprint": "tasks.download.run",
-    "FetchItem": "tasks.download.plan", "opus_list_pairs": "tasks.download.plan", "plan_source": "tasks.download.plan",
-    "fetch": "tasks.download.http", "source_identity": "tasks.download.identity",
-    "spec_slice": "tasks.download.identity",
+    "VERSION": "xylent.tasks.download.run", "materialise": "xylent.tasks.download.run", "unit_fingerprint": "xylent.tasks.download.run",
+    "FetchItem": "xylent.tasks.download.plan", "opus_list_pairs": "xylent.tasks.download.plan", "plan_source": "xylent.tasks.download.plan",
+    "fetch": "xylent.tasks.download.http", "source_identity": "xylent.tasks.download.identity",
+    "spec_slice": "xylent.tasks.download.identity",
 }
 __getattr__, __all__ = on_first_use(__name__, _HOME)

@@ -234,7 +234,7 @@ def _stream_fsspec(url: str, part: Path, *, max_bytes: int | None, chunk: int, o
     if protocol == "file":  # /dev/zero would fill the disk, a FIFO would hang: a regular file or nothing
         from urllib.parse import unquote, urlparse
 
-        from tasks.download.identity import local_file
+        from xylent.tasks.download.identity import local_file
 
         local_file(Path(unquote(urlparse(url).path)) if "://" in url else Path(url), url)
     have = part.stat().st_size if part.exists() else 0

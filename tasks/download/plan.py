@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from tasks.download.identity import local_file
+from xylent.tasks.download.identity import local_file
 from xylent.errors import XylentError
 from xylent.languages import CC100_FILE_NAMES, DJANGO_LOCALES, pair_name, parse_pair
 from xylent.spec import Spec

@@ -16,11 +16,11 @@ from xylent.spec import DownloadConfig
 from xylent.stage import StageOutcome
 from xylent.workspace import Workspace, check_files, fingerprint, link_or_copy, sha256_file
 
-from tasks import versions
-from tasks.download.content import check_content
-from tasks.download.contract import RECORDS_FILE
-from tasks.download.http import fetch
-from tasks.download.plan import FetchItem, plan_source
+from xylent.tasks import versions
+from xylent.tasks.download.content import check_content
+from xylent.tasks.download.contract import RECORDS_FILE
+from xylent.tasks.download.http import fetch
+from xylent.tasks.download.plan import FetchItem, plan_source
 
 __all__ = ["VERSION", "FetchItem", "assemble", "materialise", "plan_source", "unit_fingerprint"]
 

@@ -1,5 +1,5 @@
 """evaluate stage: score encoders on XTREME / XTREME-R."""
 
-from tasks.evaluate.scoring import score_submission
+from xylent.tasks.evaluate.scoring import score_submission
 
 __all__ = ["score_submission"]

@@ -20,8 +20,8 @@ import json
 import math
 from pathlib import Path
 
-from tasks.evaluate.contract import SCORES_FILE, read_scores
-from tasks.pretrain.contract import METRICS_FILE, MODEL_DIR, read_metrics
+from xylent.tasks.evaluate.contract import SCORES_FILE, read_scores
+from xylent.tasks.pretrain.contract import METRICS_FILE, MODEL_DIR, read_metrics
 from xylent.errors import XylentError
 
 # the final-steps pretraining numbers worth a column, each with the trivial peer it is read against
@@ -105,7 +105,7 @@ PEER_MODELS = ("random-init", "bag-of-subwords")  # the trivial peers a claim is
 
 def language_scores(run: dict, model: str, task: str) -> dict[str, float]:
     """One run's per-language primary score of ``model`` on ``task`` (0–100)."""
-    from tasks.evaluate.scorecard import PRIMARY
+    from xylent.tasks.evaluate.scorecard import PRIMARY
 
     metric = PRIMARY.get(run["kinds"].get(task, ""), "accuracy")
     langs = run["scores"].get(model, {}).get(task, {}).get("languages", {})
@@ -128,7 +128,7 @@ def seed_table(groups: list[dict], claims: list[tuple[str, str]] = ()) -> tuple[
     The Markdown (mean ± sd per task for the encoder and its peers, then every claim's paired
     difference) and the differences as numbers.  Claims: each run against its peers and against
     the first run, plus each ``(a, b)`` of ``claims`` (labels: a's encoder minus b's)."""
-    from tasks.evaluate.paired import MIN_SEEDS, describe, difference
+    from xylent.tasks.evaluate.paired import MIN_SEEDS, describe, difference
 
     if not groups:
         raise XylentError("nothing to compare", fix="name at least one spec: xylent compare --spec A --seeds 0 1 2")

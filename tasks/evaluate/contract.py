@@ -2,9 +2,9 @@
 
     scores.json     ``scores["models"][MODEL][TASK]["languages"][LANG][METRIC]`` (0-100): what other
                     tools read (``xylent compare``, the GPU check's results)
-    scorecard.md    every model side by side per task, with the plots (:mod:`tasks.evaluate.scorecard`)
+    scorecard.md    every model side by side per task, with the plots (:mod:`xylent.tasks.evaluate.scorecard`)
     predictions/<model>/<task>/<xtreme task>/test-<lang>.tsv, labels/, data/<task>/
-                    (:func:`tasks.evaluate.submission.write_predictions`)
+                    (:func:`xylent.tasks.evaluate.submission.write_predictions`)
 """
 
 from __future__ import annotations

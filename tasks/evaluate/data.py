@@ -14,9 +14,9 @@ import os
 import unicodedata
 from pathlib import Path
 
-from tasks.download.contract import read_records
-from tasks.prepare.gettext import Key, read_catalog
-from tasks.prepare.holdout import msgid, probe_split, reserved_keys
+from xylent.tasks.download.contract import read_records
+from xylent.tasks.prepare.gettext import Key, read_catalog
+from xylent.tasks.prepare.holdout import msgid, probe_split, reserved_keys
 from xylent.atomic import write_text_atomic
 from xylent.errors import XylentError
 
@@ -40,7 +40,7 @@ def _catalog_texts(items: list[tuple[str, str, Path]], plurals: str) -> tuple[di
 def package_pairs(package: str, languages: list[str], locales: dict[str, str] | None = None,
                   max_pairs: int | None = None) -> dict[str, tuple[list[str], list[str]]]:
     """lang -> (xx sentences, en sentences) from an installed package's catalogs."""
-    from tasks.download.plan import plan_gettext
+    from xylent.tasks.download.plan import plan_gettext
     from xylent.spec import GettextSource, Spec
 
     src = GettextSource(name="eval", kind="gettext", package=package, languages=["en", *languages],
@@ -163,11 +163,11 @@ def read_probe(root: Path, lang: str, split: str, *, translations: bool = False)
 
 def seen_texts(corpus: Path, lang: str) -> set[str]:
     """Every text of ``lang`` in a text-stage output (mono/ and both sides of bitext/),
-    by its holdout identity (:func:`tasks.prepare.holdout.comparable`)."""
+    by its holdout identity (:func:`xylent.tasks.prepare.holdout.comparable`)."""
     import polars as pl
 
-    from tasks.prepare.holdout import comparable
-    from tasks.prepare.contract import BITEXT, MONO
+    from xylent.tasks.prepare.holdout import comparable
+    from xylent.tasks.prepare.contract import BITEXT, MONO
 
     out: set[str] = set()
     mono = sorted((Path(corpus) / MONO / f"lang={lang}").glob("*.parquet"))
@@ -185,7 +185,7 @@ def seen_texts(corpus: Path, lang: str) -> set[str]:
 
 def drop_seen(pairs: dict[str, tuple[list[str], list[str]]], corpus: Path) -> dict[str, int]:
     """Remove, in place, the pairs either side of which the corpus holds; -> dropped per language."""
-    from tasks.prepare.holdout import comparable
+    from xylent.tasks.prepare.holdout import comparable
 
     english = seen_texts(corpus, "en")
     dropped = {}

@@ -1,7 +1,7 @@
 """The encoders the evaluate stage compares, behind one small interface.
 
 Every encoder turns texts into mean-pooled hidden states of one layer, in the
-convention of ``models.load_pretrained(dir).embed(texts, layer=...)``: index 0
+convention of ``xylent.models.load_pretrained(dir).embed(texts, layer=...)``: index 0
 is the embedding output, index ``n_layers`` the last layer, negative indices
 count from the end.  Texts are embedded in length-sorted chunks (less padding)
 and yielded in their original order, one batch at a time, so a caller can
@@ -111,9 +111,9 @@ class XylentEncoder(SentenceEncoder):
         self.source, self.seed = source, seed  # the export dir (and random-init's seed): plug-in mode rebuilds
 
     def plug_in(self):
-        """VECO's plug-in model of this encoder (models.load_plug_in), None when the export
+        """VECO's plug-in model of this encoder (xylent.models.load_plug_in), None when the export
         has no cross-attention; for random-init, VECO's architecture with fresh weights."""
-        from models.veco_plug_in import load_plug_in, random_plug_in
+        from xylent.models.veco_plug_in import load_plug_in, random_plug_in
 
         if self.source is None:
             return None
@@ -196,7 +196,7 @@ def subword_bag(name: str, like: Path) -> SubwordBagEncoder:
 
 
 def load_xylent(name: str, path: Path) -> XylentEncoder:
-    from models.pretrained import load_pretrained
+    from xylent.models.pretrained import load_pretrained
 
     if not (Path(path) / "config.json").is_file():
         raise XylentError(f"model {name!r}: no config.json in {path}", where="spec field evaluate.models[].path",
@@ -213,8 +213,8 @@ def random_init(name: str, like: Path, seed: int) -> XylentEncoder:
     what pretraining must beat."""
     import sentencepiece as spm
 
-    from models.config import EncoderConfig
-    from models.pretrained import PretrainedEncoder
+    from xylent.models.config import EncoderConfig
+    from xylent.models.pretrained import PretrainedEncoder
 
     meta = json.loads((Path(like) / "config.json").read_text())
     cfg = EncoderConfig.from_export(meta)

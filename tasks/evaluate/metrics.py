@@ -2,7 +2,7 @@
 
 Each returns ``{metric name: value}`` with the names and float arithmetic of
 google-research/xtreme ``evaluate.py``, so scores agree with the leaderboard
-script to the last bit.  QA metrics live in :mod:`tasks.evaluate.qa_metrics`.
+script to the last bit.  QA metrics live in :mod:`xylent.tasks.evaluate.qa_metrics`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Retrieval (Tatoeba-style) embeds each sentence once with every layer's pooled
 state and scores every layer (the scorecard plots them); the task's number is
 the one at its ``layer``.  BUCC mines at its layer only (its test sets are
 large).  The probe trains on the task's train language at its layer.
-Fine-tuned kinds (classification, QA, tagging) go to ``tasks.evaluate.finetune``.
+Fine-tuned kinds (classification, QA, tagging) go to ``xylent.tasks.evaluate.finetune``.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from typing import Callable
 
 import numpy as np
 
-from tasks.evaluate.data import read_probe
-from tasks.evaluate.encoders import SentenceEncoder
-from tasks.evaluate.probe import evaluate_probe
-from tasks.evaluate.retrieval import evaluate_bucc, tatoeba_accuracy
-from tasks.evaluate.retrieval_data import read_tatoeba, tatoeba_code
-from tasks.evaluate.submission import write_predictions
+from xylent.tasks.evaluate.data import read_probe
+from xylent.tasks.evaluate.encoders import SentenceEncoder
+from xylent.tasks.evaluate.probe import evaluate_probe
+from xylent.tasks.evaluate.retrieval import evaluate_bucc, tatoeba_accuracy
+from xylent.tasks.evaluate.retrieval_data import read_tatoeba, tatoeba_code
+from xylent.tasks.evaluate.submission import write_predictions
 
 # where a kind's predictions go in the submission layout (XTREME's task folder names)
 SUBMISSION_TASK = {"tatoeba": "tatoeba", "bucc": "bucc2018"}
@@ -180,8 +180,8 @@ class FineTuning:
 
 
 def _finetuned(enc: SentenceEncoder, task, ft: FineTuning, preds: Path) -> dict:
-    from tasks.evaluate.finetune.encoders import factory
-    from tasks.evaluate.finetune.run import finetune_task
+    from xylent.tasks.evaluate.finetune.encoders import factory
+    from xylent.tasks.evaluate.finetune.run import finetune_task
 
     if enc.kind == "subwords":  # no weights to fine-tune; the random-init encoder is this kind's baseline
         return {"kind": task.kind, "languages": {}, "avg": None, "not_applicable": "no weights to fine-tune"}

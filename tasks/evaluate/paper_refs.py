@@ -4,7 +4,7 @@
 ``shared/data/xylent_paper/tables.tsv`` (Patra et al. 2023, transcribed one number
 a row) with a ``source`` column naming the table each row comes from::
 
-    python -m tasks.evaluate.paper_refs ../shared/data/xylent_paper
+    python -m xylent.tasks.evaluate.paper_refs ../shared/data/xylent_paper
 
 Rows: ``table setting band model task lang metric value source``; ``table1`` is
 the headline table (``lang = avg``), ``table4`` the transfer gaps (Base),
@@ -141,7 +141,7 @@ def task_section(task: str, xtreme_task: str | None, metric: str, protocol: str,
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m tasks.evaluate.paper_refs SHARED_DIR (the folder holding tables.tsv)",
+        print("usage: python -m xylent.tasks.evaluate.paper_refs SHARED_DIR (the folder holding tables.tsv)",
               file=sys.stderr)
         return 2
     rows = build(Path(argv[0]))

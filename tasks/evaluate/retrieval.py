@@ -23,8 +23,8 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from tasks.evaluate import metrics
-from tasks.evaluate.retrieval_data import (
+from xylent.tasks.evaluate import metrics
+from xylent.tasks.evaluate.retrieval_data import (
     BUCC_TEST_SPLITS,
     BUCC_TUNE_SPLITS,
     find_bucc_split,

@@ -1,7 +1,7 @@
 """The evaluate stage around the models, as the evaluate flow calls it: every
 task's files read and checked first (:func:`read_tasks`), the scores started
 (:func:`new_scores`), each model through :func:`evaluate_model` (one encoder on
-every task: ``tasks.evaluate.model_eval``), the scorecard and the stage run's
+every task: ``xylent.tasks.evaluate.model_eval``), the scorecard and the stage run's
 metrics at the end (:func:`write_results`).
 """
 
@@ -11,12 +11,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.evaluate.data import probe_warnings
-from tasks.evaluate.encoders import check_layers, load_ref
-from tasks.evaluate.finetune.task import TaskData
-from tasks.evaluate.model_eval import FINETUNED, FineTuning, evaluate_model, sentences_to_embed
-from tasks.evaluate.scorecard import PRIMARY, headline_tags, mlflow_metrics, references, write_scorecard
-from tasks.evaluate.sources import EXCLUDED_FILE, task_dirs
+from xylent.tasks.evaluate.data import probe_warnings
+from xylent.tasks.evaluate.encoders import check_layers, load_ref
+from xylent.tasks.evaluate.finetune.task import TaskData
+from xylent.tasks.evaluate.model_eval import FINETUNED, FineTuning, evaluate_model, sentences_to_embed
+from xylent.tasks.evaluate.scorecard import PRIMARY, headline_tags, mlflow_metrics, references, write_scorecard
+from xylent.tasks.evaluate.sources import EXCLUDED_FILE, task_dirs
 
 
 # ---- the stage around the models: what the evaluate flow calls before, between and after them ----

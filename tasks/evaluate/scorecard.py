@@ -1,5 +1,5 @@
 """``scorecard.md`` and the plots of the evaluate stage, from its ``scores.json``
-(:mod:`tasks.evaluate.contract`, the file other tools read).  The scorecard puts every model side by side per
+(:mod:`xylent.tasks.evaluate.contract`, the file other tools read).  The scorecard puts every model side by side per
 task (trivial baselines included: the random-init encoder, the probe's
 majority class), the transfer gaps, the retrieval score of every layer, and
 the papers' published numbers for reading a full-scale run against them.
@@ -13,8 +13,8 @@ import matplotlib
 import numpy as np
 import yaml
 
-from tasks.evaluate import paper_refs
-from tasks.evaluate.contract import write_scores
+from xylent.tasks.evaluate import paper_refs
+from xylent.tasks.evaluate.contract import write_scores
 from xylent.markdown import markdown_table, score
 
 matplotlib.use("Agg")

@@ -17,9 +17,9 @@ import logging
 import os
 from pathlib import Path
 
-from tasks.evaluate.metrics import accuracy, bucc_f1, map_at_k, tag_f1
-from tasks.evaluate.qa_metrics import mlqa_scores, squad_scores
-from tasks.evaluate.submission import (
+from xylent.tasks.evaluate.metrics import accuracy, bucc_f1, map_at_k, tag_f1
+from xylent.tasks.evaluate.qa_metrics import mlqa_scores, squad_scores
+from xylent.tasks.evaluate.submission import (
     read_jsonl_labels,
     read_lines,
     read_mapping,

@@ -12,8 +12,8 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from tasks.download.http import fetch
-from tasks.evaluate.data import drop_seen, holdout_messages, package_pairs, unique_pairs, write_probe, write_tatoeba
+from xylent.tasks.download.http import fetch
+from xylent.tasks.evaluate.data import drop_seen, holdout_messages, package_pairs, unique_pairs, write_probe, write_tatoeba
 from xylent.errors import XylentError
 
 EXCLUDED_FILE = "excluded_seen.json"  # gettext tasks with exclude_seen: pairs dropped per language

@@ -17,6 +17,6 @@ from __future__ import annotations
 
 from xylent.reexport import on_first_use
 
-_HOME = {"VERSION": "tasks.prepare.run", "group_units": "tasks.prepare.run", "prepare_unit": "tasks.prepare.run",
-         "unit_fingerprint": "tasks.prepare.run"}
+_HOME = {"VERSION": "xylent.tasks.prepare.run", "group_units": "xylent.tasks.prepare.run", "prepare_unit": "xylent.tasks.prepare.run",
+         "unit_fingerprint": "xylent.tasks.prepare.run"}
 __getattr__, __all__ = on_first_use(__name__, _HOME)

@@ -1,5 +1,5 @@
 """The prepare stage's output: every unit's parts linked into the text layout
-(:mod:`tasks.prepare.contract`), ``stats.parquet`` (one row per kind, name and
+(:mod:`xylent.tasks.prepare.contract`), ``stats.parquet`` (one row per kind, name and
 source: rows in/out and why rows were dropped) and ``stats.md``."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from xylent.markdown import markdown_table
 from xylent.stage import StageOutcome
 from xylent.workspace import Workspace, link_or_copy
 
-from tasks.prepare.contract import STATS_FILE
+from xylent.tasks.prepare.contract import STATS_FILE
 
 
 def source_options(spec, name: str) -> dict:

@@ -1,6 +1,6 @@
 """The text layout prepare writes and dedup keeps (a data contract; every reader imports it).
 
-    mono/lang=<xx>/part-*.parquet        doc_id, text, source      (tasks.prepare.writer.MONO_SCHEMA)
+    mono/lang=<xx>/part-*.parquet        doc_id, text, source      (xylent.tasks.prepare.writer.MONO_SCHEMA)
     bitext/pair=<xx>-<yy>/part-*.parquet src, tgt, src_lang, tgt_lang, source (BITEXT_SCHEMA)
 
 Hive-partitioned, so polars/pyarrow can scan it lazily; pairs are in canonical

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import unicodedata
 
-Key = tuple[str, str, str]  # (catalog, msgctxt, msgid[#plural]), as in tasks.prepare.gettext
+Key = tuple[str, str, str]  # (catalog, msgctxt, msgid[#plural]), as in xylent.tasks.prepare.gettext
 
 
 def _unit(seed: int, salt: str, text: str) -> float:

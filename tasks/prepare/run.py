@@ -21,14 +21,14 @@ from xylent.errors import XylentError
 from xylent.spec import PrepareConfig
 from xylent.workspace import Workspace, check_files, fingerprint
 
-from tasks import versions
-from tasks.prepare.assemble import assemble, source_options  # the flow's first and last steps; their home
-from tasks.prepare.clean import clean_array, decode_lines, length_mask
-from tasks.prepare.gettext import read_catalog
-from tasks.prepare.holdout import drop_reserved
-from tasks.prepare.contract import BITEXT, MONO, partition
-from tasks.prepare.readers import iter_line_blocks, iter_moses_pairs, line_cap, lines_to_array
-from tasks.prepare.writer import BITEXT_SCHEMA, MONO_SCHEMA, PartWriter
+from xylent.tasks import versions
+from xylent.tasks.prepare.assemble import assemble, source_options  # the flow's first and last steps; their home
+from xylent.tasks.prepare.clean import clean_array, decode_lines, length_mask
+from xylent.tasks.prepare.gettext import read_catalog
+from xylent.tasks.prepare.holdout import drop_reserved
+from xylent.tasks.prepare.contract import BITEXT, MONO, partition
+from xylent.tasks.prepare.readers import iter_line_blocks, iter_moses_pairs, line_cap, lines_to_array
+from xylent.tasks.prepare.writer import BITEXT_SCHEMA, MONO_SCHEMA, PartWriter
 
 __all__ = ["VERSION", "assemble", "group_units", "prepare_unit", "source_options", "unit_fingerprint"]
 

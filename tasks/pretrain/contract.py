@@ -2,11 +2,11 @@
 
     model/                 model.safetensors (embeddings + discriminator: the encoder downstream tasks use),
                            pretraining.safetensors (every weight), config.json, spm.model, spm.vocab;
-                           read with :func:`models.pretrained.load_pretrained`
+                           read with :func:`xylent.models.pretrained.load_pretrained`
     train.json, metrics.jsonl (one line per step), train.log, loss_curves.png, report.md
-    embedding_health.jsonl  the token embeddings' health at step 0 and each checkpoint (models.embedding_health;
+    embedding_health.jsonl  the token embeddings' health at step 0 and each checkpoint (xylent.models.embedding_health;
                            none under ZeRO-3)
-    init_report.json       with ``pretrain.init``: what the warm start matched (:mod:`tasks.pretrain.init_source`)
+    init_report.json       with ``pretrain.init``: what the warm start matched (:mod:`xylent.tasks.pretrain.init_source`)
 
 Checkpoints stay outside it, in ``<ws>/pretrain/_checkpoints/<fingerprint>/``.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from models.embedding_health import FILE as HEALTH_FILE  # noqa: F401  (the ranks write it, this stage copies it)
+from xylent.models.embedding_health import FILE as HEALTH_FILE  # noqa: F401  (the ranks write it, this stage copies it)
 
 MODEL_DIR = "model"
 METRICS_FILE = "metrics.jsonl"

@@ -10,8 +10,8 @@
   (weights, tokenizer, config; the dictionary too).  Computed before anything
   runs, so a missing dir, a dir that is not an encoder or a body of another shape
   fails there;
-- :func:`prepare_init` -- matches the vocabularies (:mod:`models.vocab_transfer`),
-  builds every weight of the new model (:mod:`models.init_from`) into
+- :func:`prepare_init` -- matches the vocabularies (:mod:`xylent.models.vocab_transfer`),
+  builds every weight of the new model (:mod:`xylent.models.init_from`) into
   ``<checkpoints>/init.safetensors`` and points ``train.json``'s ``init_from`` at it;
   the report goes to ``init_report.json``.  A rerun of the same fingerprint reuses
   both (and a resumed run's checkpoint overrides the init anyway).
@@ -32,12 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
-from models.init_from import check_body, file_identity, inspect_source
-from models.run_config import TrainConfig
-from models.vocab_transfer import RULES
-from tasks.pretrain.contract import MODEL_DIR
+from xylent.models.init_from import check_body, file_identity, inspect_source
+from xylent.models.run_config import TrainConfig
+from xylent.models.vocab_transfer import RULES
+from xylent.tasks.pretrain.contract import MODEL_DIR
 from xylent.data.shards import read_index
-from tasks.vocab.contract import tokenizer_path
+from xylent.tasks.vocab.contract import tokenizer_path
 from xylent.atomic import write_atomic, write_json_atomic
 from xylent.errors import XylentError
 from xylent.markdown import markdown_table
@@ -130,7 +130,7 @@ def _dictionary(spec: Spec) -> Path | None:
 
 def target_body(spec: Spec) -> dict:
     """The new model's shape as the spec sets it (vocabulary and positions come later)."""
-    from models.config import preset
+    from xylent.models.config import preset
 
     return preset(spec.model.size, **spec.model.overrides()).to_dict()
 
@@ -183,10 +183,10 @@ def prepare_init(spec: Spec, ws: Workspace, cfg: TrainConfig, upstream: dict[str
     import torch
     from safetensors.torch import save_file
 
-    from models.config import EncoderConfig
-    from models.init_from import build_init_state, load_source
-    from models.objectives import build_model
-    from models.vocab_transfer import (
+    from xylent.models.config import EncoderConfig
+    from xylent.models.init_from import build_init_state, load_source
+    from xylent.models.objectives import build_model
+    from xylent.models.vocab_transfer import (
         from_sentencepiece,
         match_vocabularies,
         read_dictionary,

@@ -4,7 +4,7 @@ every other command that runs no stage computes fingerprints, and imports only t
 
 from __future__ import annotations
 
-from models.config import preset
+from xylent.models.config import preset
 from xylent.errors import XylentError
 from xylent.spec import Spec
 

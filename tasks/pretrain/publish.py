@@ -1,4 +1,4 @@
-"""After training: the pretrain stage's output (its layout: :mod:`tasks.pretrain.contract`), and
+"""After training: the pretrain stage's output (its layout: :mod:`xylent.tasks.pretrain.contract`), and
 the MLflow model (a pyfunc: texts -> embeddings) registered under the spec's name."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from models.run_config import TrainConfig
+from xylent.models.run_config import TrainConfig
 from xylent.errors import XylentError
 from xylent.markdown import markdown_table
 from xylent.redact import redact_text
 
 from xylent.launch import REPO
-from tasks.pretrain.contract import HEALTH_FILE, MODEL_DIR, RUN_FILES, read_metrics
-from tasks.pretrain.plots import loss_curves
+from xylent.tasks.pretrain.contract import HEALTH_FILE, MODEL_DIR, RUN_FILES, read_metrics
+from xylent.tasks.pretrain.plots import loss_curves
 from xylent.data.shards import read_index
 
 if TYPE_CHECKING:
@@ -58,10 +58,10 @@ def backfill(client, run_id: str, rows: list[dict], until_step: int) -> None:
 
 def consolidated_model(cfg: TrainConfig):
     """(every fp32 weight, the encoder's weights, its config, parameter count) of the last checkpoint."""
-    from models.config import EncoderConfig
-    from models.objectives import build_model
-    from models.pretrained import consolidate_zero as fp32_weights
-    from models.trainer import complete_checkpoints
+    from xylent.models.config import EncoderConfig
+    from xylent.models.objectives import build_model
+    from xylent.models.pretrained import consolidate_zero as fp32_weights
+    from xylent.models.trainer import complete_checkpoints
 
     last = complete_checkpoints(Path(cfg.checkpoint_dir))[-1]
     full = fp32_weights(Path(cfg.checkpoint_dir), last.name)
@@ -73,14 +73,14 @@ def consolidated_model(cfg: TrainConfig):
 
 def export_run(cfg: TrainConfig, ckdir: Path, upstream: dict[str, Path], out: Path, meta: dict) -> tuple:
     """Export ``model/`` and copy the run's files; returns (metrics rows, encoder state, config, parameters)."""
-    from models.pretrained import export
+    from xylent.models.pretrained import export
 
     full, enc_state, enc_cfg, n_params = consolidated_model(cfg)
     export(out / MODEL_DIR, full, enc_state, enc_cfg, upstream["vocab"],
            {**meta, "seq_len": read_index(upstream["shards"])["seq_len"]})
     for f in RUN_FILES:
         shutil.copy2(ckdir / f, out / f)
-    if (ckdir / HEALTH_FILE).exists():  # none under ZeRO-3 (models.trainer)
+    if (ckdir / HEALTH_FILE).exists():  # none under ZeRO-3 (xylent.models.trainer)
         shutil.copy2(ckdir / HEALTH_FILE, out / HEALTH_FILE)
     rows = read_metrics(Path(cfg.metrics_file))
     loss_curves(rows, out / "loss_curves.png")
@@ -211,7 +211,7 @@ def version_description(model_dir: Path) -> str:
     enc = meta["encoder"]
     return (f"{meta.get('objective', '?')} encoder, {enc['layers']} layers x {enc['hidden']} wide, vocabulary "
             f"{enc['vocab_size']}, {meta.get('steps', '?')} steps; pretrain output {meta.get('fingerprint', '?')}. "
-            "Load with models.load_pretrained(<model dir>) or mlflow.pyfunc.load_model(<this version>).")
+            "Load with xylent.models.load_pretrained(<model dir>) or mlflow.pyfunc.load_model(<this version>).")
 
 
 def version_tags(model_dir: Path) -> dict[str, str]:
@@ -244,7 +244,7 @@ def summary(m: dict, p, cfg: TrainConfig, enc, name: str, uri: str, resumed: int
 
 def health_lines(records: list[dict]) -> tuple[dict[str, float], list[str]]:
     """(metrics, report lines) from embedding_health.jsonl: the token embeddings at random init (step 0)
-    beside the last checkpoint's (models.embedding_health says what each number shows)."""
+    beside the last checkpoint's (xylent.models.embedding_health says what each number shows)."""
     if len(records) < 2 or records[0]["step"] != 0:
         return {}, []
     first, last = records[0], records[-1]

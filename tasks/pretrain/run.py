@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from models.run_config import TrainConfig
+from xylent.models.run_config import TrainConfig
 from xylent.spec import Spec
 from xylent.stage import StageOutcome
 
-from tasks.pretrain import publish as pub
-from tasks.pretrain.contract import HEALTH_FILE, read_metrics
-from tasks.pretrain.init_source import REPORT_FILE, init_metrics, init_summary, prepare_init
-from tasks.pretrain.train_json import train_config
+from xylent.tasks.pretrain import publish as pub
+from xylent.tasks.pretrain.contract import HEALTH_FILE, read_metrics
+from xylent.tasks.pretrain.init_source import REPORT_FILE, init_metrics, init_summary, prepare_init
+from xylent.tasks.pretrain.train_json import train_config
 
 
 def configure(spec: Spec, ws, upstream: dict[str, Path], ckdir: Path, run_id: str | None, tracking_uri: str | None,

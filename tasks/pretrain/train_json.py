@@ -6,18 +6,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from models.config import EncoderConfig, preset
-from models.run_config import SPEC_KNOBS, TrainConfig
+from xylent.models.config import EncoderConfig, preset
+from xylent.models.run_config import SPEC_KNOBS, TrainConfig
 from xylent.errors import XylentError
 from xylent.objectives import OBJECTIVES
 from xylent.spec import DEFAULT_CLIP, DEFAULT_LR, Spec
 
-from tasks.pretrain.contract import METRICS_FILE
+from xylent.tasks.pretrain.contract import METRICS_FILE
 from xylent.data.shards import has_rows, read_index
-from tasks.vocab.contract import tokenizer_and_specials
+from xylent.tasks.vocab.contract import tokenizer_and_specials
 
-REPO = Path(__file__).resolve().parents[2]
-ZERO_CONFIGS = REPO / "infra" / "deepspeed"
+# package data: an install carries them (setup.py, pyproject.toml package-data)
+ZERO_CONFIGS = Path(__file__).resolve().with_name("deepspeed")
 
 
 def encoder_config(spec: Spec, vocab_size: int, seq_len: int, specials: dict[str, int]) -> EncoderConfig:
@@ -32,7 +32,7 @@ def encoder_config(spec: Spec, vocab_size: int, seq_len: int, specials: dict[str
 
 def deepspeed_config(spec: Spec) -> tuple[Path, int]:
     """(the DeepSpeed JSON to use, its ZeRO stage).  Without ``pretrain.deepspeed_config``
-    ``zero_stage`` picks infra/deepspeed/zero<N>.json; with it, the stage is the file's
+    ``zero_stage`` picks tasks/pretrain/deepspeed/zero<N>.json; with it, the stage is the file's
     own, and a ``zero_stage`` set in the spec that disagrees is an error (never
     silently overridden either way)."""
     p = spec.pretrain
@@ -49,7 +49,7 @@ def deepspeed_config(spec: Spec) -> tuple[Path, int]:
                           fix="point pretrain.deepspeed_config at a readable JSON file") from None
     except (json.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
         raise XylentError(f"the DeepSpeed config is not a JSON object with zero_optimization.stage ({exc})",
-                          where=str(path), fix="fix the file (see infra/deepspeed/zero2.json for the shape)") from None
+                          where=str(path), fix="fix the file (see tasks/pretrain/deepspeed/zero2.json for the shape)") from None
     if "zero_stage" in p.model_fields_set and p.zero_stage != stage:
         raise XylentError(f"pretrain.zero_stage is {p.zero_stage} but {path.name} says zero_optimization.stage "
                           f"{stage}", where="spec fields pretrain.zero_stage and pretrain.deepspeed_config",
@@ -92,7 +92,7 @@ def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str
 
 def check_resumable(cfg: TrainConfig, world: int) -> None:
     """Refuse, before anything starts, to resume a ZeRO 1-3 checkpoint on another world size."""
-    from models.trainer import checkpoint_info, complete_checkpoints, resume_problem
+    from xylent.models.trainer import checkpoint_info, complete_checkpoints, resume_problem
 
     done = complete_checkpoints(Path(cfg.checkpoint_dir))
     if not done:

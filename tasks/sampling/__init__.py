@@ -15,9 +15,9 @@ from __future__ import annotations
 from xylent.reexport import on_first_use
 
 _HOME = {
-    "SamplingTables": "tasks.sampling.run", "build_tables": "tasks.sampling.run",
-    "read_pair_counts": "tasks.sampling.run", "language_distribution": "xylent.distributions",
-    "m2m_pair_distribution": "tasks.sampling.tables", "sinkhorn_pair_distribution": "tasks.sampling.tables",
-    "smoothed_pair_distribution": "tasks.sampling.tables",
+    "SamplingTables": "xylent.tasks.sampling.run", "build_tables": "xylent.tasks.sampling.run",
+    "read_pair_counts": "xylent.tasks.sampling.run", "language_distribution": "xylent.distributions",
+    "m2m_pair_distribution": "xylent.tasks.sampling.tables", "sinkhorn_pair_distribution": "xylent.tasks.sampling.tables",
+    "smoothed_pair_distribution": "xylent.tasks.sampling.tables",
 }
 __getattr__, __all__ = on_first_use(__name__, _HOME)

@@ -18,7 +18,7 @@ from xylent.spec import SamplingConfig
 from xylent.stage import StageOutcome
 
 from xylent.data.sampling import MONO_TABLE, PAIR_TABLE
-from tasks.sampling.tables import (
+from xylent.tasks.sampling.tables import (
     m2m_pair_distribution,
     marginal_error,
     sinkhorn_pair_distribution,
@@ -219,7 +219,7 @@ def summary(t: SamplingTables, cfg: SamplingConfig) -> str:
 
 
 def write_output(t: SamplingTables, cfg: SamplingConfig, out: Path) -> StageOutcome:
-    from tasks.sampling.plots import heatmaps, sorted_pair_probabilities  # matplotlib: not for the loader's ranks
+    from xylent.tasks.sampling.plots import heatmaps, sorted_pair_probabilities  # matplotlib: not for the loader's ranks
 
     t.mono.write_parquet(out / MONO_TABLE)
     t.bitext.write_parquet(out / PAIR_TABLE)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from xylent.reexport import on_first_use
 
-_HOME = {**{name: "tasks.shards.run" for name in ("assemble", "pack_part", "tokenize_items", "work_items")},
-         **{name: "tasks.shards.build" for name in ("encode_pairs", "pack_language", "pack_tokens", "tokenize_part",
+_HOME = {**{name: "xylent.tasks.shards.run" for name in ("assemble", "pack_part", "tokenize_items", "work_items")},
+         **{name: "xylent.tasks.shards.build" for name in ("encode_pairs", "pack_language", "pack_tokens", "tokenize_part",
                                                      "truncate_pair")}}
 __getattr__, __all__ = on_first_use(__name__, _HOME)

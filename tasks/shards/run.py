@@ -13,10 +13,10 @@ from xylent.spec import ShardsConfig
 from xylent.stage import StageOutcome
 from xylent.workspace import sha256_file
 
-from tasks.prepare import contract as layout  # the text layout
-from tasks.shards.build import encode_pairs, pack_tokens, tokenize_part
+from xylent.tasks.prepare import contract as layout  # the text layout
+from xylent.tasks.shards.build import encode_pairs, pack_tokens, tokenize_part
 from xylent.data.shards import MRTD_DIR, STATS_FILE, TRTD_DIR, write_index
-from tasks.shards.plots import tokens_per_language
+from xylent.tasks.shards.plots import tokens_per_language
 
 TASK_OF = {layout.MONO: "mrtd", layout.BITEXT: "trtd"}
 

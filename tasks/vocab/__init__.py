@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from xylent.reexport import on_first_use
 
-_HOME = {"allocate_vocabulary": "tasks.vocab.allocate", "average_log_probability": "tasks.vocab.alp",
-         "concave_curve": "tasks.vocab.alp", "evaluate_tokenizer": "tasks.vocab.alp",
-         "compose": "tasks.vocab.run", "language_grid": "tasks.vocab.run"}
+_HOME = {"allocate_vocabulary": "xylent.tasks.vocab.allocate", "average_log_probability": "xylent.tasks.vocab.alp",
+         "concave_curve": "xylent.tasks.vocab.alp", "evaluate_tokenizer": "xylent.tasks.vocab.alp",
+         "compose": "xylent.tasks.vocab.run", "language_grid": "xylent.tasks.vocab.run"}
 __getattr__, __all__ = on_first_use(__name__, _HOME)

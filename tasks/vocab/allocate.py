@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from tasks.vocab.alp import concave_curve
+from xylent.tasks.vocab.alp import concave_curve
 
 
 def _gains_per_piece(sizes: list[int], alps: list[float], weight: float) -> np.ndarray:

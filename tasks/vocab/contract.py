@@ -1,6 +1,6 @@
 """The vocab stage's output contract.
 
-    spm.model, spm.vocab     the VoCAP tokenizer (special pieces: :mod:`tasks.vocab.specials`)
+    spm.model, spm.vocab     the VoCAP tokenizer (special pieces: :mod:`xylent.tasks.vocab.specials`)
     joint.model              the joint SentencePiece baseline of the same size (vocab.joint_baseline)
     allocation.parquet       lang, examples, q, weight, sizes, alp, alp_smoothed, chosen_size, capped, failed_sizes
     comparison.parquet       lang, examples, <metric>_vocap, <metric>_joint (tokens_per_sentence, alp,
@@ -32,7 +32,7 @@ def load_tokenizer(vocab_dir: Path):
 def tokenizer_and_specials(vocab_dir: Path):
     """(the tokenizer, its special ids: unk, bos, eos, pad, mask), refused when a special piece is missing:
     what the shards' index records for the loader and what pretrain's model config takes."""
-    from tasks.vocab.specials import special_ids
+    from xylent.tasks.vocab.specials import special_ids
 
     sp = load_tokenizer(vocab_dir)
     return sp, special_ids(sp, str(tokenizer_path(vocab_dir)))

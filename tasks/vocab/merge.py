@@ -5,7 +5,7 @@ Stock SentencePiece cannot be told to keep given pieces (the reference patches
 it), so the model is assembled directly: pieces = the union, score of a piece
 = log Σ_i q_i·p_i(piece), the q-weighted mixture of the per-language unigram
 probabilities (p_i = 0 where language i's model lacks it); the special pieces
-first (:mod:`tasks.vocab.specials`), then the 256 byte pieces when byte fallback is on.
+first (:mod:`xylent.tasks.vocab.specials`), then the 256 byte pieces when byte fallback is on.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from xylent.errors import XylentError
 
-from tasks.vocab.specials import BOS, CONTROL_SYMBOLS, EOS, PAD, SPECIAL_PIECES, UNK
+from xylent.tasks.vocab.specials import BOS, CONTROL_SYMBOLS, EOS, PAD, SPECIAL_PIECES, UNK
 
 SP = model_pb2.ModelProto.SentencePiece
 

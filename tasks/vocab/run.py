@@ -17,12 +17,12 @@ from xylent.markdown import markdown_table
 from xylent.spec import VocabConfig
 from xylent.stage import StageOutcome
 
-from tasks.vocab.allocate import allocate_vocabulary
-from tasks.vocab.alp import evaluate_tokenizer
-from tasks.vocab.merge import merge_vocab_model
-from tasks.vocab.contract import ALLOCATION_FILE, COMPARISON_FILE, JOINT_MODEL_FILE, MODEL_FILE, VOCAB_FILE
-from tasks.vocab.plots import allocation_bars, alp_curves, tokens_per_sentence
-from tasks.vocab.train import model_pieces, sample_language, train_grid, train_joint
+from xylent.tasks.vocab.allocate import allocate_vocabulary
+from xylent.tasks.vocab.alp import evaluate_tokenizer
+from xylent.tasks.vocab.merge import merge_vocab_model
+from xylent.tasks.vocab.contract import ALLOCATION_FILE, COMPARISON_FILE, JOINT_MODEL_FILE, MODEL_FILE, VOCAB_FILE
+from xylent.tasks.vocab.plots import allocation_bars, alp_curves, tokens_per_sentence
+from xylent.tasks.vocab.train import model_pieces, sample_language, train_grid, train_joint
 
 
 def language_grid(lang: str, parts: list[Path], out: Path, cfg: VocabConfig, seed: int) -> dict:
@@ -39,7 +39,7 @@ def no_text_error(where: Path) -> XylentError:
 def compose(results: dict[str, dict], examples: dict[str, int], grid_dir: Path, cfg: VocabConfig, seed: int,
             out: Path) -> StageOutcome:
     """``results``: language -> its grid (points, failures, held, train_sample) from
-    :func:`tasks.vocab.train.train_grid`; ``grid_dir`` holds the grid's models
+    :func:`xylent.tasks.vocab.train.train_grid`; ``grid_dir`` holds the grid's models
     (removed here: the chosen pieces live on in spm.model)."""
     langs = sorted(results)
     usable = [lang for lang in langs if results[lang]["points"]]

@@ -13,8 +13,8 @@ from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
 from xylent.spec import VocabConfig
 
-from tasks.vocab.alp import alp_from_ids
-from tasks.vocab.specials import CONTROL_SYMBOLS, TRAINER_IDS
+from xylent.tasks.vocab.alp import alp_from_ids
+from xylent.tasks.vocab.specials import CONTROL_SYMBOLS, TRAINER_IDS
 
 
 

@@ -29,7 +29,8 @@ What it proves: the N replayed steps compute the same bits as the measured code,
 model, at this thread count (``OMP_NUM_THREADS`` as given, else DeepSpeed's launcher's
 default, as `make acceptance` runs).  What it does not: the later steps of a change that only
 acts late (a schedule past step N), the evaluate stage (never run here: its code may change only
-in comments and docstrings, compared as parsed Python), or a change of the specs' values
+in comments, docstrings and the names of modules moved into the xylent namespace, compared as parsed
+Python), or a change of the specs' values
 (data_specs/ is compared as parsed YAML: comments may change, values may not).
 """
 
@@ -122,8 +123,18 @@ def base_commit(claim: str, result: dict, forced: str | None = None) -> str:
                   "or name the base with --base")
 
 
+# the packages that moved into the xylent namespace (2026-12-06): ``tasks.x`` in a base tree is ``xylent.tasks.x``
+NAMESPACED = ("flows", "tasks", "models")
+
+
 def _same_program(old: str | None, new: str | None) -> bool:
-    """True when two Python sources differ at most in comments and docstrings."""
+    """True when two Python sources differ at most in comments, docstrings and the names of modules that
+    moved into the xylent namespace (``from tasks.x import f`` and ``from xylent.tasks.x import f``, the
+    string ``"tasks.x"`` and ``"xylent.tasks.x"``): the same statements on the same objects."""
+    def unprefixed(name: str) -> str:
+        head, _, rest = name.partition(".")
+        return rest if head == "xylent" and rest.split(".")[0] in NAMESPACED else name
+
     def tree(text: str):
         module = ast.parse(text)
         for node in ast.walk(module):
@@ -132,6 +143,13 @@ def _same_program(old: str | None, new: str | None) -> bool:
                     and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                     and isinstance(body[0].value.value, str)):
                 node.body = body[1:] or [ast.Pass()]
+            if isinstance(node, ast.ImportFrom) and node.module:
+                node.module = unprefixed(node.module)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    alias.name = unprefixed(alias.name)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                node.value = " ".join(unprefixed(w) for w in node.value.split(" "))
         return ast.dump(module)
 
     if old is None or new is None:
@@ -182,6 +200,7 @@ class Run:
     api: str  # the Prefect server both trees' runs report to
     outputs: dict[str, Path] = field(default_factory=dict)  # "electra pretrain" -> the stage's output folder
     calls: int = 0
+    cli_module: str = "xylent.flows.kit.cli"  # own_code finds the tree's
 
     @property
     def ws(self) -> Path:
@@ -196,21 +215,30 @@ class Run:
         return env
 
     def own_code(self) -> None:
-        """Refuse unless this tree's processes import this tree's packages."""
-        out = subprocess.run([sys.executable, "-c", "import json, flows, models, tasks, xylent; print(json.dumps("
-                              "{m.__name__: m.__file__ for m in (flows, models, tasks, xylent)}))"],
-                             cwd=self.tree, env=self.env(), capture_output=True, text=True, check=True).stdout
-        wrong = {k: v for k, v in json.loads(out).items() if not Path(v).resolve().is_relative_to(self.tree.resolve())}
-        if wrong:
-            raise Refused(f"the {self.name} tree's processes import {wrong} from outside {self.tree} "
-                          "(the venv's editable install wins over PYTHONPATH): the replay would compare one tree "
-                          "with itself")
+        """Refuse unless this tree's processes import this tree's packages -- as ``xylent.flows``, ... (the
+        namespace since 2026-12-06), or as top-level ``flows``, ... in a base tree from before it."""
+        for prefix in ("xylent.", ""):
+            mods = [f"{prefix}{m}" for m in ("flows", "models", "tasks")] + ["xylent"]
+            probe = ("import importlib, json\n"
+                     f"print(json.dumps({{m: importlib.import_module(m).__file__ for m in {mods!r}}}))")
+            r = subprocess.run([sys.executable, "-c", probe], cwd=self.tree, env=self.env(), capture_output=True,
+                               text=True)
+            if r.returncode != 0:
+                continue
+            wrong = {k: v for k, v in json.loads(r.stdout).items()
+                     if not Path(v).resolve().is_relative_to(self.tree.resolve())}
+            if not wrong:
+                self.cli_module = f"{prefix}flows.kit.cli"
+                return
+        raise Refused(f"the {self.name} tree's processes import its packages from outside {self.tree} "
+                      "(the venv's editable install wins over PYTHONPATH): the replay would compare one tree "
+                      "with itself")
 
     def cli(self, *args: str) -> dict:
         self.calls += 1
         self.home.mkdir(parents=True, exist_ok=True)
         log = self.home / f"cli-{self.calls}"
-        cmd = [sys.executable, "-m", "flows.kit.cli", *args, "--workspace", str(self.ws), "--json"]
+        cmd = [sys.executable, "-m", self.cli_module, *args, "--workspace", str(self.ws), "--json"]
         with open(f"{log}.out", "w") as out, open(f"{log}.err", "w") as err:
             rc = subprocess.run(cmd, cwd=self.tree, env=self.env(), stdout=out, stderr=err).returncode
         if rc != 0:

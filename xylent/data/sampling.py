@@ -1,4 +1,4 @@
-"""The sampling stage's output contract (written by :func:`tasks.sampling.run.write_output`).
+"""The sampling stage's output contract (written by :func:`xylent.tasks.sampling.run.write_output`).
 
     mono_sampling.parquet    lang, ..., p_raw, p           (the loader's MRTD language table: column ``p``)
     bitext_sampling.parquet  lang_a, lang_b, count, q, p_star, p_m2m, p, ...

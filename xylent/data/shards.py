@@ -8,7 +8,7 @@ and read by the training loader and the pretrain stage.
      "trtd": {"xx-yy": {"shards": [...], "rows", "tokens", "pairs", "truncated", "text_tokens"}}}
 
 Shard paths are relative to the shards output; layout ``mrtd/lang=xx/shard-*.arrow``,
-``trtd/pair=xx-yy/shard-*.arrow`` (schemas: :mod:`tasks.shards.build`).
+``trtd/pair=xx-yy/shard-*.arrow`` (schemas: :mod:`xylent.tasks.shards.build`).
 """
 
 from __future__ import annotations

@@ -217,7 +217,7 @@ class EvalTask(Strict):
 
     @property
     def submission_format(self) -> str:
-        """How a fine-tuned task's predictions are laid out (tasks.evaluate.submission's formats)."""
+        """How a fine-tuned task's predictions are laid out (xylent.tasks.evaluate.submission's formats)."""
         return {"classification": "lines", "qa": "qa", "tagging": "tags"}[self.kind]
 
 

@@ -151,7 +151,7 @@ class PretrainConfig(Strict):
     disc_weight: float = Field(default=50.0, gt=0, description="λ in L_G + λ·L_D")
     mask_prob: float = Field(default=0.15, gt=0, lt=1)
     zero_stage: Literal[0, 1, 2, 3] = Field(
-        default=2, description="picks infra/deepspeed/zero<N>.json; with deepspeed_config the file's stage rules")
+        default=2, description="picks tasks/pretrain/deepspeed/zero<N>.json; with deepspeed_config the file's stage rules")
     precision: Literal["auto", "fp32", "bf16"] = Field(default="auto", description="auto: bf16 on GPU, fp32 on CPU")
     compile: Literal["auto", "on", "off"] = Field(
         default="auto", description="torch.compile the encoders (one graph each); auto: on CUDA only")
@@ -161,7 +161,7 @@ class PretrainConfig(Strict):
     ranks: int = Field(default=1, gt=0, description="local ranks (GPUs; CPU processes without a GPU)")
     hostfile: str | None = Field(default=None, description="DeepSpeed hostfile for several nodes")
     master_port: int | None = Field(default=None, gt=0, lt=65536, description="default: a free port")
-    deepspeed_config: str | None = Field(default=None, description="default: infra/deepspeed/zero<stage>.json")
+    deepspeed_config: str | None = Field(default=None, description="default: tasks/pretrain/deepspeed/zero<stage>.json")
     log_every: int = Field(default=10, gt=0, description="steps between MLflow flushes and log lines")
     system_metrics: bool = True
     system_metrics_interval: float = Field(default=10.0, gt=0, description="seconds between system metric samples")

@@ -1,1 +1,1 @@
-"""finetune stage: task heads and their data plumbing (extractive QA: :mod:`tasks.evaluate.finetune.qa`)."""
+"""finetune stage: task heads and their data plumbing (extractive QA: :mod:`xylent.tasks.evaluate.finetune.qa`)."""

@@ -1,7 +1,7 @@
 """Fine-tuning on several ranks, launched as pretrain's are.
 
 ``finetune.launcher: deepspeed`` runs each seed's training as
-``deepspeed --num_gpus N --module tasks.evaluate.finetune.distributed --config job.json``
+``deepspeed --num_gpus N --module xylent.tasks.evaluate.finetune.distributed --config job.json``
 (``xylent.launch``: on local CPU ranks started directly; the same log streaming,
 death messages and orphan protection as pretrain).  Each rank takes its slice of every global batch;
 DeepSpeed averages the gradients, clips at 1.0, steps AdamW (ZeRO stage
@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from models.rank import restore_rng, save_rng, watch_parent
-from tasks.evaluate.finetune.train import LoopConfig, loop_config, optimiser, optimiser_steps
+from xylent.models.rank import restore_rng, save_rng, watch_parent
+from xylent.tasks.evaluate.finetune.train import LoopConfig, loop_config, optimiser, optimiser_steps
 from xylent.atomic import write_json_atomic
 
 RECORD = "record.json"
-MODULE = "tasks.evaluate.finetune.distributed"
+MODULE = "xylent.tasks.evaluate.finetune.distributed"
 
 
 class DeepSpeedStepper:
@@ -103,10 +103,10 @@ def train_on_ranks(task, data_dir: Path, model: dict, seed: int, ckdir: Path, lo
 def main() -> None:
     import deepspeed
 
-    from tasks.evaluate.encoders import load_ref
-    from tasks.evaluate.finetune.encoders import task_model
-    from tasks.evaluate.finetune.task import Runner, TaskData
-    from tasks.evaluate.finetune.train import train
+    from xylent.tasks.evaluate.encoders import load_ref
+    from xylent.tasks.evaluate.finetune.encoders import task_model
+    from xylent.tasks.evaluate.finetune.task import Runner, TaskData
+    from xylent.tasks.evaluate.finetune.train import train
     from xylent.spec.evaluate import EvalTask
 
     ap = argparse.ArgumentParser()

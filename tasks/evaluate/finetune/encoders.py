@@ -12,12 +12,12 @@ from typing import Callable
 
 import torch
 
-from models.heads import Body, TaskModel
-from tasks.evaluate.finetune.tokens import HuggingFaceTokenizer, SentencePieceTokenizer
+from xylent.models.heads import Body, TaskModel
+from xylent.tasks.evaluate.finetune.tokens import HuggingFaceTokenizer, SentencePieceTokenizer
 
 
 def task_model(enc, kind: str, n_labels: int, seed: int) -> tuple[TaskModel, object]:
-    """``enc``: a tasks.evaluate.encoders.SentenceEncoder holding its weights."""
+    """``enc``: a xylent.tasks.evaluate.encoders.SentenceEncoder holding its weights."""
     if enc.kind == "hf":
         body, tok = Body(enc.model, int(enc.model.config.hidden_size), True), HuggingFaceTokenizer(enc.tokenizer)
         # XLM-R declares 514 positions of which 512 are usable; its tokenizer knows the real limit

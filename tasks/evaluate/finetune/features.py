@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.heads import IGNORE
-from tasks.evaluate.finetune.data import Example
-from tasks.evaluate.finetune.tokens import TextTokenizer
+from xylent.models.heads import IGNORE
+from xylent.tasks.evaluate.finetune.data import Example
+from xylent.tasks.evaluate.finetune.tokens import TextTokenizer
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Feature:
     example: int          # index of its example
     first_tokens: list[int] | None = None  # tagging: input position of each word's first piece
     first_word: int = 0   # tagging: index of the chunk's first word in its sentence
-    window: object = None  # qa: the tasks.evaluate.finetune.qa.QAWindow it came from
+    window: object = None  # qa: the xylent.tasks.evaluate.finetune.qa.QAWindow it came from
 
 
 def classification_features(examples: list[Example], tok: TextTokenizer, labels: dict[str, int],

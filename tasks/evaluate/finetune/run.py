@@ -27,11 +27,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from tasks.evaluate.finetune.task import PRIMARY, Runner, TaskData
-from tasks.evaluate.finetune.train import loop_config, train
-from tasks.evaluate.metrics import accuracy, tag_f1
-from tasks.evaluate.scoring import XTREME_TASK_LANGS, score_language, score_submission
-from tasks.evaluate.submission import submission_file, write_predictions
+from xylent.tasks.evaluate.finetune.task import PRIMARY, Runner, TaskData
+from xylent.tasks.evaluate.finetune.train import loop_config, train
+from xylent.tasks.evaluate.metrics import accuracy, tag_f1
+from xylent.tasks.evaluate.scoring import XTREME_TASK_LANGS, score_language, score_submission
+from xylent.tasks.evaluate.submission import submission_file, write_predictions
 from xylent.atomic import write_atomic, write_json_atomic
 from xylent.errors import XylentError
 
@@ -64,7 +64,7 @@ def run_seed(data: TaskData, make_model: Callable[[int, int], tuple], seed: int,
     task = task or data.task
     ft = task.finetune
     if ft.launcher == "deepspeed":
-        from tasks.evaluate.finetune.distributed import train_on_ranks
+        from xylent.tasks.evaluate.finetune.distributed import train_on_ranks
 
         # the ranks build their own models: this process loads one only afterwards (GPU memory)
         record = train_on_ranks(task, data.root, model_ref, seed, ckdir, log)

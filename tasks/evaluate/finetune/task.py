@@ -8,18 +8,18 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from tasks.evaluate.finetune.data import Example, carve_dev, read_examples, split_file
-from tasks.evaluate.finetune.features import (
+from xylent.tasks.evaluate.finetune.data import Example, carve_dev, read_examples, split_file
+from xylent.tasks.evaluate.finetune.features import (
     Feature,
     classification_features,
     classification_predictions,
     tagging_features,
     tagging_predictions,
 )
-from tasks.evaluate.finetune.qa import best_span, char_span_of_answer, qa_windows
-from tasks.evaluate.finetune.train import logits_of
-from tasks.evaluate.metrics import accuracy, tag_f1
-from tasks.evaluate.qa_metrics import mlqa_scores, squad_scores
+from xylent.tasks.evaluate.finetune.qa import best_span, char_span_of_answer, qa_windows
+from xylent.tasks.evaluate.finetune.train import logits_of
+from xylent.tasks.evaluate.metrics import accuracy, tag_f1
+from xylent.tasks.evaluate.qa_metrics import mlqa_scores, squad_scores
 from xylent.errors import XylentError
 
 PRIMARY = {"classification": "accuracy", "qa": "f1", "tagging": "f1"}

@@ -21,8 +21,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from models.heads import IGNORE, TaskModel
-from tasks.evaluate.finetune.features import Feature
+from xylent.models.heads import IGNORE, TaskModel
+from xylent.tasks.evaluate.finetune.features import Feature
 from xylent.atomic import write_atomic
 
 STATE = "state.pt"
@@ -115,7 +115,7 @@ def optimiser(model, cfg: LoopConfig, total: int):
 
 class Stepper:
     """One process's optimiser steps and resumable state (the in-process path);
-    :class:`tasks.evaluate.finetune.distributed.DeepSpeedStepper` is the same for ranks."""
+    :class:`xylent.tasks.evaluate.finetune.distributed.DeepSpeedStepper` is the same for ranks."""
 
     rank, world = 0, 1
 
