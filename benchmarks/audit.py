@@ -142,7 +142,7 @@ def bench_config(spec, upstream: dict[str, Path], ckdir: Path, *, steps: int, ta
     from xylent.tasks.pretrain.train_json import train_config
 
     cfg = train_config(spec, upstream, ckdir, None, None)
-    cfg.steps, cfg.tasks = steps, list(tasks)
+    cfg.steps, cfg.batch_kinds = steps, list(tasks)
     cfg.warmup_steps = min(cfg.warmup_steps, max(0, steps - 1))
     cfg.checkpoint_every, cfg.log_every = steps, 10**9  # one checkpoint, after the last timed step
     cfg.mlflow_run_id, cfg.mlflow_tracking_uri, cfg.system_metrics = None, None, False
@@ -531,7 +531,7 @@ def step_overhead_benchmark(workspace: Path, *, steps: int, repeats: int, task_s
         "target_max_overhead": TARGET_OVERHEAD, "spec": str(SPEC.relative_to(ROOT)), "model_size": spec.model.size,
         "objective": spec.pretrain.objective, "batch_size": spec.pretrain.batch_size,
         "trtd_max_tokens": spec.pretrain.trtd_max_tokens, "zero_stage": spec.pretrain.zero_stage,
-        "task_schedule": spec.pretrain.task_schedule, "trtd_ratio": spec.pretrain.trtd_ratio,
+        "batch_schedule": spec.pretrain.batch_schedule, "trtd_ratio": spec.pretrain.trtd_ratio,
         "dro": {k: v for k, v in asdict(dro).items() if k != "state_file"}, "steps": steps, "skip_first_steps": skip,
         "repeats": repeats, "ranks": ranks,
         "backend": "gloo (CPU)", "omp_num_threads_per_rank": omp,

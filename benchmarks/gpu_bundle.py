@@ -49,7 +49,7 @@ def fail(what: str, fix: str) -> None:
 
 def build_data(spec_file: Path, workspace: str | None, out: Path) -> dict:
     """The data stages up to shards through the CLI (cached ones are only checked), copied in."""
-    cmd = [sys.executable, "-m", "xylent.flows.kit.cli", "run", "pipeline", "--until", "shards", "--spec", str(spec_file),
+    cmd = [sys.executable, "-m", "xylent.cli", "run", "pipeline", "--until", "shards", "--spec", str(spec_file),
            "--json", *(["--workspace", workspace] if workspace else [])]
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if done.returncode != 0:

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     # change the encoder's architecture, so random-init is the same whichever recipe trained the returned model
     argv = check.get("argv", [])
     sets = [a for flag, a in zip(argv, argv[1:]) if flag == "--set"]
-    cmd = [sys.executable, "-m", "xylent.flows.kit.cli", "run", "evaluate", "--spec", args.spec, "--json",
+    cmd = [sys.executable, "-m", "xylent.cli", "run", "evaluate", "--spec", args.spec, "--json",
            *[x for s in sets for x in ("--set", s)],
            "--set", "pretrain.steps=1", "--set", "pretrain.checkpoint_every=1", "--set", "pretrain.warmup_steps=0",
            "--set", f"evaluate.models={models}", *(["--workspace", args.workspace] if args.workspace else [])]

@@ -242,7 +242,7 @@ def launch_benchmark(args, scratch: Path, upstream: dict) -> dict:
     from xylent.spec import load_spec
 
     spec = load_spec(SPEC)
-    tasks = list(spec.pretrain.tasks)
+    tasks = list(spec.pretrain.batch_kinds)
 
     def config(name: str) -> str:
         return str(audit.write_config(spec, upstream, scratch / "runs" / name, steps=LAUNCH_STEPS, tasks=tasks,

@@ -225,7 +225,7 @@ def spec_choice(budget: dict) -> dict:
     cfg = PretrainConfig.model_validate(yaml.safe_load(XY_LENT_SPEC.read_text())["pretrain"])
     rel = XY_LENT_SPEC.relative_to(REPO).as_posix()
     spec = {"steps": cfg.steps, "batch_size": cfg.batch_size, "trtd_max_tokens": cfg.trtd_max_tokens,
-            "task_schedule": cfg.task_schedule, "ranks": cfg.ranks}
+            "batch_schedule": cfg.batch_schedule, "ranks": cfg.ranks}
     return {"zero_stage": cfg.zero_stage, "spec": {"file": rel, **spec},
             "from": f"`pretrain.zero_stage` in `{rel}`"}
 
@@ -295,7 +295,7 @@ def project(results: Path) -> dict:
             "zero_stage": choice["zero_stage"], "zero_from": choice["from"], "spec": spec,
             "spec_agrees": None if spec is None else (
                 spec["steps"] == b["steps"] and spec["batch_size"] == b["mrtd_sequences"]
-                and spec["trtd_max_tokens"] == b["mrtd_sequences"] * b["seq_len"] and spec["task_schedule"] == "mix"),
+                and spec["trtd_max_tokens"] == b["mrtd_sequences"] * b["seq_len"] and spec["batch_schedule"] == "mix"),
             "tables": tables})
     return {"step": STEP, "gpus": list(GPUS), "devices": devices,
             "h100_measured": any("H100" in d for d in devices),
@@ -362,7 +362,7 @@ def _budget_md(b: dict) -> list[str]:
     spec = b["spec"]
     if spec is not None:
         zero += (f"; that spec trains {harness.num(spec['steps'])} steps of {harness.num(spec['batch_size'])} MRTD "
-                 f"rows and {harness.num(spec['trtd_max_tokens'])} TRTD tokens, `{spec['task_schedule']}` on "
+                 f"rows and {harness.num(spec['trtd_max_tokens'])} TRTD tokens, `{spec['batch_schedule']}` on "
                  f"{spec['ranks']} ranks: "
                  + ("the paper's budget" if b["spec_agrees"] else "**not the paper's budget**"))
     out = [f"**{b['name']}** ({b['paper']}; `../shared/papers/{b['file']}`): {harness.num(b['steps'])} steps × "
@@ -401,7 +401,7 @@ def markdown(result: dict) -> str:
             "64) and the loaders at scale are not in the hours, which makes the GPU-hours the same at every count;",
             "- a TRTD token costs what a measured MRTD token costs (TRTD rows are as long as their pair, padded to "
             "the batch's longest; the measured rows are full-length);",
-            "- both tasks every step, a batch of each (the papers' “batch tokens per task”; `task_schedule: mix`);",
+            "- both tasks every step, a batch of each (the papers' “batch tokens per task”; `batch_schedule: mix`);",
             "- the medians of the measured windows; transformers' peer has no engine row, so its hours leave out "
             "the engine's cost that the engine rows of xylent carry;",
             "- the measured step updates the weights once per measured batch; the budget's step does it once per "

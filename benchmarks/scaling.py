@@ -15,7 +15,7 @@ that the cap binds within the sizes measured) and `runner.max_workers` =
 `--threads`.
 
 Per size and repeat a fresh workspace; per stage one process
-(`harness.in_fresh_process` -> `run_stage` -> `xylent.flows.kit.cli.main`, the CLI
+(`harness.in_fresh_process` -> `run_stage` -> `xylent.cli.main`, the CLI
 preloaded before the clock starts): the stage's own time (its manifest's
 `seconds`), the command's time, the process's wall time (with Python's start-up
 and the CLI's imports) and its peak RSS (VmHWM). Then `xylent run shards` again
@@ -223,13 +223,13 @@ def bench_spec(base: str, *, quick: bool, workers: int) -> dict:
 
 # ---------------------------------------------------------------- measuring
 
-CLI = ("xylent.flows.kit.cli",)  # preloaded in every command's process: its import is start-up, not the command
+CLI = ("xylent.cli",)  # preloaded in every command's process: its import is start-up, not the command
 
 
 def run_stage(stage: str, spec: str, workspace: str) -> dict:
     """`xylent run STAGE --spec SPEC --workspace WS --json` in this process, as a user runs it.
     Returns whether the stage was cached (and its upstream), its manifest's seconds and metrics."""
-    from xylent.flows.kit.cli import main as cli
+    from xylent.cli import main as cli
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -47,8 +47,8 @@ class TrainConfig:
     # what to train: the objective and its data
     objective: str
     objective_options: dict     # the objective's own section (PretrainConfig.objective_options), resolved
-    tasks: list[str]
-    task_schedule: str
+    batch_kinds: list[str]
+    batch_schedule: str
     trtd_ratio: float
     trtd_max_tokens: int
     mask_prob: float
@@ -102,7 +102,7 @@ class TrainConfig:
 
 # the knobs that are the spec's pretrain fields of the same name, copied as the spec has them; lr and clip too
 # when the spec sets them (else the model size's defaults), seed from the spec's top level
-SPEC_KNOBS = ("objective", "tasks", "task_schedule", "trtd_ratio", "trtd_max_tokens", "mask_prob", "disc_weight",
+SPEC_KNOBS = ("objective", "batch_kinds", "batch_schedule", "trtd_ratio", "trtd_max_tokens", "mask_prob", "disc_weight",
               "steps", "batch_size", "grad_accum", "warmup_steps", "betas", "eps", "weight_decay", "precision",
               "compile", "checkpoint_every", "keep_checkpoints", "log_every", "system_metrics",
               "system_metrics_interval", "peak_tflops")
@@ -110,10 +110,10 @@ SPEC_KNOBS = ("objective", "tasks", "task_schedule", "trtd_ratio", "trtd_max_tok
 
 def task_plan(cfg: TrainConfig, step: int) -> list[str]:
     """The tasks of each micro-batch of optimizer step ``step``."""
-    tasks = cfg.tasks
+    tasks = cfg.batch_kinds
     if len(tasks) == 1:
         return tasks * cfg.grad_accum
-    if cfg.task_schedule == "mix":
+    if cfg.batch_schedule == "mix":
         return [t for t in tasks for _ in range(cfg.grad_accum)]
     # alternate: TRTD on the steps where the running share of TRTD steps falls below trtd_ratio
     r = cfg.trtd_ratio
@@ -134,9 +134,9 @@ def trtd_share(cfg: TrainConfig, enough: int = 50) -> float:
 
 def first_trtd_step(cfg: TrainConfig) -> int | None:
     """The first optimizer step whose plan (task_plan) trains TRTD, in closed form; None: no step ever does."""
-    if "trtd" not in cfg.tasks:
+    if "trtd" not in cfg.batch_kinds:
         return None
-    if len(cfg.tasks) == 1 or cfg.task_schedule == "mix":
+    if len(cfg.batch_kinds) == 1 or cfg.batch_schedule == "mix":
         return 0
     if cfg.trtd_ratio <= 0:
         return None

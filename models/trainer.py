@@ -281,7 +281,7 @@ def train(cfg: TrainConfig) -> None:
     loaders = {t: TrainingLoader(cfg.shards_dir, cfg.sampling_dir, task=t, seed=cfg.seed, rank=rank, world_size=world,
                                  batch_size=cfg.batch_size // world, max_tokens=cfg.trtd_max_tokens // world,
                                  verify=rank == 0, holdout=cfg.dro.holdout if cfg.dro and t == "trtd" else 0.0)
-               for t in cfg.tasks}
+               for t in cfg.batch_kinds}
     audit = make_audit(cfg, loaders, engine, rank, world, device)  # NO_AUDIT in a plain pretrain run
     loaders.update(audit.loaders())
     unigram = UnigramBaseline(enc.vocab_size, device)
@@ -319,7 +319,7 @@ def train(cfg: TrainConfig) -> None:
         those, so none is drawn ahead with weights that are about to change."""
         b = next((s for s in schedule if s > a), cfg.steps)
         out = {}
-        for t in cfg.tasks:
+        for t in cfg.batch_kinds:
             positions = micro_batches(cfg, t, a, b)
             out[t] = loaders[t].batches(len(positions), prepare=StepInputs(
                 positions, cfg.seed, rank, world, loaders[t].pad, enc.special_ids, enc.vocab_size,
@@ -327,7 +327,7 @@ def train(cfg: TrainConfig) -> None:
         return {**out, **audit.batches(a, b)}
 
     iters = None
-    seq_len = loaders[cfg.tasks[0]].seq_len
+    seq_len = loaders[cfg.batch_kinds[0]].seq_len
     fpt = flops_per_token(enc, seq_len, cfg.objective, cfg.mask_prob)
     peak = peak_tflops(torch.cuda.get_device_name(device), cfg.peak_tflops) if cuda else None
     interval = Interval(engine.module.loss_weights, fpt, peak * 1e12 * world if peak else None, averaged=cuda)

@@ -252,7 +252,7 @@ def write_spec(path: Path, spec: dict) -> Path:
 @pytest.fixture()
 def run_cli(capsys):
     """Run the real CLI in-process; returns (exit code, stdout, stderr)."""
-    from xylent.flows.kit.cli import main
+    from xylent.cli import main
 
     def run(*args: str):
         capsys.readouterr()
@@ -272,7 +272,7 @@ def run_pipeline(spec: Path, ws: Path, *args: str) -> dict:
     import contextlib
     import io
 
-    from xylent.flows.kit.cli import main
+    from xylent.cli import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -412,7 +412,7 @@ def kill_9_when(stage: str, spec, ws, ready, timeout: float = 120.0) -> None:
     import time
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "xylent.flows.kit.cli", "run", stage, "--spec", str(spec), "--workspace", str(ws)],
+        [sys.executable, "-m", "xylent.cli", "run", stage, "--spec", str(spec), "--workspace", str(ws)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
     deadline = time.time() + timeout
     try:

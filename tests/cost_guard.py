@@ -8,7 +8,7 @@ fixtures it requests declare theirs).  Counts are upper bounds.
 Counting: the real ``subprocess.Popen.__init__`` is wrapped (and always called): a process
 started with ``XYLENT_PARENT`` in its environment is a DeepSpeed rank launch (xylent/launch.py
 sets it for the launcher and every local rank program; local CPU ranks started without the
-launcher count once, by their rank 0), one running ``xylent.flows.kit.cli`` or
+launcher count once, by their rank 0), one running ``xylent.cli`` or
 ``xylent`` is a CLI process, one of the servers below is a server.  What happens inside a CLI
 subprocess is that process's business.  A fixture's set-up is counted against the fixture, the
 rest of a test's run against the test.  An item that declares or requests anything is
@@ -48,7 +48,7 @@ def kind_of(args, env) -> str | None:
     if env and "XYLENT_PARENT" in env:  # a launch's ranks started directly: the launch is its rank 0
         return "deepspeed" if env.get("LOCAL_RANK", "0") == "0" else None
     names = [Path(a).name for a in argv[:3]]
-    if any("xylent.flows.kit.cli" in a for a in argv) or (names and names[0] == "xylent"):  # -m, -c and sh -c forms too
+    if any("xylent.cli" in a for a in argv) or "xylent" in argv[1:3] or (names and names[0] == "xylent"):  # -m, -c and sh -c forms too
         return "cli"
     if any(n in ("mlflow", "prefect", "ray") for n in names):  # their commands that start one
         return "servers" if {"server", "ui", "start"} & set(argv) else None

@@ -437,7 +437,7 @@ def test_the_baselines_are_measured_on_the_first_trtd_step_of_each_period():
     import dataclasses
 
     cfg = TrainConfig(**{f.name: None for f in dataclasses.fields(TrainConfig)})
-    cfg.tasks, cfg.task_schedule, cfg.trtd_ratio, cfg.grad_accum = ["mrtd", "trtd"], "alternate", 0.5, 1
+    cfg.batch_kinds, cfg.batch_schedule, cfg.trtd_ratio, cfg.grad_accum = ["mrtd", "trtd"], "alternate", 0.5, 1
     cfg.dro = DroConfig(rho=0.05, min_ratio=0.2, ema=0.1, resamples=2, weights=[1.0, 1.0], baseline="larger",
                         baseline_every=10, language_every=2, holdout=0.0, state_file="")
     assert [s for s in range(40) if baseline_due(cfg, s)] == [1, 11, 21, 31]
@@ -457,7 +457,7 @@ def test_the_baselines_are_measured_on_the_first_trtd_step_of_each_period():
     cfg.trtd_ratio = 0.5
     cfg.dro.baseline_every = 5
     assert [s for s in range(20) if baseline_due(cfg, s)] == [1, 5, 11, 15]
-    cfg.task_schedule = "mix"
+    cfg.batch_schedule = "mix"
     assert [s for s in range(20) if baseline_due(cfg, s)] == [0, 5, 10, 15]
     cfg.dro.baseline = None  # the paper's form: nothing to measure
     assert not any(baseline_due(cfg, s) for s in range(20))
@@ -485,13 +485,13 @@ def test_the_first_trtd_step_in_closed_form_is_the_schedules():
     from xylent.models.run_config import first_trtd_step, task_plan
 
     cfg = TrainConfig(**{f.name: None for f in dataclasses.fields(TrainConfig)})
-    cfg.tasks, cfg.grad_accum = ["mrtd", "trtd"], 1
+    cfg.batch_kinds, cfg.grad_accum = ["mrtd", "trtd"], 1
     for schedule in ("alternate", "mix"):
         for ratio in (0.5, 1 / 3, 0.25, 0.3, 0.1, 0.07, 1 / 7, 0.99, 1.0):
-            cfg.task_schedule, cfg.trtd_ratio = schedule, ratio
+            cfg.batch_schedule, cfg.trtd_ratio = schedule, ratio
             want = next(s for s in range(1000) if "trtd" in task_plan(cfg, s))
             assert first_trtd_step(cfg) == want, (schedule, ratio)
-    cfg.task_schedule, cfg.trtd_ratio = "alternate", 0.0
+    cfg.batch_schedule, cfg.trtd_ratio = "alternate", 0.0
     assert first_trtd_step(cfg) is None
-    cfg.tasks = ["mrtd"]
+    cfg.batch_kinds = ["mrtd"]
     assert first_trtd_step(cfg) is None

@@ -181,9 +181,9 @@ def test_an_audit_that_would_train_no_trtd_step_is_refused(demo_run, run_cli):
 
 def test_an_audit_without_trtd_is_refused(demo_run, run_cli):
     _, ws = demo_run
-    rc, _, err = run_cli("run", "audit", "--spec", DEMO, "--workspace", ws, "--set", "pretrain.tasks=[mrtd]",
+    rc, _, err = run_cli("run", "audit", "--spec", DEMO, "--workspace", ws, "--set", "pretrain.batch_kinds=[mrtd]",
                          "--set", "audit.init=scratch")
-    assert rc == 2 and "pretrain.tasks has no 'trtd'" in err and "Traceback" not in err
+    assert rc == 2 and "pretrain.batch_kinds has no 'trtd'" in err and "Traceback" not in err
     rc, _, err = run_cli("run", "audit", "--spec", DEMO_SHORT, "--workspace", ws, "--set", "audit.baseline=heldout",
                          "--set", "audit.holdout=0")
     assert rc == 2 and "audit.holdout is 0" in err and "set audit.holdout above 0" in err and "Traceback" not in err

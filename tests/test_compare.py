@@ -113,7 +113,7 @@ def test_every_recipe_loads_and_changes_only_what_it_names():
                 "electra-mrtd-only": ("electra", ["mrtd"], None), "electra-en-x": ("electra", ["mrtd", "trtd"], "en")}
     for name, (objective, tasks, pivot) in expected.items():
         spec = load_spec(ROOT / "data_specs" / "recipes" / f"{name}.yaml")
-        assert (spec.pretrain.objective, spec.pretrain.tasks, spec.sampling.pivot) == (objective, tasks, pivot)
+        assert (spec.pretrain.objective, spec.pretrain.batch_kinds, spec.sampling.pivot) == (objective, tasks, pivot)
         assert spec.vocab == demo.vocab and spec.shards == demo.shards and spec.model == demo.model, name
         assert spec.pretrain.steps == demo.pretrain.steps, f"{name}: the same training budget as the demo"
 
@@ -153,6 +153,6 @@ def test_recipe_knobs_out_of_range_are_caught_before_anything_trains(tmp_path):
     with pytest.raises(XylentError, match="sampling.pivot"):
         load_spec(DEMO, ["sampling.pivot=english"])
     with pytest.raises(XylentError, match="trtd"):
-        load_spec(DEMO, ["pretrain.objective=veco", "pretrain.tasks=[mrtd]"])
+        load_spec(DEMO, ["pretrain.objective=veco", "pretrain.batch_kinds=[mrtd]"])
     with pytest.raises(XylentError, match="ZeRO-3"):
         load_spec(DEMO, ["pretrain.objective=infoxlm", "pretrain.zero_stage=3"])

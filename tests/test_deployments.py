@@ -135,7 +135,7 @@ def test_xylent_worker_says_in_one_line_what_is_missing_then_is_prefects_worker(
     bare.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PATH=BIN_PATH)  # no profile names a server
 
     def worker(*args, **env):
-        return subprocess.run([sys.executable, "-m", "xylent.flows.kit.cli", "worker", *args], cwd=tmp_path,
+        return subprocess.run([sys.executable, "-m", "xylent.cli", "worker", *args], cwd=tmp_path,
                               env={**bare, **env}, capture_output=True, text=True, timeout=180)
 
     done = worker()

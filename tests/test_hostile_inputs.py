@@ -329,7 +329,7 @@ def _in_own_mounts(tmp_path: Path, mount: str, *cli: str) -> tuple[int, str]:
         pytest.fail("this machine refuses user namespaces (unshare --user --map-root-user --mount), so a full "
                     "disk cannot be made here; the test needs them")
     # the mounts vanish with the namespace: list what was published before leaving it
-    command = (f"{mount} && {shlex.quote(sys.executable)} -m xylent.flows.kit.cli {' '.join(map(shlex.quote, cli))}; rc=$?; "
+    command = (f"{mount} && {shlex.quote(sys.executable)} -m xylent.cli {' '.join(map(shlex.quote, cli))}; rc=$?; "
                f"echo published:; find {shlex.quote(str(tmp_path))} -name _manifest.json; exit $rc")
     proc = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", command],
                           cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE,
@@ -656,7 +656,7 @@ def test_kill_9_of_the_cli_under_the_processes_runner_leaves_no_process_behind(t
         "name": "k9", "languages": ["en"], "runner": {"kind": "processes", "max_workers": 2},
         "sources": [{"name": "loc", "kind": "local", "format": "text", "lang": "en", "path": str(text)}]})
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
-    cli = subprocess.Popen([sys.executable, "-m", "xylent.flows.kit.cli", "run", "prepare", "--spec", str(spec),
+    cli = subprocess.Popen([sys.executable, "-m", "xylent.cli", "run", "prepare", "--spec", str(spec),
                             "--workspace", str(tmp_path / "ws")], env=env, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[1])
     def cmd(p) -> str:
@@ -725,7 +725,7 @@ def test_sigterm_ends_a_slow_download_within_seconds_and_keeps_its_bytes(http_co
     spec = write_spec(tmp_path / "spec.yaml", {"name": "cancel", "languages": ["en"], "sources": [
         {"name": "web", "kind": "url", "format": "text", "lang": "en", "url": f"{http_corpus.base}/slow/en.txt"}]})
     ws = tmp_path / "ws"
-    cli = subprocess.Popen([sys.executable, "-m", "xylent.flows.kit.cli", "run", "download", "--spec", str(spec),
+    cli = subprocess.Popen([sys.executable, "-m", "xylent.cli", "run", "download", "--spec", str(spec),
                             "--workspace", str(ws)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                            env=os.environ.copy(), cwd=Path(__file__).resolve().parents[1])
     deadline = time.time() + 120
@@ -777,7 +777,7 @@ def test_three_clis_side_by_side_each_keep_their_own_server_and_all_finish(demo_
                  "--workspace", linked_data(demo_ws, tmp_path / "b", upto_vocab)]]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     logs = [tmp_path / f"cli-{i}.err" for i in range(len(commands))]  # files: a full pipe would stall a CLI
-    clis = [subprocess.Popen([sys.executable, "-m", "xylent.flows.kit.cli", *map(str, c), "--spec", str(DEMO)], env=env,
+    clis = [subprocess.Popen([sys.executable, "-m", "xylent.cli", *map(str, c), "--spec", str(DEMO)], env=env,
                              stdout=subprocess.DEVNULL, stderr=log.open("w"),
                              cwd=Path(__file__).resolve().parents[1]) for c, log in zip(commands, logs)]
     servers: dict[int, set] = {c.pid: set() for c in clis}
@@ -838,7 +838,7 @@ def test_a_user_error_in_a_pool_worker_is_one_message(tmp_path):
                                                "runner": {"kind": "processes", "max_workers": 2},
                                                "sources": [{"name": "bt", "kind": "local", "format": "tsv",
                                                             "pair": "de-en", "path": str(tmp_path / "de-en.tsv")}]})
-    proc = subprocess.run([sys.executable, "-m", "xylent.flows.kit.cli", "run", "prepare", "--spec", str(spec), "--workspace",
+    proc = subprocess.run([sys.executable, "-m", "xylent.cli", "run", "prepare", "--spec", str(spec), "--workspace",
                            str(tmp_path / "ws")], cwd=Path(__file__).resolve().parents[1], capture_output=True,
                           text=True, timeout=300)  # the workers write to the same stderr, which capsys cannot see
     assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]

@@ -51,7 +51,7 @@ def test_the_wheel_holds_every_module_and_data_file_under_the_xylent_package(whe
                if f"{HOMES[folder]}/{rel.split('/', 1)[1]}" not in names]
     assert not missing, "left out of the wheel (setup.py packages, pyproject.toml package-data):\n" + "\n".join(missing)
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
-    assert "xylent = xylent.flows.kit.cli:entry" in entry, entry
+    assert "xylent = xylent.cli:entry" in entry, entry
 
 
 def test_the_installed_package_runs_from_outside_the_checkout_and_finds_its_data(wheel, tmp_path):
@@ -65,7 +65,7 @@ def test_the_installed_package_runs_from_outside_the_checkout_and_finds_its_data
     # a path entry, not a site dir: this venv's .pth files (the editable install of the checkout) stay unread
     (site / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
     probe = (
-        "import json, xylent, xylent.models.trainer, xylent.flows.kit.cli\n"
+        "import json, xylent, xylent.models.trainer, xylent.cli\n"
         "from xylent.tasks.pretrain.train_json import ZERO_CONFIGS\n"
         "from xylent.tasks.evaluate.paper_refs import PAPER_FILE\n"
         "from xylent.tasks.evaluate.scorecard import REFERENCES_FILE\n"
@@ -85,6 +85,6 @@ def test_the_installed_package_runs_from_outside_the_checkout_and_finds_its_data
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["missing"] == [], got
     assert Path(got["xylent"]).is_relative_to(site) and Path(got["trainer"]).is_relative_to(site / "xylent"), got
-    cli = subprocess.run([str(venv / "bin" / "python"), "-m", "xylent.flows.kit.cli", "stages"], cwd=tmp_path,
+    cli = subprocess.run([str(venv / "bin" / "python"), "-m", "xylent.cli", "stages"], cwd=tmp_path,
                          env=env, capture_output=True, text=True, timeout=300)
     assert cli.returncode == 0 and "pretrain" in cli.stdout, cli.stdout + cli.stderr[-3000:]

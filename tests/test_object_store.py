@@ -174,7 +174,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def _run(*args) -> dict:
-    from xylent.flows.kit.cli import main
+    from xylent.cli import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

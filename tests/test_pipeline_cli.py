@@ -275,7 +275,7 @@ def test_commands_that_run_no_stage_import_nothing_heavy(tmp_path):
                 ["status", "--spec", spec, "--workspace", ws, "--set", "sampling.temperature=x"]]
 
     def run(argvs) -> dict:
-        code = ("import contextlib, io, json, sys\nfrom xylent.flows.kit.cli import main\nrcs, outs = [], []\n"
+        code = ("import contextlib, io, json, sys\nfrom xylent.cli import main\nrcs, outs = [], []\n"
                 f"for argv in {[[str(a) for a in c] for c in argvs]!r}:\n"
                 "    out = io.StringIO()\n"
                 "    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):\n"

@@ -153,7 +153,7 @@ def _kill_launcher_after_first_checkpoint(ws: Path, *extra: str, ranks: int = 2)
     args = ["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), *SMALL,
             "--set", f"pretrain.ranks={ranks}", *extra]
     with open(ws.parent / f"{ws.name}.stderr", "w") as err:  # a pipe nobody reads would block the child
-        proc = subprocess.Popen([sys.executable, "-m", "xylent.flows.kit.cli", *args], stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, "-m", "xylent.cli", *args], stdout=subprocess.DEVNULL,
                                 stderr=err, env=os.environ.copy())
     deadline = time.time() + 240
     while not list(ws.glob(f"pretrain/_checkpoints/*/deepspeed/step-{EVERY:08d}/COMPLETE")):
@@ -186,7 +186,7 @@ def _kill_launcher_after_first_checkpoint(ws: Path, *extra: str, ranks: int = 2)
 def two_ranks(demo_run, tmp_path_factory, prefect_server):
     """The reference run: 2 CPU ranks, ZeRO-2, STEPS uninterrupted steps."""
     _, demo_ws = demo_run
-    from xylent.flows.kit.cli import main
+    from xylent.cli import main
 
     ws = linked_data(demo_ws, tmp_path_factory.mktemp("pt") / "two")
     import contextlib
@@ -275,7 +275,7 @@ def test_a_killed_rank_is_reported_and_the_rerun_resumes_exactly(run_cli, demo_r
     ws = linked_data(demo_ws, tmp_path / "killed")
     args = ["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), *SMALL,
             "--set", "pretrain.ranks=2", "--set", "pretrain.zero_stage=2"]
-    proc = subprocess.Popen([sys.executable, "-m", "xylent.flows.kit.cli", *args], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "xylent.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "XYLENT_DEEPSPEED_LAUNCHER": "1"})
     deadline, killed = time.time() + 240, None
     while time.time() < deadline and proc.poll() is None and killed is None:
@@ -421,7 +421,7 @@ def zero0_two_ranks(demo_run, tmp_path_factory, prefect_server):
     import contextlib
     import io
 
-    from xylent.flows.kit.cli import main
+    from xylent.cli import main
 
     ws = linked_data(demo_run[1], tmp_path_factory.mktemp("pt") / "zero0")
     buf = io.StringIO()
@@ -464,7 +464,7 @@ def test_sigterm_ends_a_training_run_within_seconds_and_publishes_nothing(demo_r
             "--set", "pretrain.checkpoint_every=10",  # the 2 kept checkpoints span 20 steps: time to stop
             "--set", "pretrain.ranks=1", "--set", "pretrain.zero_stage=0", "--set", "pretrain.log_every=1"]
     with open(tmp_path / "stderr", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "xylent.flows.kit.cli", *args], stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, "-m", "xylent.cli", *args], stdout=subprocess.DEVNULL,
                                 stderr=err, env=os.environ.copy())
     deadline = time.time() + 240
     while not list(ws.glob("pretrain/_checkpoints/*/deepspeed/step-00000010/COMPLETE")):
@@ -518,7 +518,7 @@ def test_a_run_killed_on_two_ranks_resumes_on_one_with_zero0(run_cli, zero0_two_
 def test_mlm_ablation_with_zero3_mixed_tasks_and_accumulation_exports_a_loadable_encoder(run_cli, demo_run, tmp_path):
     _, demo_ws = demo_run
     ws = linked_data(demo_ws, tmp_path / "mlm")
-    mlm = ["--set", "pretrain.objective=mlm", "--set", "pretrain.zero_stage=3", "--set", "pretrain.task_schedule=mix",
+    mlm = ["--set", "pretrain.objective=mlm", "--set", "pretrain.zero_stage=3", "--set", "pretrain.batch_schedule=mix",
            "--set", "pretrain.steps=20", "--set", "pretrain.grad_accum=2"]
     res, out = _pretrain(run_cli, ws, *mlm)
     rows = _metrics(out)
@@ -584,12 +584,12 @@ def test_user_errors_in_the_pretrain_spec_are_clear(run_cli, demo_run, tmp_path)
 
 def test_alternating_and_mixed_task_plans():
     cfg = TrainConfig(**{f.name: None for f in dataclasses.fields(TrainConfig)})
-    cfg.tasks, cfg.task_schedule, cfg.trtd_ratio, cfg.grad_accum = ["mrtd", "trtd"], "alternate", 0.25, 2
+    cfg.batch_kinds, cfg.batch_schedule, cfg.trtd_ratio, cfg.grad_accum = ["mrtd", "trtd"], "alternate", 0.25, 2
     plans = [task_plan(cfg, s) for s in range(8)]
     assert sum(p == ["trtd", "trtd"] for p in plans) == 2 and sum(p == ["mrtd", "mrtd"] for p in plans) == 6
-    cfg.task_schedule = "mix"
+    cfg.batch_schedule = "mix"
     assert task_plan(cfg, 3) == ["mrtd", "mrtd", "trtd", "trtd"]
-    cfg.tasks = ["mrtd"]
+    cfg.batch_kinds = ["mrtd"]
     assert task_plan(cfg, 0) == ["mrtd", "mrtd"]
 
 

@@ -55,7 +55,7 @@ def test_the_trainer_uses_the_files_stage_without_rewriting_it(tmp_path):
     (tmp_path / "ds.json").write_text(json.dumps(user))
     cfg = TrainConfig(**{f.name: None for f in dataclasses.fields(TrainConfig)})
     cfg.deepspeed_config, cfg.zero_stage, cfg.batch_size, cfg.clip = str(tmp_path / "ds.json"), 3, 8, 1.0
-    cfg.tasks, cfg.grad_accum, cfg.task_schedule, cfg.trtd_ratio = ["mrtd"], 2, "alternate", 0.5
+    cfg.batch_kinds, cfg.grad_accum, cfg.batch_schedule, cfg.trtd_ratio = ["mrtd"], 2, "alternate", 0.5
     ds = ds_config(cfg, bf16=False, world=2)
     assert ds["zero_optimization"] == user["zero_optimization"], "the stage in the file is the one used"
     assert ds["train_micro_batch_size_per_gpu"] == 4 and ds["gradient_accumulation_steps"] == 2

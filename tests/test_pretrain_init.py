@@ -449,7 +449,7 @@ def test_metaxlm_recipes_load_and_chain(tmp_path):
     recipes = ROOT / "data_specs" / "recipes"
     one, two = load_spec(recipes / "metaxlm-phase1.yaml"), load_spec(recipes / "metaxlm-phase2.yaml")
     demo = load_spec(ROOT / "data_specs" / "demo.yaml")
-    assert (one.pretrain.objective, one.pretrain.tasks, one.pretrain.init) == ("mlm", ["mrtd"], None)
+    assert (one.pretrain.objective, one.pretrain.batch_kinds, one.pretrain.init) == ("mlm", ["mrtd"], None)
     assert one.languages == ["en"], "MetaXLM's phase 1 is an English model"
     assert two.pretrain.init.registry() == {"name": f"xylent-{one.name}", "version": "latest", "alias": None}
     assert len(read_dictionary(two.resolve_path(two.pretrain.init.dictionary))) > 50

@@ -42,7 +42,7 @@ OBJECTIVES = {
 def objective_runs(request, demo_run, tmp_path_factory, prefect_server):
     """(objective, its reference run on 2 ranks, a run of the same spec resumed from the reference's
     checkpoint at step RESUME_AT, a run on 1 rank)."""
-    from xylent.flows.kit.cli import main  # in-process: the session's Prefect server
+    from xylent.cli import main  # in-process: the session's Prefect server
 
     name, extra = request.param, OBJECTIVES[request.param]
     demo_ws = Path(demo_run[1])

@@ -37,7 +37,7 @@ def test_shipped_specs_validate():
     assert len(set(fps.values())) == 9 and all(len(f) == 16 and int(f, 16) >= 0 for f in fps.values())
     base = load_spec(ROOT / "data_specs" / "xy-lent-base.yaml")
     assert base.model.size == "base" and {s.kind for s in base.sources} == {"cc100", "opus"}
-    assert base.pretrain.task_schedule == "mix", "a batch of each task every step (XY-LENT Table 9)"
+    assert base.pretrain.batch_schedule == "mix", "a batch of each task every step (XY-LENT Table 9)"
     assert len(base.languages) >= 100
     assert [(t.name, t.finetune.defaults, t.finetune.lr[0]) for t in base.evaluate.tasks] == \
         [("xnli", "xy-lent", 5e-6), ("pawsx", "xy-lent", 8e-6)], "fine-tuned as XY-LENT's Table 15"
@@ -94,6 +94,30 @@ def test_a_renamed_value_is_refused_with_its_new_name(tmp_path):
     text = err.value.render()
     assert "sampling.pair_method" in text and "pair_method: smoothed" in text, text
     assert load_spec(spec, ["sampling.pair_method=smoothed"]).sampling.pair_method == "smoothed"
+
+
+def test_a_renamed_field_is_read_under_its_old_name_reported_and_fingerprinted_as_before(tmp_path, capsys):
+    """pretrain.tasks became pretrain.batch_kinds (and task_schedule batch_schedule): a spec or --set with the
+    old name still means the field, says so on stderr, and moves no fingerprint; both names at once are refused."""
+    import yaml
+
+    demo = yaml.safe_load((ROOT / "data_specs" / "demo.yaml").read_text())
+    new = load_spec(ROOT / "data_specs" / "demo.yaml", ["pretrain.batch_kinds=[mrtd]"])
+    assert "is now" not in capsys.readouterr().err
+    old_demo = {**demo, "pretrain": {("tasks" if k == "batch_kinds" else "task_schedule" if k == "batch_schedule"
+                                      else k): v for k, v in demo["pretrain"].items()}}
+    old_file = write_spec(tmp_path / "old.yaml", old_demo)
+    old = load_spec(old_file, ["pretrain.tasks=[mrtd]"])
+    err = capsys.readouterr().err
+    assert "pretrain.tasks is now pretrain.batch_kinds" in err and "pretrain.task_schedule is now " \
+        "pretrain.batch_schedule" in err and "--set pretrain.tasks is now pretrain.batch_kinds" in err, err
+    assert (old.pretrain.batch_kinds, old.pretrain.batch_schedule) == (["mrtd"], new.pretrain.batch_schedule)
+    for fp_old, fp_new in zip(stage_fingerprints(old).items(), stage_fingerprints(new).items()):
+        if fp_old[0] in ("pretrain", "audit"):  # the stages that read the section; the rest read the corpus path
+            assert fp_old == fp_new, "a rename recomputes no output"
+    both = write_spec(tmp_path / "both.yaml", {**demo, "pretrain": {**demo["pretrain"], "tasks": ["mrtd"]}})
+    with pytest.raises(XylentError, match="tasks and batch_kinds are one setting"):
+        load_spec(both)
 
 
 def test_set_overrides_nested_fields_lists_and_yaml_values(tmp_path):
@@ -157,7 +181,7 @@ def test_a_knob_added_later_at_its_default_keeps_existing_fingerprints():
 def test_set_is_named_for_the_field_it_gave_through_a_source_kind_and_not_for_a_section_error(tmp_path):
     spec = write_spec(tmp_path / "s.yaml", BASE)
     with pytest.raises(XylentError) as err:
-        load_spec(spec, ["sources.0.format=xml", "pretrain.objective=veco", "pretrain.tasks=[mrtd]"])
+        load_spec(spec, ["sources.0.format=xml", "pretrain.objective=veco", "pretrain.batch_kinds=[mrtd]"])
     text = err.value.render()
     # the source's kind ("url") is a tag in pydantic's location, not a field a user can write
     assert "  - sources.0.format: " in text and "(from --set sources.0.format=xml)" in text, text

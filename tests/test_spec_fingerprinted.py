@@ -44,7 +44,8 @@ def counted_fields() -> dict[str, list[str]]:
     out = {}
     for name, cls in sorted(_sections(Spec, {}).items()):
         left_out = set(getattr(cls, "OPERATIONAL", ())) | set(getattr(cls, "ADDED_LATER", ()))
-        out[name] = sorted(set(cls.model_fields) - left_out)
+        renamed = getattr(cls, "RENAMED", {})  # counted under the name the field was first fingerprinted with
+        out[name] = sorted(renamed.get(f, f) for f in set(cls.model_fields) - left_out)
     return out
 
 
@@ -68,6 +69,9 @@ def test_the_sections_list_only_fields_they_have():
         for kind in ("OPERATIONAL", "ADDED_LATER"):
             extra = set(getattr(cls, kind, ())) - set(cls.model_fields)
             assert not extra, f"{name}.{kind} names {sorted(extra)}, which are not its fields"
+        renamed = getattr(cls, "RENAMED", {})
+        assert set(renamed) <= set(cls.model_fields) and not set(renamed.values()) & set(cls.model_fields), \
+            f"{name}.RENAMED maps its fields' current names to old ones no field still has: {renamed}"
 
 
 def test_field_descriptions_are_a_sentence_or_two_not_a_lab_notebook():

@@ -39,7 +39,7 @@ LANGS = ["en", "de", "ru", "ja"]  # Latin, Cyrillic and a script without spaces 
 
 def cli(*args) -> dict:
     """The real CLI in-process (as the run_cli fixture, usable from module fixtures too)."""
-    from xylent.flows.kit.cli import main
+    from xylent.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

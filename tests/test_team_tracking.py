@@ -67,7 +67,7 @@ def two_runs(mlflow_server, demo_run, tmp_path_factory):
     import contextlib
     import io
 
-    from xylent.flows.kit.cli import main
+    from xylent.cli import main
 
     uri, _ = mlflow_server
     ws = linked_data(demo_run[1], tmp_path_factory.mktemp("team") / "ws",  # sampling is rebuilt here: it changes

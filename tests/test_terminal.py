@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _cli(*args: str, **env: str) -> subprocess.CompletedProcess:
     # a terminal 80 columns wide, as a user's; COLUMNS is what rich reads
-    return subprocess.run([sys.executable, "-m", "xylent.flows.kit.cli", *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "xylent.cli", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "COLUMNS": "80", **env})
 
 
@@ -62,7 +62,7 @@ def test_the_console_shows_no_info_lines_unless_verbose_and_the_table_keeps_path
 
 
 def test_headline_cells_read_short_with_the_baseline_beside_the_loss():
-    from xylent.flows.kit.cli import _short
+    from xylent.cli import _short
     from xylent.flows.kit.run_record import headline_text
 
     pretrain = {"final.trtd/discriminator_loss": 0.3301, "final.trtd/discriminator_base_loss": 0.3921,

@@ -60,7 +60,8 @@ def section_identity(value: Any) -> Any:
     section's ``OPERATIONAL`` fields (how to run, not what) are left out, and its
     ``ADDED_LATER`` fields while they hold their default (a new knob whose default
     changes nothing must not invalidate every workspace's outputs), and the fields
-    its ``unread_fields()`` names (e.g. the sections of objectives not trained)."""
+    its ``unread_fields()`` names (e.g. the sections of objectives not trained); a field
+    renamed (``RENAMED``) under its old name, so a rename moves no fingerprint."""
     if isinstance(value, list):
         return [section_identity(v) for v in value]
     if hasattr(value, "model_dump"):
@@ -70,6 +71,9 @@ def section_identity(value: Any) -> Any:
                  if getattr(value, f) == fields[f].get_default(call_default_factory=True)}
         unread = set(value.unread_fields()) if hasattr(value, "unread_fields") else set()
         dumped = value.model_dump(mode="json", exclude=set(getattr(value, "OPERATIONAL", ())) | later | unread)
+        for new, old in getattr(value, "RENAMED", {}).items():  # a renamed field keeps its first name here
+            if new in dumped:
+                dumped[old] = dumped.pop(new)
         for name in dumped:  # nested sections (evaluate.tasks[], their finetune) follow the same rules
             inner = getattr(value, name, None)  # None: a field dumped by its alias (pretrain.init.from), a value
             if hasattr(inner, "model_dump") or (isinstance(inner, list) and any(hasattr(x, "model_dump")

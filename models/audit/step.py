@@ -248,7 +248,7 @@ def make_audit(cfg: TrainConfig, loaders: dict, engine, rank: int, world: int, d
     if cfg.dro is None:
         return NO_AUDIT
     if "trtd" not in loaders:
-        raise SystemExit("xylent: the audit re-weights TRTD language pairs, but pretrain.tasks has no 'trtd'")
+        raise SystemExit("xylent: the audit re-weights TRTD language pairs, but pretrain.batch_kinds has no 'trtd'")
     return PairAudit(cfg, loaders["trtd"], engine, rank, world, device)
 
 

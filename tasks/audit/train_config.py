@@ -68,9 +68,9 @@ def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_i
                        tracking_uri: str | None, shards_source: str | None = None) -> TrainConfig:
     a, p = spec.audit, spec.pretrain
     baseline = a.baseline
-    if "trtd" not in p.tasks:
-        raise XylentError("the audit re-weights TRTD language pairs, but pretrain.tasks has no 'trtd'",
-                          where="spec field pretrain.tasks", fix="add 'trtd' to pretrain.tasks")
+    if "trtd" not in p.batch_kinds:
+        raise XylentError("the audit re-weights TRTD language pairs, but pretrain.batch_kinds has no 'trtd'",
+                          where="spec field pretrain.batch_kinds", fix="add 'trtd' to pretrain.batch_kinds")
     index = read_index(upstream["shards"])
     if not has_rows(index, "trtd"):
         raise XylentError("the shards hold no TRTD (bitext) data: there are no language pairs to audit",
@@ -102,7 +102,7 @@ def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_i
         cfg.objective_options = {**cfg.objective_options, "freeze_body_steps": 0}
     first = first_trtd_step(cfg)
     if first is None or first >= cfg.steps:
-        raise XylentError(f"the audit's {cfg.steps} step(s) of pretrain.task_schedule {cfg.task_schedule!r} train no "
+        raise XylentError(f"the audit's {cfg.steps} step(s) of pretrain.batch_schedule {cfg.batch_schedule!r} train no "
                           "TRTD step: no language pair would be seen", where="spec field audit.steps",
                           fix=f"raise audit.steps to at least {first + 1}" if first is not None
                           else "set pretrain.trtd_ratio above 0")

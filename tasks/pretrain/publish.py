@@ -17,7 +17,6 @@ from xylent.errors import XylentError
 from xylent.markdown import markdown_table
 from xylent.redact import redact_text
 
-from xylent.launch import REPO
 from xylent.tasks.pretrain.contract import HEALTH_FILE, MODEL_DIR, RUN_FILES, read_metrics
 from xylent.tasks.pretrain.plots import loss_curves
 from xylent.data.shards import read_index
@@ -112,6 +111,20 @@ def export_and_register(cfg: TrainConfig, ckdir: Path, upstream: dict[str, Path]
     return Published(rows, metrics, enc_cfg, name, model_uri, version)
 
 
+def _pyfunc_code(scratch: Path) -> Path:
+    """The code the logged model carries, laid out as installed: the xylent core with xylent.models inside
+    (no stages, no flows), so it loads wherever torch, sentencepiece and safetensors are, xylent or not."""
+    import xylent
+    import xylent.models
+
+    dest = scratch / "pyfunc-code" / "xylent"
+    shutil.rmtree(dest, ignore_errors=True)
+    skip = shutil.ignore_patterns("__pycache__", "flows", "tasks", "models")
+    shutil.copytree(Path(xylent.__file__).parent, dest, ignore=skip)
+    shutil.copytree(Path(xylent.models.__file__).parent, dest / "models", ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
 def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Path, step: int = 0) -> tuple[str, int]:
     """Log the exported model as an MLflow logged model (a pyfunc: texts -> embeddings),
     the output of the stage's run (the Models column), and register it; returns
@@ -123,9 +136,9 @@ def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Pa
     import mlflow.pyfunc
 
     local = scratch / "mlflow-model"
-    mlflow.pyfunc.save_model(path=str(local), python_model=str(REPO / "models" / "pyfunc_entry.py"),
+    mlflow.pyfunc.save_model(path=str(local), python_model=str(_pyfunc_code(scratch) / "models" / "pyfunc_entry.py"),
                              artifacts={"model": str(model_dir)},
-                             code_paths=[str(REPO / "models")],
+                             code_paths=[str(scratch / "pyfunc-code" / "xylent")],
                              pip_requirements=["torch", "sentencepiece", "safetensors"])
     from mlflow.entities import LoggedModelOutput
 
@@ -136,6 +149,7 @@ def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Pa
     client.finalize_logged_model(logged.model_id, "READY")
     client.log_outputs(run_id, models=[LoggedModelOutput(logged.model_id, step=step)])
     shutil.rmtree(local, ignore_errors=True)
+    shutil.rmtree(scratch / "pyfunc-code", ignore_errors=True)
     _registered_model(client, name)
     # the logged model's own location: a models:/<id> source would be looked up in the process-global store.
     # MLflow's SQL registry keeps no model_id (the version reads model_id=None), so the link is a tag and a
@@ -231,7 +245,7 @@ def summary(m: dict, p, cfg: TrainConfig, enc, name: str, uri: str, resumed: int
             if f"first.{t}/{k}" in m:
                 rows.append({"task": t, "metric": k, "first steps": m[f"first.{t}/{k}"],
                              "last steps": m[f"final.{t}/{k}"]})
-    lines = [f"**{p.objective}** on {', '.join(t.upper() for t in p.tasks)} ({p.task_schedule}), "
+    lines = [f"**{p.objective}** on {', '.join(t.upper() for t in p.batch_kinds)} ({p.batch_schedule}), "
              f"{int(m['steps'])} steps, ZeRO-{cfg.zero_stage}, {p.ranks} local rank(s).",
              f"Model: {enc.layers}×{enc.hidden} (generator {enc.generator_layers} layers), vocab {enc.vocab_size:,}, "
              f"{int(m['parameters']):,} parameters ({int(m['encoder_parameters']):,} in the exported encoder).",

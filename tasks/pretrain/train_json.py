@@ -63,10 +63,10 @@ def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str
     when not the upstream's local folder."""
     p = spec.pretrain
     index = read_index(upstream["shards"])
-    for t in p.tasks:
+    for t in p.batch_kinds:
         if not has_rows(index, t):
-            raise XylentError(f"pretrain.tasks has {t!r} but the shards hold no {t.upper()} data",
-                              where=str(upstream["shards"]), fix=f"drop {t!r} from pretrain.tasks or add sources")
+            raise XylentError(f"pretrain.batch_kinds has {t!r} but the shards hold no {t.upper()} data",
+                              where=str(upstream["shards"]), fix=f"drop {t!r} from pretrain.batch_kinds or add sources")
     tokenizer, specials = tokenizer_and_specials(upstream["vocab"])
     enc = encoder_config(spec, tokenizer.get_piece_size(), index["seq_len"], specials)
     layer = p.infoxlm.layer

@@ -166,8 +166,15 @@ def _unprovable(claim: str, sha: str, then: dict[str, str], now: dict[str, str])
     so 1500 steps or an lr changed are not its to prove; a comment is)."""
     import yaml
 
+    from xylent.spec.loading import current_path
+
     def parsed(text: str | None):
-        return None if text is None else yaml.safe_load(text)
+        """The YAML's values under the fields' current names (a field renamed: the same value, moved)."""
+        data = None if text is None else yaml.safe_load(text)
+        for name, section in (data.items() if isinstance(data, dict) else ()):
+            if isinstance(section, dict):
+                data[name] = {current_path(f"{name}.{k}").split(".", 1)[1]: v for k, v in section.items()}
+        return data
 
     def at_base(p: str) -> str | None:
         try:
@@ -200,7 +207,7 @@ class Run:
     api: str  # the Prefect server both trees' runs report to
     outputs: dict[str, Path] = field(default_factory=dict)  # "electra pretrain" -> the stage's output folder
     calls: int = 0
-    cli_module: str = "xylent.flows.kit.cli"  # own_code finds the tree's
+    cli_module: str = "xylent.cli"  # own_code finds the tree's
 
     @property
     def ws(self) -> Path:
@@ -228,7 +235,9 @@ class Run:
             wrong = {k: v for k, v in json.loads(r.stdout).items()
                      if not Path(v).resolve().is_relative_to(self.tree.resolve())}
             if not wrong:
-                self.cli_module = f"{prefix}flows.kit.cli"
+                # the command line's module where this tree keeps it: xylent/cli.py, before that flows/kit/cli.py
+                self.cli_module = ("xylent.cli" if (self.tree / "xylent" / "cli.py").is_file()
+                                   else f"{prefix}flows.kit.cli")
                 return
         raise Refused(f"the {self.name} tree's processes import its packages from outside {self.tree} "
                       "(the venv's editable install wins over PYTHONPATH): the replay would compare one tree "

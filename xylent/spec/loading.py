@@ -4,6 +4,7 @@ and validation errors that say what, where and what to do."""
 from __future__ import annotations
 
 import copy
+import sys
 import difflib
 import typing
 from pathlib import Path
@@ -13,9 +14,28 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from xylent.errors import XylentError
+from xylent.spec.base import renamed_keys
 from xylent.spec.root import Spec
 
 # -- loading ------------------------------------------------------------------
+
+
+def _renamed_paths() -> dict[str, str]:
+    """{old dotted path: new} of the renamed fields of the spec's sections (their ``RENAMED``)."""
+    out = {}
+    for name, field in Spec.model_fields.items():
+        for section in _models_in(field.annotation):
+            out.update({f"{name}.{old}": f"{name}.{new}" for new, old in getattr(section, "RENAMED", {}).items()})
+    return out
+
+
+def current_path(path: str) -> str:
+    """``pretrain.tasks`` -> ``pretrain.batch_kinds``: a --set written with a field's old name sets the field
+    (a spec file that uses the new name would otherwise hold both)."""
+    for old, new in _renamed_paths().items():
+        if path == old or path.startswith(old + "."):
+            return new + path[len(old):]
+    return path
 
 
 def apply_override(data: dict, assignment: str) -> None:
@@ -25,6 +45,14 @@ def apply_override(data: dict, assignment: str) -> None:
             f"bad --set {assignment!r}", fix="write overrides as key.path=value, e.g. --set prepare.min_chars=5"
         )
     path, raw = assignment.split("=", 1)
+    if current_path(path.strip()) != path.strip():
+        print(f"xylent: --set {path.strip()} is now {current_path(path.strip())} (the old name still works; "
+              "write the new one)", file=sys.stderr)
+        path = current_path(path.strip())
+    for old, new in _renamed_paths().items():  # a file written with the old name: the field moves to the new one
+        section, old_key = old.split(".", 1)
+        if isinstance(data.get(section), dict) and old_key in data[section] and (path + ".").startswith(new + "."):
+            data[section][new.split(".", 1)[1]] = data[section].pop(old_key)
     try:
         value = yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError as exc:
@@ -120,9 +148,12 @@ def spec_from_dict(data: dict, *, source: str = "<spec>", base_dir: str = ".",
     data = dict(data)
     data["base_dir"] = base_dir
     try:
-        return Spec.model_validate(data)
+        spec = Spec.model_validate(data)
     except ValidationError as exc:
         raise _format_validation_error(exc, source, tuple(overrides)) from None
+    for line in renamed_keys(spec):  # read under the new name; said once per load, where the user looks
+        print(f"xylent: {source}: {line} (the old name still works; write the new one)", file=sys.stderr)
+    return spec
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -133,15 +133,17 @@ class PretrainConfig(Strict):
     # each objective's own section, named as the objective (xylent.objectives: with_section)
     infoxlm: InfoXLMConfig = Field(default_factory=InfoXLMConfig)
     veco: VecoConfig = Field(default_factory=VecoConfig)
-    tasks: list[Literal["mrtd", "trtd"]] = Field(default_factory=lambda: ["mrtd", "trtd"], min_length=1)
-    task_schedule: Literal["alternate", "mix"] = Field(
-        default="alternate", description="alternate: one task per optimizer step; mix: every task every step")
+    batch_kinds: list[Literal["mrtd", "trtd"]] = Field(
+        default_factory=lambda: ["mrtd", "trtd"], min_length=1,
+        description="what the steps train on: mrtd, monolingual text; trtd, translation pairs (XLM-E's two tasks)")
+    batch_schedule: Literal["alternate", "mix"] = Field(
+        default="alternate", description="alternate: one kind per optimizer step; mix: every kind every step")
     trtd_ratio: float = Field(default=0.5, gt=0, lt=1, description="alternate: share of steps that are TRTD")
     steps: int = Field(default=125_000, gt=0, description="optimizer steps")
     batch_size: int = Field(default=8192, gt=0, description="MRTD sequences per micro-batch, all ranks together")
     trtd_max_tokens: int = Field(default=4_194_304, gt=0,
                                  description="TRTD tokens (padded) per micro-batch, all ranks together")
-    grad_accum: int = Field(default=1, gt=0, description="micro-batches per task per optimizer step")
+    grad_accum: int = Field(default=1, gt=0, description="micro-batches per kind per optimizer step")
     lr: float | None = Field(default=None, gt=0, description="peak lr; default by size (base 8e-4, large 2e-4, xl 1e-4)")
     warmup_steps: int = Field(default=10_000, ge=0)
     betas: tuple[float, float] = (0.9, 0.98)
@@ -175,6 +177,8 @@ class PretrainConfig(Strict):
                                               "system_metrics_interval", "peak_tflops", "register_name", "compile")
     # the objectives' sections came after the first outputs: at their defaults they leave fingerprints alone
     ADDED_LATER: ClassVar[tuple[str, ...]] = (*with_section(), "init")
+    # "tasks" read as the stage package, evaluate.tasks and Prefect's tasks (2026-12-06); the old names still work
+    RENAMED: ClassVar[dict[str, str]] = {"batch_kinds": "tasks", "batch_schedule": "task_schedule"}
 
     def unread_fields(self) -> set[str]:
         """The other objectives' sections: not read by this run, so not part of what it computes."""
@@ -195,12 +199,12 @@ class PretrainConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self):
-        if len(set(self.tasks)) != len(self.tasks):
-            raise ValueError("pretrain.tasks lists a task twice")
+        if len(set(self.batch_kinds)) != len(self.batch_kinds):
+            raise ValueError("pretrain.batch_kinds lists a kind twice")
         declared = OBJECTIVES[self.objective]
-        if declared.needs_pairs and "trtd" not in self.tasks:
+        if declared.needs_pairs and "trtd" not in self.batch_kinds:
             raise ValueError(f"objective {self.objective} learns from translation pairs ({declared.needs_pairs}): "
-                             "add 'trtd' to pretrain.tasks")
+                             "add 'trtd' to pretrain.batch_kinds")
         if declared.no_zero3 and self.zero_stage == 3:
             raise ValueError(f"objective {self.objective} {declared.no_zero3}, which ZeRO-3's partitioned "
                              "parameters cannot update: use pretrain.zero_stage 0, 1 or 2")

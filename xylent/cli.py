@@ -1,4 +1,5 @@
-"""The ``xylent`` command line: the top of the stack (it runs flows; nothing imports it).
+"""The ``xylent`` command line: the top of the stack (it runs flows; nothing imports it, and no module of
+xylent/ but this one reaches up into flows/).
 
 Exit codes: 0 success, 2 a user error (bad spec, bad input, unreachable URL:
 the message says what, where and what to do), 1 a bug (with its traceback).
