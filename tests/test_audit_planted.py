@@ -3,7 +3,7 @@ Django's translations where one pair is shuffled (noise), one is a copy of its s
 (trivial) and one is hub-aligned (tests/audit_planted.py).  What holds without a trained
 model holds here: the evidence names all three defects and the report is whole.  Where the
 copy ranks after full-size training, on two seeds, is the acceptance tier's claim
-(tests/acceptance/test_planted_audit.py; measured across seeds in docs/stages/audit.md)."""
+(tests/acceptance/test_planted_audit.py; measured across seeds in docs/records/audit-measured.md)."""
 
 from __future__ import annotations
 

@@ -227,6 +227,29 @@ def test_a_workspace_that_is_a_file_is_one_clear_error(tmp_path, run_cli, inside
     assert blocker.read_text() == "not a folder\n"
 
 
+def test_a_manifest_replaced_by_something_else_is_never_an_output(tmp_path, run_cli):
+    """A ``[]`` or ``{}`` where the manifest was made ``xylent verify`` say "ok (0 files)" and the next stage
+    read the output: now verify names it and the stage is rebuilt."""
+    import json
+
+    (tmp_path / "en.txt").write_text("".join(f"sentence {i} of the corpus\n" for i in range(50)))
+    spec = write_spec(tmp_path / "spec.yaml", {"name": "v", "languages": ["en"], "workspace": str(tmp_path / "ws"),
+                                               "sources": [{"name": "loc", "kind": "url", "format": "text",
+                                                            "lang": "en", "url": (tmp_path / "en.txt").as_uri()}]})
+    rc, out, err = run_cli("run", "prepare", "--spec", spec, "--json")
+    assert rc == 0, err
+    manifest = Path(json.loads(out)["stages"]["prepare"]["output_dir"]) / "_manifest.json"
+    for replaced_by in ("[]", "{}", '{"files": [{"path": 3}]}'):
+        manifest.write_text(replaced_by)
+        rc, out, err = run_cli("verify", "--spec", spec, "--json")
+        assert rc == 2, (replaced_by, out, err)
+        report = json.loads(out)["stages"]["prepare"]
+        assert not report["published"] and "not a manifest" in report["problems"][0], report
+        rc, out, err = run_cli("run", "prepare", "--spec", spec, "--json")
+        assert rc == 0 and json.loads(out)["stages"]["prepare"]["cached"] is False, (replaced_by, out, err)
+        assert json.loads(manifest.read_text())["files"] and run_cli("verify", "--spec", spec)[0] == 0
+
+
 def test_a_published_output_changed_afterwards_is_never_a_cache_hit(tmp_path, run_cli):
     import json
 

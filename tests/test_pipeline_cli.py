@@ -249,6 +249,8 @@ def test_user_errors_exit_2_without_traceback(run_cli, loopback, tmp_path):
 
     rc, _, err = run_cli("run", "nosuchstage", "--spec", spec)
     assert rc == 2 and "unknown stage" in err
+    rc, _, err = run_cli("run", "pipeline", "--spec", spec, "--until", "")  # ran the whole pipeline before
+    assert rc == 2 and "unknown stage ''" in err, err
 
     rc, _, err = run_cli("run", "pipeline", "--spec", tmp_path / "missing.yaml")
     assert rc == 2 and "spec file not found" in err

@@ -185,11 +185,20 @@ def _status(args) -> dict:
 
 
 def _verify(args) -> dict:
+    from xylent.manifest import MANIFEST
     from xylent.workspace import check_files
+
+    def problems(name: str, out: Path, manifest: dict | None) -> list[str]:
+        if manifest is not None:
+            return check_files(out, manifest, full=True)
+        if (out / MANIFEST).exists():  # there, but not a manifest ([] or {} or garbage): never trusted
+            return [f"{MANIFEST}: not a manifest (damaged or replaced); the output is not used: rebuild it with "
+                    f"xylent run {name} --force"]
+        return []
 
     return {"stages": {name: {"output_dir": str(out), "published": manifest is not None,
                               "files": len(manifest.get("files", [])) if manifest else 0,
-                              "problems": check_files(out, manifest, full=True) if manifest else []}
+                              "problems": problems(name, out, manifest)}
                        for name, _, out, manifest in _outputs(args.spec, args.overrides, args.workspace)}}
 
 
@@ -197,9 +206,9 @@ def _run(args) -> dict:
     target = args.target
     if target != "pipeline":
         find_stage(STAGES, target)
-        if args.until:
+        if args.until is not None:
             raise XylentError("--until only goes with 'pipeline'", fix=f"xylent run pipeline --until {target}")
-    elif args.until:
+    elif args.until is not None:  # '' too: an empty name is a mistake, not "run everything"
         find_stage(STAGES, args.until)
     from xylent.flows.kit.processes import run_log, start_prefect_server
     from xylent.spec import load_spec

@@ -33,8 +33,8 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from xylent.errors import XylentError
+from xylent.manifest import MANIFEST, well_formed
 
-MANIFEST = "_manifest.json"
 LOCK = ".xylent.lock"
 LEASE_S = float(os.environ.get("XYLENT_LOCK_LEASE_S", "60"))
 
@@ -111,10 +111,10 @@ class ObjectStore:
     # -- manifests and files -------------------------------------------------
     def read_manifest(self, rel_dir: str) -> dict[str, Any] | None:
         try:
-            return json.loads(self.fs.cat_file(self.url_of(f"{rel_dir}/{MANIFEST}")))
+            return well_formed(json.loads(self.fs.cat_file(self.url_of(f"{rel_dir}/{MANIFEST}"))))
         except FileNotFoundError:
             return None
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             return None  # never trusted: rebuilt like a missing one
         except Exception as exc:
             raise self._fail(exc, f"reading {rel_dir}/{MANIFEST}") from None

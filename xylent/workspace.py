@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from xylent.errors import XylentError
+from xylent.manifest import MANIFEST, well_formed
 from xylent.redact import redact
 
-MANIFEST = "_manifest.json"
 TMP_MARK = ".tmp-"
 
 
@@ -66,10 +66,10 @@ def describe_file(path: Path, root: Path) -> dict[str, Any]:
 
 
 def read_manifest(directory: Path) -> dict[str, Any] | None:
-    """The manifest of a complete output, or None when it is absent or unreadable."""
+    """The manifest of a complete output, or None when it is absent, unreadable or not a manifest."""
     try:
-        return json.loads((Path(directory) / MANIFEST).read_text())
-    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return well_formed(json.loads((Path(directory) / MANIFEST).read_text()))
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError, UnicodeDecodeError):
         return None
 
 

@@ -1,7 +1,7 @@
 """`make demo` as shipped learns: after 1500 steps each loss of both ELECTRA tasks ends below
 its trivial peer (the discriminator's base rate, the generator's unigram model).  The
 evaluate numbers are recorded beside random-init and the bag of subwords, on whichever side
-they fall (today: below both, docs/stages/evaluate.md)."""
+they fall (today: below both, docs/records/evaluate-demo.md)."""
 
 from __future__ import annotations
 
