@@ -227,17 +227,23 @@ def test_a_workspace_that_is_a_file_is_one_clear_error(tmp_path, run_cli, inside
     assert blocker.read_text() == "not a folder\n"
 
 
-def test_a_manifest_replaced_by_something_else_is_never_an_output(tmp_path, run_cli):
-    """A ``[]`` or ``{}`` where the manifest was made ``xylent verify`` say "ok (0 files)" and the next stage
-    read the output: now verify names it and the stage is rebuilt."""
-    import json
-
-    (tmp_path / "en.txt").write_text("".join(f"sentence {i} of the corpus\n" for i in range(50)))
+def _prepared(tmp_path: Path, run_cli, lines: int) -> tuple[Path, str]:
+    """A one-language spec of ``lines`` sentences from a file:// URL, prepared: (spec, the run's --json)."""
+    (tmp_path / "en.txt").write_text("".join(f"sentence {i} of the corpus\n" for i in range(lines)))
     spec = write_spec(tmp_path / "spec.yaml", {"name": "v", "languages": ["en"], "workspace": str(tmp_path / "ws"),
                                                "sources": [{"name": "loc", "kind": "url", "format": "text",
                                                             "lang": "en", "url": (tmp_path / "en.txt").as_uri()}]})
     rc, out, err = run_cli("run", "prepare", "--spec", spec, "--json")
     assert rc == 0, err
+    return spec, out
+
+
+def test_a_manifest_replaced_by_something_else_is_never_an_output(tmp_path, run_cli):
+    """A ``[]`` or ``{}`` where the manifest was made ``xylent verify`` say "ok (0 files)" and the next stage
+    read the output: now verify names it and the stage is rebuilt."""
+    import json
+
+    spec, out = _prepared(tmp_path, run_cli, lines=50)
     manifest = Path(json.loads(out)["stages"]["prepare"]["output_dir"]) / "_manifest.json"
     for replaced_by in ("[]", "{}", '{"files": [{"path": 3}]}'):
         manifest.write_text(replaced_by)
@@ -253,12 +259,7 @@ def test_a_manifest_replaced_by_something_else_is_never_an_output(tmp_path, run_
 def test_a_published_output_changed_afterwards_is_never_a_cache_hit(tmp_path, run_cli):
     import json
 
-    (tmp_path / "en.txt").write_text("".join(f"sentence {i} of the corpus\n" for i in range(200)))
-    spec = write_spec(tmp_path / "spec.yaml", {"name": "v", "languages": ["en"], "workspace": str(tmp_path / "ws"),
-                                               "sources": [{"name": "loc", "kind": "url", "format": "text",
-                                                            "lang": "en", "url": (tmp_path / "en.txt").as_uri()}]})
-    rc, out, err = run_cli("run", "prepare", "--spec", spec, "--json")
-    assert rc == 0, err
+    spec, out = _prepared(tmp_path, run_cli, lines=200)
     stages = json.loads(out)["stages"]
     part = next(Path(stages["prepare"]["output_dir"]).rglob("*.parquet"))
     part.write_bytes(part.read_bytes()[:-100])  # truncated after it was published
