@@ -900,3 +900,19 @@ def test_an_error_reads_as_lines_where_prefect_logs_it_and_survives_pickling():
     assert "\\n" not in f"{err!r}", "real line breaks, not an escaped string"
     back = pickle.loads(pickle.dumps(err))
     assert (back.what, back.where, back.fix) == (err.what, err.where, err.fix)
+
+
+def test_a_master_port_in_use_is_refused_before_any_rank_starts(tmp_path):
+    """Each rank died with EADDRINUSE, said only in train.log, and the advice was to run it again."""
+    import socket
+
+    from xylent.errors import XylentError
+    from xylent.launch import deepspeed_command, free_port
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(XylentError, match=f"master port {taken.getsockname()[1]} is in use"):
+            deepspeed_command(tmp_path / "train.json", ranks=2, master_port=taken.getsockname()[1])
+    port = free_port()
+    assert deepspeed_command(tmp_path / "train.json", ranks=2, master_port=port)[3:5] == ["--master_port", str(port)]

@@ -508,3 +508,23 @@ def load_spec_languages() -> list[str]:
     from xylent.spec import load_spec
 
     return load_spec(ROOT / "data_specs" / "demo.yaml").languages
+
+
+def test_registering_again_after_a_run_stopped_mid_registration(mlm_export, tmp_path):
+    """A full disk stopped a run inside MLflow's save_model: the next run found ``mlflow-model`` "already exists
+    and is not empty" and failed forever (issue 64, item 1); the folder is scratch, and it is cleared first.
+    The logged model carries the xylent core and xylent.models (no stages), as installed."""
+    from xylent.tasks.pretrain.publish import register_model
+    from xylent.tracking import Tracker
+
+    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "t", artifact_root=tmp_path / "mlartifacts")
+    run_id = tracker.start_run("pretrain")
+    scratch = tmp_path / "_checkpoints"
+    (scratch / "mlflow-model" / "code").mkdir(parents=True)
+    (scratch / "mlflow-model" / "MLmodel").write_text("half written\n")
+    uri, version = register_model(tracker, run_id, mlm_export, "xylent-t", scratch)
+    assert version == 1 and not (scratch / "mlflow-model").exists() and not (scratch / "pyfunc-code").exists()
+    root = next((tmp_path / "mlartifacts").rglob("MLmodel")).parent
+    code = root / "code" / "xylent"
+    assert (code / "models" / "serving.py").is_file() and (code / "errors.py").is_file(), sorted(root.rglob("*"))[:20]
+    assert not (code / "tasks").exists() and not (code / "flows").exists()

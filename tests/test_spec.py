@@ -120,6 +120,22 @@ def test_a_renamed_field_is_read_under_its_old_name_reported_and_fingerprinted_a
         load_spec(both)
 
 
+@pytest.mark.parametrize("override, message", [
+    ("pretrain.betas=[0.9,1.0]", "each must be in [0, 1)"),
+    ("name=team/run", "'xylent-team/run', which MLflow refuses"),
+    ("pretrain.register_name=enc:v1", "'enc:v1', which MLflow refuses"),
+    ("=5", "no field named before '='"),
+    ("sources.0.url_template=https://x/all.txt.xz", "lacks {file}"),
+])
+def test_what_a_rank_or_the_registry_would_die_on_is_refused_up_front(tmp_path, override, message):
+    """Found only when a rank died ("run the same command again") or after the whole training (the registry's
+    name rule): refused when the spec is read, naming the field."""
+    spec = write_spec(tmp_path / "s.yaml", {**BASE, "sources": [{"name": "cc", "kind": "cc100"}]})
+    with pytest.raises(XylentError) as err:
+        load_spec(spec, [override])
+    assert message in err.value.render(), err.value.render()
+
+
 def test_set_overrides_nested_fields_lists_and_yaml_values(tmp_path):
     spec = write_spec(tmp_path / "s.yaml", BASE)
     s = load_spec(spec, ["prepare.min_chars=5", "sources.0.max_lines=10", "languages=[de, en, fr]",

@@ -58,6 +58,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_in_use(port: int) -> bool:
+    """Whether rank 0's rendezvous could not listen on ``port`` (bound as torch's store binds it)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return True
+    return False
+
+
 def gpu_available() -> bool:
     import torch
 
@@ -79,6 +90,9 @@ def deepspeed_command(config: Path, *, ranks: int, hostfile: str | None = None, 
                               fix="write one 'host slots=N' line per node, or drop pretrain.hostfile")
         cmd += ["--hostfile", str(hostfile)]
     else:
+        if master_port and port_in_use(master_port):  # else each rank dies with EADDRINUSE, said only in train.log
+            raise XylentError(f"master port {master_port} is in use on this machine", where="spec field master_port",
+                              fix="choose a free port, or leave master_port unset (a free one is picked)")
         cmd += ["--num_gpus", str(ranks)]
     cmd += ["--master_port", str(master_port or free_port()), "--module", module, "--config", str(config)]
     return cmd

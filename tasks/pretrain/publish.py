@@ -136,6 +136,7 @@ def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Pa
     import mlflow.pyfunc
 
     local = scratch / "mlflow-model"
+    shutil.rmtree(local, ignore_errors=True)  # a run stopped here (a full disk) left it: MLflow refuses a full folder
     mlflow.pyfunc.save_model(path=str(local), python_model=str(_pyfunc_code(scratch) / "models" / "pyfunc_entry.py"),
                              artifacts={"model": str(model_dir)},
                              code_paths=[str(scratch / "pyfunc-code" / "xylent")],

@@ -45,6 +45,9 @@ def apply_override(data: dict, assignment: str) -> None:
             f"bad --set {assignment!r}", fix="write overrides as key.path=value, e.g. --set prepare.min_chars=5"
         )
     path, raw = assignment.split("=", 1)
+    if not path.strip() or "" in path.strip().split("."):
+        raise XylentError(f"bad --set {assignment!r}: no field named before '='",
+                          fix="write overrides as key.path=value, e.g. --set prepare.min_chars=5")
     if current_path(path.strip()) != path.strip():
         print(f"xylent: --set {path.strip()} is now {current_path(path.strip())} (the old name still works; "
               "write the new one)", file=sys.stderr)

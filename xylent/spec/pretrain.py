@@ -11,6 +11,15 @@ from xylent.objectives import OBJECTIVES, with_section
 from xylent.spec.base import Strict
 
 
+
+def registrable(name: str, field: str) -> str:
+    """A name MLflow's model registry takes (no '/' or ':', not blank), checked before any training: the
+    registry refused it only after the whole run, and nothing was published."""
+    if not name.strip() or "/" in name or ":" in name or name != name.strip():
+        raise ValueError(f"{field} gives the registered model name {name!r}, which MLflow refuses (no '/', ':', "
+                         "or surrounding spaces): choose another")
+    return name
+
 class ModelConfig(Strict):
     """A size band (models/config.py presets, XLM-E Table 8) with any field overridden.
     The vocabulary size comes from the vocab stage, positions from shards.seq_len."""
@@ -196,6 +205,18 @@ class PretrainConfig(Strict):
             return {}
         ours, paper = getattr(self, section).model_dump(), type(getattr(self, section))().model_dump()
         return {k: (paper[k], v) for k, v in ours.items() if paper[k] != v}
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v):
+        if not all(0 <= b < 1 for b in v):  # Adam's moment decays: a rank would die on the first step
+            raise ValueError(f"betas {list(v)}: each must be in [0, 1) (Adam's decay rates; the papers: [0.9, 0.98])")
+        return v
+
+    @field_validator("register_name")
+    @classmethod
+    def _register_name(cls, v):
+        return v if v is None else registrable(v, "pretrain.register_name")
 
     @model_validator(mode="after")
     def _check(self):

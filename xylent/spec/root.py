@@ -14,7 +14,7 @@ from xylent.spec.dedup import DedupConfig
 from xylent.spec.download import DownloadConfig
 from xylent.spec.evaluate import EvaluateConfig
 from xylent.spec.prepare import PrepareConfig
-from xylent.spec.pretrain import ModelConfig, PretrainConfig
+from xylent.spec.pretrain import ModelConfig, PretrainConfig, registrable
 from xylent.spec.runtime import RunnerConfig, TrackingConfig
 from xylent.spec.sampling import SamplingConfig
 from xylent.spec.shards import ShardsConfig
@@ -52,6 +52,13 @@ class Spec(Strict):
         if len(set(v)) != len(v):
             raise ValueError("'languages' lists a language twice")
         return v
+
+    @model_validator(mode="after")
+    def _registered_name(self):
+        if self.pretrain.register_name is None:  # the default, xylent-<name>: the name must make a valid one
+            registrable(f"xylent-{self.name}", "the spec's name (registered as xylent-<name>; or set "
+                                               "pretrain.register_name)")
+        return self
 
     @model_validator(mode="after")
     def _sources(self):

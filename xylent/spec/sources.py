@@ -16,6 +16,16 @@ SourceName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_l
 FileFormat = Literal["text", "text-xz", "text-gz", "moses-zip", "tsv", "parquet", "gettext"]
 
 
+
+def _placeholders(template: str, needed: tuple[str, ...], what: str) -> str:
+    """A URL template without the placeholder that tells its units apart fetches one URL for all of them
+    (two languages collapsed onto one unit, found only when the download failed)."""
+    missing = [n for n in needed if n not in template]
+    if missing:
+        raise ValueError(f"url_template {template!r} lacks {', '.join(missing)}: {what} needs its own URL "
+                         f"(e.g. ...{missing[0]}...)")
+    return template
+
 class SourceBase(Strict):
     name: SourceName
     max_bytes: int | None = Field(
@@ -40,6 +50,11 @@ class Cc100Source(SourceBase):
         default_factory=dict, description="language code -> CC-100 file name, for the few that differ"
     )
 
+    @field_validator("url_template")
+    @classmethod
+    def _one_url_per_language(cls, v):
+        return _placeholders(v, ("{file}",), "each language's file")
+
 
 class OpusSource(SourceBase):
     """An OPUS corpus as moses zips (``{l1}-{l2}.txt.zip``, pair in alphabetical order)."""
@@ -54,6 +69,11 @@ class OpusSource(SourceBase):
     )
     url_template: str = "https://object.pouta.csc.fi/OPUS-{corpus}/{version}/moses/{pair}.txt.zip"
     api_url: str = "https://opus.nlpl.eu/opusapi/"
+
+    @field_validator("url_template")
+    @classmethod
+    def _one_url_per_pair(cls, v):
+        return _placeholders(v, ("{pair}",), "each pair's zip")
 
     @field_validator("pairs")
     @classmethod
