@@ -253,7 +253,7 @@ def test_user_errors_exit_2_without_traceback(run_cli, loopback, tmp_path):
     assert rc == 2 and "unknown stage ''" in err, err
 
     rc, _, err = run_cli("run", "pipeline", "--spec", tmp_path / "missing.yaml")
-    assert rc == 2 and "spec file not found" in err
+    assert rc == 2 and "missing.yaml does not exist" in err
 
 
 def test_stages_lists_the_pipeline_in_order(run_cli):

@@ -66,6 +66,17 @@ def test_a_spec_error_says_which_set_gave_the_value_and_suggests_the_nearest_fie
     assert "  - sources.0.urll: unknown field" in text, "the source's kind tag is not part of the location"
 
 
+def test_a_spec_or_extends_that_is_a_folder_says_so(tmp_path):
+    (tmp_path / "folder.yaml").mkdir()
+    with pytest.raises(XylentError, match="folder.yaml is a folder, not a spec file"):
+        load_spec(tmp_path / "folder.yaml")
+    spec = write_spec(tmp_path / "s.yaml", {**BASE, "extends": "folder.yaml"})
+    with pytest.raises(XylentError, match="which is a folder, not a spec file"):
+        load_spec(spec)
+    with pytest.raises(XylentError, match="which is not a regular file"):
+        load_spec(write_spec(tmp_path / "d.yaml", {**BASE, "extends": "/dev/null"}))
+
+
 def test_a_missing_extends_parent_names_the_spec_that_points_at_it(tmp_path):
     child = tmp_path / "child.yaml"
     child.write_text("extends: gone/base.yaml\nname: child\n")
@@ -126,6 +137,8 @@ def test_a_renamed_field_is_read_under_its_old_name_reported_and_fingerprinted_a
     ("pretrain.register_name=enc:v1", "'enc:v1', which MLflow refuses"),
     ("=5", "no field named before '='"),
     ("sources.0.url_template=https://x/all.txt.xz", "lacks {file}"),
+    ("seed=4294967296", "less than 4294967296"),  # SentencePiece's seed is 32 bits: a TypeError in a task, 18 s in
+    ("tracking.experiment=''", "tracking.experiment"),  # was blamed on the tracking URI
 ])
 def test_what_a_rank_or_the_registry_would_die_on_is_refused_up_front(tmp_path, override, message):
     """Found only when a rank died ("run the same command again") or after the whole training (the registry's

@@ -195,9 +195,15 @@ def _too_big(data: Any) -> bool:
     return False
 
 
+def _not_a_file(p: Path) -> str:
+    """Why ``p`` is no spec file, in the words a user checks: a folder and a device are there, not missing."""
+    return "is a folder, not a spec file" if p.is_dir() else (
+        "is not a regular file (a device or a pipe?)" if p.exists() else "does not exist")
+
+
 def _read_yaml(p: Path) -> dict:
     if not p.is_file():
-        raise XylentError(f"spec file not found: {p}", fix="pass --spec with a YAML file, e.g. data_specs/demo.yaml")
+        raise XylentError(f"spec file {p} {_not_a_file(p)}", fix="pass --spec with a YAML file, e.g. data_specs/demo.yaml")
     try:
         data = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except UnicodeDecodeError as exc:
@@ -237,7 +243,7 @@ def _with_bases(p: Path, seen: tuple[Path, ...] = ()) -> dict:
                           fix="write e.g. extends: ../demo.yaml (relative to this file)")
     parent = p.parent / base
     if not parent.is_file():
-        raise XylentError(f"the spec extends {parent}, which does not exist", where=f"{p}: extends: {base}",
+        raise XylentError(f"the spec extends {parent}, which {_not_a_file(parent)}", where=f"{p}: extends: {base}",
                           fix="point 'extends:' at an existing spec file (relative to this file's folder)")
     return _merged(_with_bases(parent, (*seen, p)), data)
 

@@ -24,7 +24,8 @@ from xylent.spec.vocab import VocabConfig
 
 class Spec(Strict):
     name: str = "xylent"
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, lt=2**32, description="every random choice derives from it (SentencePiece "
+                      "takes 32 bits)")
     workspace: str | None = Field(default=None, description="default workspace; --workspace overrides")
     languages: list[str] = Field(min_length=1)
     sources: list[Source] = Field(min_length=1)

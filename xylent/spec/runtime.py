@@ -16,7 +16,7 @@ class RunnerConfig(Strict):
 
 
 class TrackingConfig(Strict):
-    experiment: str = "xylent"
+    experiment: str = Field(default="xylent", min_length=1, pattern=r"\S", description="the MLflow experiment")
     tracking_uri: str | None = Field(
         default=None, description="default: $MLFLOW_TRACKING_URI, else sqlite:///<workspace>/mlflow.db"
     )
