@@ -916,3 +916,15 @@ def test_a_master_port_in_use_is_refused_before_any_rank_starts(tmp_path):
             deepspeed_command(tmp_path / "train.json", ranks=2, master_port=taken.getsockname()[1])
     port = free_port()
     assert deepspeed_command(tmp_path / "train.json", ranks=2, master_port=port)[3:5] == ["--master_port", str(port)]
+
+
+def test_a_lock_file_that_is_a_folder_is_one_clear_error(tmp_path):
+    """IsADirectoryError with a traceback ("a bug") before."""
+    from xylent.errors import XylentError
+    from xylent.workspace import Workspace
+
+    (tmp_path / "ws" / ".xylent.lock").mkdir(parents=True)
+    with pytest.raises(XylentError, match="lock file is a folder") as err:
+        with Workspace(tmp_path / "ws").lock():
+            pass
+    assert "remove that folder" in err.value.render()

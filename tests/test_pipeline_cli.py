@@ -223,6 +223,11 @@ def test_mlflow_tracking_uri_from_the_environment(run_cli, loopback, tmp_path, m
     res = run_json(run_cli, "run", "download", "--spec", spec, "--workspace", ws)
     assert MlflowClient(tracking_uri=uri).get_run(res["mlflow_parent_run_id"]).info.status == "FINISHED"
     assert not (ws / "mlflow.db").exists()
+    # a scheme MLflow has no store for (a KeyError inside MLflow) or a folder: said before any stage runs
+    for bad, said in (("foo://host/x", "scheme 'foo'"), (f"file://{tmp_path}/mlruns", "file store")):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", bad)
+        rc, _, err = run_cli("run", "download", "--spec", spec, "--workspace", ws)
+        assert rc == 2 and said in err and "MLFLOW_TRACKING_URI" in err and "Traceback" not in err, err
 
 
 def test_truncated_xz_from_the_server_fails_prepare_clearly(run_cli, loopback):

@@ -16,13 +16,17 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from xylent.errors import XylentError
-from xylent.redact import redact
+from xylent.redact import redact, redact_text
+
+
+# the stores a run can log to and register its model in: a database (SQLAlchemy's schemes) or a server
+STORE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc")
 
 
 def tracking_uri_for(workspace_root: Path, configured: str | None = None) -> str:
     uri = configured or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
-        return uri
+        return _supported(uri, "spec field tracking.tracking_uri" if configured else "$MLFLOW_TRACKING_URI")
     if bad := next((c for c in "%?#" if c in str(workspace_root)), None):
         # SQLAlchemy reads the store's URI as a URL: "?" starts its query, "%41" decodes to "A" (and
         # MLflow makes the folders of the undecoded path): the store would land outside the workspace
@@ -32,6 +36,19 @@ def tracking_uri_for(workspace_root: Path, configured: str | None = None) -> str
                           fix="use a workspace path without %, ? or #, or point tracking.tracking_uri "
                               "(or MLFLOW_TRACKING_URI) at a store elsewhere")
     return f"sqlite:///{workspace_root}/mlflow.db"
+
+
+def _supported(uri: str, where: str) -> str:
+    """``uri`` if MLflow can keep a run's metrics and registered models there; a KeyError or a "file store"
+    failure after the data stages otherwise."""
+    scheme = uri.split(":", 1)[0].lower().split("+", 1)[0] if "://" in uri or uri.startswith("databricks") else ""
+    if scheme in STORE_SCHEMES:
+        return uri
+    what = ("a folder: MLflow's file store, which xylent does not run on (MLflow 3.7 moved its default to a database)"
+            if scheme in ("", "file") else f"scheme {scheme!r}, which is no MLflow store xylent can use")
+    raise XylentError(f"the MLflow tracking URI {redact_text(uri)!r} names {what}", where=where,
+                      fix="use sqlite:///<folder>/mlflow.db, a database URL (postgresql://...), a tracking server "
+                          "(http://host:5000), or leave it unset for the workspace's own store")
 
 
 def import_store(uri: str) -> None:

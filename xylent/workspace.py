@@ -285,7 +285,12 @@ class Workspace:
             else:
                 self.root.mkdir(parents=True, exist_ok=True)
                 lock_path = self.root / ".xylent.lock"
-                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+                except IsADirectoryError:
+                    raise XylentError("the workspace's lock file is a folder", where=str(lock_path),
+                                      fix="remove that folder (xylent makes the file itself); no run is using it: "
+                                          "a run's lock is a file") from None
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
