@@ -92,19 +92,19 @@ recipes: $(STAMP)
 		--claim metaxlm-phase2:metaxlm-scratch --out docs/recipes-scorecard-metaxlm.md
 
 # every benchmark at full size (about an hour on 2 cores; run it on a quiet machine), then the
-# measured parts of docs/benchmarks.md are rewritten from benchmarks/results/*.json.
+# measured parts of docs/records/benchmarks.md are rewritten from benchmarks/results/*.json.
 # `make bench QUICK=1`: the smoke sizes (results and a rendered doc under benchmarks/results/quick/).
 BENCH := prepare_throughput dedup vocab sampling shards scaling pretrain evaluate audit finetune overhead
 bench: $(STAMP)
 	for b in $(BENCH); do $(BIN)/python benchmarks/$$b.py $(if $(QUICK),--quick) || exit 1; done
 	$(BIN)/python benchmarks/render.py $(if $(QUICK),--results benchmarks/results/quick \
-		--template docs/benchmarks.md --doc benchmarks/results/quick/benchmarks.md)
+		--template docs/records/benchmarks.md --doc benchmarks/results/quick/benchmarks.md)
 
 benchmarks: bench
 
 # what the GPU check needs on a lent GPU machine (issue 37): DeepSpeed and pydantic as wheels for its
 # Python 3.12, the data stages of data_specs/gpu-check.yaml (built here first: ~3 min on 2 cores; 37.8 MiB in all);
-# then, there, in one command: benchmarks/gpu_check.sh OUT (docs/benchmarks.md, "The GPU check")
+# then, there, in one command: benchmarks/gpu_check.sh OUT (docs/records/benchmarks.md, "The GPU check")
 gpu-bundle: $(STAMP)
 	$(BIN)/python benchmarks/gpu_bundle.py
 

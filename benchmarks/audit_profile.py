@@ -6,7 +6,7 @@ Builds (or finds) the demo's shards with benchmarks/audit.py's helpers, writes t
 train.json as that benchmark does (``--plain``: the same without the audit), starts one rank
 through ``xylent.launch`` under ``py-spy record --subprocesses --format raw``, then prints the
 median step time and each audit piece's share of the training loop's samples.  Run it on an
-idle machine; docs/benchmarks.md ("What the sweep says", "History") reads its output.  Not one
+idle machine; docs/records/benchmarks.md ("What the sweep says", "History") reads its output.  Not one
 of render.py's benchmarks: it writes no JSON and needs py-spy
 (``pip install --target /tmp/pyspy py-spy``; ``--py-spy`` names another binary).
 """

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict:
     return run
 
 
-# ---------------------------------------------------------------- docs/benchmarks.md (benchmarks/render.py)
+# ---------------------------------------------------------------- docs/records/benchmarks.md (benchmarks/render.py)
 
 def _learned(metrics: dict) -> str:
     """Each task's final loss beside the loss of its no-learning peer."""

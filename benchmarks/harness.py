@@ -13,7 +13,7 @@ comparison is measured the same way and every result file says how.
   so a smoke run never overwrites the committed numbers.
 - `loglog_slope()`/`plot_loglog()`: cost-against-size curves.
 - Markdown helpers for `markdown(result)`, the function each script exposes and
-  `benchmarks/render.py` calls to write docs/benchmarks.md from the JSON.
+  `benchmarks/render.py` calls to write docs/records/benchmarks.md from the JSON.
 
 Module level imports stay stdlib + numpy: render.py imports every script.
 """

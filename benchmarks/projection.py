@@ -3,7 +3,7 @@ from the measured GPU rows, never typed: the lent GPU's checks (benchmarks/resul
 written by gpu_results.py) and pretrain.json's GPU section where a run measured one.
 
     .venv/bin/python benchmarks/projection.py     # writes benchmarks/results/projection.json
-    .venv/bin/python benchmarks/render.py         # then its block in docs/benchmarks.md
+    .venv/bin/python benchmarks/render.py         # then its block in docs/records/benchmarks.md
 
 Rerun it after gpu_results.py brings rows back: tests/test_projection.py fails while the committed
 projection.json is not what the committed rows give.
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> dict:
     return payload
 
 
-# ---------------------------------------------------------------- docs/benchmarks.md (benchmarks/render.py)
+# ---------------------------------------------------------------- docs/records/benchmarks.md (benchmarks/render.py)
 
 def _days(x: dict, n: int) -> str:
     return harness.num(x["by_gpus"][str(n)]["days"])

@@ -1,4 +1,4 @@
-"""Write the measured parts of docs/benchmarks.md from benchmarks/results/*.json.
+"""Write the measured parts of docs/records/benchmarks.md from benchmarks/results/*.json.
 
 Every benchmark script exposes `markdown(result: dict) -> str`; its output
 replaces the block between `<!-- bench:NAME -->` and `<!-- /bench:NAME -->` in
@@ -26,7 +26,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 
 import harness  # noqa: E402
 
-DOC = ROOT / "docs" / "benchmarks.md"
+DOC = ROOT / "docs" / "records" / "benchmarks.md"
 IMG = ROOT / "docs" / "img" / "benchmarks"
 # the order of the doc; each is benchmarks/<name>.py writing results/<name>.json
 BENCHMARKS = ("prepare_throughput", "dedup", "vocab", "sampling", "shards", "scaling",
@@ -48,7 +48,7 @@ def render_block(name: str, results: Path) -> str:
     return f"{body}\n\n{getattr(module, 'provenance', harness.provenance)(result)}\n"
 
 
-def render(text: str, results: Path, *, doc_name: str = "docs/benchmarks.md") -> str:
+def render(text: str, results: Path, *, doc_name: str = "docs/records/benchmarks.md") -> str:
     seen = set()
 
     def sub(m: re.Match) -> str:

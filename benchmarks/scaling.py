@@ -617,8 +617,8 @@ def markdown(result: dict) -> str:
                "and of the part in brackets, and the peak 100× the data would reach by the slope:")
     out.append(harness.table(["stage", *head, "slope", "slope above baseline", f"100× ({_mb(big * 100)}), by slope"],
                              rows))
-    out.append("![Stage time against corpus size, log-log](img/benchmarks/scaling_time.png)\n"
-               "![Peak RSS against corpus size, log-log](img/benchmarks/scaling_rss.png)")
+    out.append("![Stage time against corpus size, log-log](../img/benchmarks/scaling_time.png)\n"
+               "![Peak RSS against corpus size, log-log](../img/benchmarks/scaling_rss.png)")
     out.append(_findings(result))
     out.append(_fixed(result))
     out.append(_sampling(result))
@@ -722,7 +722,7 @@ def _sampling(result: dict) -> str:
             + ":\n\n"
             + harness.table(["L", "pairs with data", "tables", "output", "peak RSS", "max marginal error"], rows)
             + "\n\n![Sampling stage against the number of languages, log-log]"
-              "(img/benchmarks/scaling_sampling_languages.png)"
+              "(../img/benchmarks/scaling_sampling_languages.png)"
             + f"\n\nSlope against L: tables {samp['slope_time']:.2f} (of pairs, ~L², "
             f"{pair_slope:.2f}), output {out_slope:.2f}, peak RSS {samp['slope_rss']:.2f}. "
             f"At L = {big['languages']} the stage's work takes "

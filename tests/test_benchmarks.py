@@ -1,4 +1,4 @@
-"""The benchmarks a skeptic reruns: docs/benchmarks.md is what the committed JSON
+"""The benchmarks a skeptic reruns: docs/records/benchmarks.md is what the committed JSON
 says, and every script still runs (at its --quick smoke size) and renders.
 
 Timings are never asserted here: speed targets are judged by the full runs
@@ -32,7 +32,7 @@ def test_the_doc_is_what_the_committed_json_says():
 
 
 def test_the_doc_names_a_block_for_every_benchmark_and_every_script_exists():
-    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    text = (ROOT / "docs" / "records" / "benchmarks.md").read_text()
     for name in render.BENCHMARKS:
         assert f"<!-- bench:{name} -->" in text and f"<!-- /bench:{name} -->" in text
         assert (ROOT / "benchmarks" / f"{name}.py").exists()
@@ -45,7 +45,7 @@ def test_the_doc_names_a_block_for_every_benchmark_and_every_script_exists():
 
 def test_a_hand_typed_figure_inside_a_generated_block_is_caught(tmp_path):
     doc = tmp_path / "b.md"
-    doc.write_text((ROOT / "docs" / "benchmarks.md").read_text().replace(
+    doc.write_text((ROOT / "docs" / "records" / "benchmarks.md").read_text().replace(
         "<!-- /bench:sampling -->", "| hand typed | 1.23 s |\n<!-- /bench:sampling -->", 1))
     proc = subprocess.run([sys.executable, "benchmarks/render.py", "--check", "--doc", str(doc)], cwd=ROOT,
                           capture_output=True, text=True)
@@ -79,7 +79,7 @@ def test_every_benchmark_runs_at_its_smoke_size_and_renders(smoke, tmp_path):
         assert result["environment"]["machine"]["usable_cpus"] >= 1
     doc = tmp_path / "benchmarks.md"
     proc = subprocess.run([sys.executable, "benchmarks/render.py", "--results", str(smoke), "--template",
-                           str(ROOT / "docs" / "benchmarks.md"), "--doc", str(doc)], cwd=ROOT, capture_output=True,
+                           str(ROOT / "docs" / "records" / "benchmarks.md"), "--doc", str(doc)], cwd=ROOT, capture_output=True,
                           text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = doc.read_text()

@@ -1,6 +1,6 @@
 """benchmarks/projection.py: the papers' budgets costed from the measured GPU rows. The committed
 projection is what the committed rows give, its arithmetic holds, a side with no row renders
-"not measured", and docs/benchmarks.md's block is what the renderer writes now. No timing."""
+"not measured", and docs/records/benchmarks.md's block is what the renderer writes now. No timing."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_the_committed_projection_is_what_the_committed_rows_give():
 
 
 def test_the_docs_block_is_what_the_renderer_gives_now():
-    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    text = (ROOT / "docs" / "records" / "benchmarks.md").read_text()
     block = text.split("<!-- bench:projection -->\n")[1].split("<!-- /bench:projection -->")[0]
     assert block == render.render_block("projection", harness.RESULTS)
 

@@ -136,7 +136,7 @@ def test_a_renamed_field_is_read_under_its_old_name_reported_and_fingerprinted_a
     ("name=team/run", "'xylent-team/run', which MLflow refuses"),
     ("pretrain.register_name=enc:v1", "'enc:v1', which MLflow refuses"),
     ("=5", "no field named before '='"),
-    ("sources.0.url_template=https://x/all.txt.xz", "lacks {file}"),
+    ("sources.0.url_template=https://x/all.txt.xz", "lacks {file} or {lang}"),
     ("seed=4294967296", "less than 4294967296"),  # SentencePiece's seed is 32 bits: a TypeError in a task, 18 s in
     ("tracking.experiment=''", "tracking.experiment"),  # was blamed on the tracking URI
 ])

@@ -20,10 +20,9 @@ FileFormat = Literal["text", "text-xz", "text-gz", "moses-zip", "tsv", "parquet"
 def _placeholders(template: str, needed: tuple[str, ...], what: str) -> str:
     """A URL template without the placeholder that tells its units apart fetches one URL for all of them
     (two languages collapsed onto one unit, found only when the download failed)."""
-    missing = [n for n in needed if n not in template]
-    if missing:
-        raise ValueError(f"url_template {template!r} lacks {', '.join(missing)}: {what} needs its own URL "
-                         f"(e.g. ...{missing[0]}...)")
+    if not any(n in template for n in needed):  # one of them is enough
+        raise ValueError(f"url_template {template!r} lacks {' or '.join(needed)}: {what} needs its own URL "
+                         f"(e.g. ...{needed[0]}...)")
     return template
 
 class SourceBase(Strict):
@@ -53,7 +52,7 @@ class Cc100Source(SourceBase):
     @field_validator("url_template")
     @classmethod
     def _one_url_per_language(cls, v):
-        return _placeholders(v, ("{file}",), "each language's file")
+        return _placeholders(v, ("{file}", "{lang}"), "each language's file")
 
 
 class OpusSource(SourceBase):
