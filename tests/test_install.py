@@ -42,6 +42,7 @@ def _tracked(folder: str) -> list[str]:
                           check=True).stdout.split()
 
 
+@pytest.mark.costs(cli=1)  # pip builds the wheel in a process the cost guard counts as a CLI start
 def test_the_wheel_holds_every_module_and_data_file_under_the_xylent_package(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
@@ -54,6 +55,7 @@ def test_the_wheel_holds_every_module_and_data_file_under_the_xylent_package(whe
     assert "xylent = xylent.cli:entry" in entry, entry
 
 
+@pytest.mark.costs(cli=2)  # the probe (it imports the command line's module) and `python -m xylent.cli stages`
 def test_the_installed_package_runs_from_outside_the_checkout_and_finds_its_data(wheel, tmp_path):
     """The wheel unpacked alone into a fresh venv (its dependencies from this one, by a path entry), then the
     CLI and every reader of a shipped data file, from a folder that is not the checkout."""
