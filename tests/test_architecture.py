@@ -22,9 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from xylent import SUBPACKAGES  # flows, tasks, models: xylent.flows, xylent.tasks, xylent.models
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("xylent", "tasks", "models", "flows")
-SUBPACKAGES = ("flows", "tasks", "models")  # xylent.flows, xylent.tasks, xylent.models
 
 
 def _top(name: str) -> str:

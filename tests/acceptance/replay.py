@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.acceptance import claims
+from xylent import SUBPACKAGES  # tasks.x in a base tree from before 2026-12-06 is xylent.tasks.x
 
 # metrics.jsonl fields that measure the clock, not the arithmetic: never compared
 TIMING_FIELDS = frozenset({"step_seconds", "tokens_per_second", "mfu", "peak_memory_gb"})
@@ -123,17 +124,13 @@ def base_commit(claim: str, result: dict, forced: str | None = None) -> str:
                   "or name the base with --base")
 
 
-# the packages that moved into the xylent namespace (2026-12-06): ``tasks.x`` in a base tree is ``xylent.tasks.x``
-NAMESPACED = ("flows", "tasks", "models")
-
-
 def _same_program(old: str | None, new: str | None) -> bool:
     """True when two Python sources differ at most in comments, docstrings and the names of modules that
     moved into the xylent namespace (``from tasks.x import f`` and ``from xylent.tasks.x import f``, the
     string ``"tasks.x"`` and ``"xylent.tasks.x"``): the same statements on the same objects."""
     def unprefixed(name: str) -> str:
         head, _, rest = name.partition(".")
-        return rest if head == "xylent" and rest.split(".")[0] in NAMESPACED else name
+        return rest if head == "xylent" and rest.split(".")[0] in SUBPACKAGES else name
 
     def tree(text: str):
         module = ast.parse(text)
