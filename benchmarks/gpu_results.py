@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> dict:
            "evaluate": {"output_dir": str(evaluate_dir), "command": " ".join(cmd[2:]),
                         "averages": {m: {t: r["avg"] for t, r in tasks.items()}
                                      for m, tasks in scores["models"].items()},
+                        # the retrieval tasks with the surface a translator copies stripped: what the verdict reads
+                        "stripped": {m: {t: r["stripped"]["avg"] for t, r in tasks.items() if "stripped" in r}
+                                     for m, tasks in scores["models"].items()},
                         # what each score is read against beyond the peers: the layer, every layer, the majority
                         "details": {m: {t: {k: r[k] for k in ("layer", "by_layer", "majority_baseline") if k in r}
                                         for t, r in tasks.items()} for m, tasks in scores["models"].items()}}}
@@ -124,8 +127,10 @@ def _learned(metrics: dict) -> str:
 
 
 def _verdict(evaluate: dict) -> str:
-    """Above which trivial peers: the untrained models and, for a classifier, the majority class."""
-    avg = evaluate["averages"]
+    """Above which trivial peers: the untrained models and, for a classifier, the majority class
+    (a retrieval task read on its stripped variant where the run has one)."""
+    stripped = evaluate.get("stripped") or {}
+    avg = {m: {**tasks, **stripped.get(m, {})} for m, tasks in evaluate["averages"].items()}
     trained = avg[TRAINED]
     peers = {m: avg[m] for m in avg if m != TRAINED}
     peers["majority class"] = {t: d.get("majority_baseline") for t, d in evaluate["details"][TRAINED].items()}
@@ -180,6 +185,14 @@ def markdown(result: dict) -> str:
             "xx→en acc@1 for the two retrieval tasks, mean pooling at the default layer, XTREME's scaled to the "
             "depth: index 4 of 4 for ELECTRA, 3 for MLM-family encoders); the peers have the same architecture and "
             "tokenizer:", "", harness.table(header, table), ""]
+    stripped = [r for r in runs if any((r["evaluate"].get("stripped") or {}).values())]
+    if stripped:
+        header = ["task"] + [f"{_label(runs.index(r), r)}: {m}" for r in stripped for m in r["evaluate"]["stripped"]]
+        names = sorted({t for r in stripped for v in r["evaluate"]["stripped"].values() for t in v})
+        out += ["The retrieval tasks stripped of placeholders, numbers, URLs, markup, code names and punctuation "
+                "(`xylent.tasks.evaluate.surface`; what the verdict below reads):", "",
+                harness.table(header, [[t] + [harness.num(r["evaluate"]["stripped"][m].get(t)) for r in stripped
+                                              for m in r["evaluate"]["stripped"]] for t in names]), ""]
     majority = {t: d["majority_baseline"] for t, d in runs[0]["evaluate"]["details"][TRAINED].items()
                 if "majority_baseline" in d}
     if majority:

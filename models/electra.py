@@ -108,10 +108,10 @@ class ElectraModel(ObjectiveModel):
         real = ~pad
         at = positions(masked, int(masked.sum()) if n_masked is None else n_masked)
         at_real = positions(real, int(real.sum()) if n_real is None else n_real)
-        g_hidden = self.generator(self.embeddings(ids.masked_fill(masked, self.mask_id)), pad)
+        g_hidden = self.generator_states(ids.masked_fill(masked, self.mask_id), pad)
         target = ids.flatten().index_select(0, at)
         (g_loss, g_tok), sampled, predicted = generator_outputs(
-            self.generator_head, g_hidden.flatten(0, 1).index_select(0, at), self.embeddings.tokens.weight, target,
+            self.generator_head, g_hidden.flatten(0, 1).index_select(0, at), self.token_embedding(), target,
             noise[1].flatten().index_select(0, at), sample=replay is None, per_token=per_row)
         with torch.no_grad():
             if replay is not None:
@@ -119,7 +119,7 @@ class ElectraModel(ObjectiveModel):
             g_correct = (predicted == target).sum()
         corrupted, replaced = corrupt(ids, at, sampled)
         self.corrupted = corrupted
-        d_logits = self.discriminator_head(self.discriminator(self.embeddings(corrupted), pad))
+        d_logits = self.discriminator_logits(corrupted, pad)
         d_real = d_logits.flatten().index_select(0, at_real).float()
         y = replaced.flatten().index_select(0, at_real)
         d_tok = F.binary_cross_entropy_with_logits(d_real, y.float(), reduction="none" if per_row else "sum")
@@ -133,6 +133,16 @@ class ElectraModel(ObjectiveModel):
                                     replaced.sum(1).float()])
         return Stats(g_loss, d_loss, masked.sum(), g_correct, real.sum(), (pred == y).sum(), (pred & y).sum(),
                      pred.sum(), y.sum(), real.sum(), rows)
+
+    # the modules the step runs, one method each: a model built of other modules (xylent.models.transformers_electra)
+    # overrides these and keeps the step
+    def generator_states(self, ids: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        """The generator's last hidden states (B, T, H) of the masked input."""
+        return self.generator(self.embeddings(ids), pad)
+
+    def discriminator_logits(self, ids: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        """The replaced-token logit (B, T) of every position of the corrupted input."""
+        return self.discriminator_head(self.discriminator(self.embeddings(ids), pad))
 
     def host_counts(self, ids, segments, real) -> dict[str, int]:
         """``n_masked`` and ``n_real`` of :meth:`forward` for the numpy batch ``ids`` (``segments``, and

@@ -269,28 +269,41 @@ def _from_xylent_hf(sd: dict) -> tuple[dict, list[str]]:
 
 
 def _from_bert(sd: dict, info: SourceInfo) -> tuple[dict, list[str]]:
-    import torch
+    def missing(key):
+        raise XylentError(f"the {info.kind} checkpoint lacks {key}", where=str(info.path),
+                          fix="save the whole encoder (save_pretrained of the model)")
 
     sd = _strip(sd, ("bert.", "roberta.", "model."))
+    offset = 0 if info.kind == "bert" else info.meta.get("pad_token_id", 1) + 1
+    return from_bert_names(sd, info.body["layers"], offset, missing)
+
+
+def from_bert_names(sd: dict, layers: int, position_offset: int = 0, missing=None) -> tuple[dict, list[str]]:
+    """A BERT-shaped encoder's state dict (BERT, RoBERTa/XLM-R, ELECTRA's ``ElectraModel``) under
+    xylent's export names, and the keys it left unused.  Query, key and value are stacked into
+    ``qkv``; the token-type row 0 is added to every position (every xylent row is segment 0);
+    ``position_offset``: the rows before position 0 (RoBERTa's pad + 1).  ``missing(key)`` raises
+    for an absent key (a KeyError without it)."""
+    import torch
+
     used, out = set(), {}
 
     def take(key):
         if key not in sd:
-            raise XylentError(f"the {info.kind} checkpoint lacks {key}", where=str(info.path),
-                              fix="save the whole encoder (save_pretrained of the model)")
+            if missing is not None:
+                missing(key)
+            raise KeyError(key)
         used.add(key)
         return sd[key]
 
     out["embeddings.tokens.weight"] = take("embeddings.word_embeddings.weight")
-    pos = take("embeddings.position_embeddings.weight")
-    if info.kind != "bert":
-        pos = pos[info.meta.get("pad_token_id", 1) + 1:]
-    if "embeddings.token_type_embeddings.weight" in sd:  # every xylent row is segment 0
+    pos = take("embeddings.position_embeddings.weight")[position_offset:]
+    if "embeddings.token_type_embeddings.weight" in sd:
         pos = pos + take("embeddings.token_type_embeddings.weight")[0]
     out["embeddings.positions.weight"] = pos
     for p in ("weight", "bias"):
         out[f"discriminator.ln.{p}"] = take(f"embeddings.LayerNorm.{p}")
-    for i in range(info.body["layers"]):
+    for i in range(layers):
         a, b = f"encoder.layer.{i}.", f"discriminator.layers.{i}."
         for p in ("weight", "bias"):
             out[f"{b}attn.qkv.{p}"] = torch.cat([take(f"{a}attention.self.{n}.{p}") for n in ("query", "key", "value")])

@@ -21,7 +21,7 @@ from xylent.models.stats import Norms, Stats
 class ObjectiveModel(nn.Module):
     objective: str                      # its name in xylent.objectives.OBJECTIVES
     loss_weights: dict[str, float]      # the logged "loss": Σ weight × the task's metric of that name, per task
-    embeddings: nn.Module               # xylent.models.encoder.Embeddings, shared: the trainer logs its tokens' health
+    embeddings: nn.Module               # xylent.models.encoder.Embeddings, shared (see token_embedding)
 
     @classmethod
     def from_options(cls, cfg: EncoderConfig, disc_weight: float, mask_prob: float,
@@ -47,6 +47,11 @@ class ObjectiveModel(nn.Module):
         raise NotImplementedError
 
     # -- optional hooks ---------------------------------------------------------------------
+    def token_embedding(self) -> torch.Tensor:
+        """The shared token embedding matrix (V, H), whose health the trainer logs
+        (xylent.models.embedding_health)."""
+        return self.embeddings.tokens.weight
+
     def host_counts(self, ids, segments, real) -> dict[str, int]:
         """Sizes the forward would otherwise read from the device, counted on the host from the numpy
         batch (ids, segments or None, non-pad mask) in the loader's thread; passed to forward."""

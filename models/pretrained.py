@@ -57,7 +57,14 @@ def export(model_dir: Path, full_state: dict[str, torch.Tensor], encoder_state: 
 
     model_dir.mkdir(parents=True, exist_ok=True)
     save_file(encoder_state, str(model_dir / "model.safetensors"), metadata={"format": FORMAT})
-    save_file(full_state, str(model_dir / "pretraining.safetensors"), metadata={"format": FORMAT})
+    # every name its own copy: safetensors refuses tensors that share memory, and a model whose modules share a
+    # weight under several names (transformers' ELECTRA: one word matrix, three names) must load back strictly
+    stored, unaliased = set(), {}
+    for k, v in full_state.items():
+        ptr = v.untyped_storage().data_ptr()
+        unaliased[k] = v.clone() if ptr in stored else v
+        stored.add(ptr)
+    save_file(unaliased, str(model_dir / "pretraining.safetensors"), metadata={"format": FORMAT})
     for name in ("spm.model", "spm.vocab"):
         shutil.copy2(tokenizer_dir / name, model_dir / name)
     (model_dir / "config.json").write_text(json.dumps({

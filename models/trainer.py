@@ -335,7 +335,7 @@ def train(cfg: TrainConfig) -> None:
     def record_health(step: int) -> None:
         """Rank 0: the token embeddings' health (xylent.models.embedding_health); not under ZeRO-3, whose rank holds
         a partition of them.  Reads the weights only: no random number, no change to what trains."""
-        weight = engine.module.embeddings.tokens.weight
+        weight = engine.module.token_embedding()
         if sink is None or weight.numel() == 0:
             return
         seen = unigram.counts > 1  # every non-special token input so far, on all ranks

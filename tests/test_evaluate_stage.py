@@ -17,7 +17,9 @@ import sentencepiece as spm
 import yaml
 
 from xylent.tasks.evaluate.data import holdout_messages
+from xylent.tasks.evaluate.retrieval_data import read_tatoeba
 from xylent.tasks.evaluate.scoring import score_language
+from xylent.tasks.evaluate.surface import stripped_pairs, surface_overlap
 from xylent.spec import load_spec
 
 from conftest import DEMO_SHORT  # the session demo's spec (tests/data/demo-short.yaml)
@@ -65,6 +67,15 @@ def test_demo_scorecard_contract(demo_run):
                     assert en == sorted(en), "XTREME's layout: the English side is sorted"
                     # the submission file, read back by the XTREME scorer, gives the stage's number
                     assert score_language(pred, gold, "tatoeba", lang)["accuracy"] == pytest.approx(v["accuracy"])
+                # beside it, the pairs with the surface a translator copies stripped (what the verdict reads)
+                data = out / "data" / name
+                for lang, v in r["stripped"]["languages"].items():
+                    src, tgt = read_tatoeba(data, lang, data / "labels" / f"test-{lang}.tsv")
+                    assert v["n"] == len(stripped_pairs(src, tgt)[0]) and v["n"] + v["dropped"] == r["languages"][lang]["n"]
+                    assert r["surface_overlap_by_language"][lang] == pytest.approx(surface_overlap(src, tgt))
+                assert set(r["stripped"]["languages"]) == set(r["languages"]) and set(r["stripped"]["by_layer"]) == layers
+                assert r["stripped"]["by_layer"][max(layers)] == pytest.approx(r["stripped"]["avg"])
+                assert 5 < r["surface_overlap"] < 60, "Django's and allauth's catalogs: placeholders in many messages"
             else:
                 assert r["train_examples"] > 100 and len(r["labels"]) >= 4
                 assert r["transfer_gap"] == pytest.approx(
@@ -83,7 +94,7 @@ def test_demo_scorecard_contract(demo_run):
     for needle in ("## allauth (tatoeba, accuracy)", "| random-init |", "majority class", "Transfer gap",
                    "## django-topics-ft (classification, accuracy)", "mean ± sd over seeds", "not applicable",
                    "Published reference scores", "XLM-E Base (Tatoeba-36)", "The XY-LENT paper's numbers",
-                   "## Verdict", "**pipeline**: at or below a trivial peer on"):
+                   "## Verdict", "**pipeline**: ", "Surface overlap:", "pairs kept / dropped"):
         assert needle in card, needle
     for png in ("allauth_languages.png", "allauth_layers.png", "django-topics_languages.png", "transfer_gap.png"):
         img = plt_read(out / png)

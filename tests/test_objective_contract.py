@@ -117,5 +117,5 @@ def test_the_spec_offers_exactly_the_declared_objectives_and_their_sections():
 
 
 def test_an_unknown_objective_names_the_choices():
-    with pytest.raises(ValueError, match="unknown objective 'nope'; choose one of electra, mlm, infoxlm, veco"):
+    with pytest.raises(ValueError, match="unknown objective 'nope'; choose one of electra, mlm, infoxlm, veco, transformers-electra"):
         model_class("nope")

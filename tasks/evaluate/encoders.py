@@ -32,7 +32,10 @@ XTREME_LAYER_OF_12 = {"mlm": 7, "electra": 9}
 def family(objective: str | None) -> str:
     """Which paper's retrieval layer an objective follows: ELECTRA-style (XLM-E, XY-LENT) or
     MLM-style (XLM-R, InfoXLM, VECO)."""
-    return "electra" if objective == "electra" else "mlm"
+    from xylent.objectives import OBJECTIVES
+
+    declared = OBJECTIVES.get(objective or "")
+    return declared.family if declared is not None else "mlm"
 
 
 def default_layer(n_layers: int, kind: str = "mlm") -> int:

@@ -22,6 +22,7 @@ from xylent.tasks.evaluate.probe import evaluate_probe
 from xylent.tasks.evaluate.retrieval import evaluate_bucc, tatoeba_accuracy
 from xylent.tasks.evaluate.retrieval_data import read_tatoeba, tatoeba_code
 from xylent.tasks.evaluate.submission import write_predictions
+from xylent.tasks.evaluate.surface import stripped_pairs, surface_overlap
 
 # where a kind's predictions go in the submission layout (XTREME's task folder names)
 SUBMISSION_TASK = {"tatoeba": "tatoeba", "bucc": "bucc2018"}
@@ -82,10 +83,16 @@ def _file_order(data: Path, lang: str, gold_file: Path | None, tgt: list[str]) -
     return [rank[i] for i in range(len(tgt))]
 
 
+STRIPPED_MIN_PAIRS = 2  # fewer pairs left after stripping: that language has no stripped score
+
+
 def _tatoeba(emb: Embedder, task, data: Path, labels: Path | None, preds: Path) -> dict:
+    """Every layer's acc@1 on the task's pairs as they are and on their stripped variant
+    (:mod:`xylent.tasks.evaluate.surface`), with the surface-overlap share beside them."""
     layer = emb.enc.layer_index(task.layer)
     every = list(range(emb.enc.n_layers + 1))
     langs, by_layer, en_to_xx, diag = {}, {i: [] for i in every}, [], {}
+    stripped, stripped_by_layer, overlap = {}, {i: [] for i in every}, {}
     for lang in task.languages:
         gold_file = _labels_file(labels, lang)
         src, tgt = read_tatoeba(data, lang, gold_file)
@@ -99,12 +106,28 @@ def _tatoeba(emb: Embedder, task, data: Path, labels: Path | None, preds: Path) 
                 diag[lang] = diagnostics(xs[i], ys[i], src, tgt)
                 en_to_xx.append(r["accuracy_en_to_xx"])
                 write_predictions(preds, SUBMISSION_TASK["tatoeba"], lang, [to_file[p] for p in r["predictions"]])
-    return {"kind": "tatoeba", "layer": layer, "languages": langs,
-            "avg": float(np.mean([v["accuracy"] for v in langs.values()])),
-            "diagnostics": {k: float(np.mean([v[k] for v in diag.values()])) for k in DIAGNOSTICS},
-            "diagnostics_by_language": diag,
-            "avg_en_to_xx": float(np.mean(en_to_xx)),
-            "by_layer": {str(i): float(np.mean(v)) for i, v in by_layer.items()}}
+        overlap[lang] = surface_overlap(src, tgt)
+        s_src, s_tgt, dropped = stripped_pairs(src, tgt)
+        if len(s_src) < STRIPPED_MIN_PAIRS:
+            continue
+        sxs, sys_ = emb.layers(s_src, every), emb.layers(s_tgt, every)
+        for i in every:
+            r = tatoeba_accuracy(lambda texts, i=i: iter([sxs[i] if texts is s_src else sys_[i]]), s_src, s_tgt)
+            stripped_by_layer[i].append(r["accuracy"])
+            if i == layer:
+                stripped[lang] = {"accuracy": r["accuracy"], "accuracy_en_to_xx": r["accuracy_en_to_xx"],
+                                  "n": r["n"], "dropped": dropped}
+    out = {"kind": "tatoeba", "layer": layer, "languages": langs,
+           "avg": float(np.mean([v["accuracy"] for v in langs.values()])),
+           "diagnostics": {k: float(np.mean([v[k] for v in diag.values()])) for k in DIAGNOSTICS},
+           "diagnostics_by_language": diag,
+           "avg_en_to_xx": float(np.mean(en_to_xx)),
+           "by_layer": {str(i): float(np.mean(v)) for i, v in by_layer.items()},
+           "surface_overlap": float(np.mean(list(overlap.values()))), "surface_overlap_by_language": overlap}
+    if stripped:
+        out["stripped"] = {"languages": stripped, "avg": float(np.mean([v["accuracy"] for v in stripped.values()])),
+                           "by_layer": {str(i): float(np.mean(v)) for i, v in stripped_by_layer.items()}}
+    return out
 
 
 def _bucc(emb: Embedder, task, data: Path, labels: Path | None, preds: Path) -> dict:
@@ -209,7 +232,12 @@ def sentences_to_embed(task, data: Path, labels: Path | None) -> int:
     """How many sentences a task embeds per model (for the progress bar); reading
     the files here also refuses malformed ones before any model is loaded."""
     if task.kind == "tatoeba":
-        return sum(2 * len(read_tatoeba(data, lang, _labels_file(labels, lang))[0]) for lang in task.languages)
+        total = 0
+        for lang in task.languages:
+            src, tgt = read_tatoeba(data, lang, _labels_file(labels, lang))
+            kept = len(stripped_pairs(src, tgt)[0])
+            total += 2 * len(src) + (2 * kept if kept >= STRIPPED_MIN_PAIRS else 0)  # as given, then stripped
+        return total
     if task.kind == "probe":
         return sum(len(read_probe(data, lang, "test")[1]) for lang in task.languages) + len(
             read_probe(data, task.train_language, "train")[1])

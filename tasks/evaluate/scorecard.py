@@ -48,6 +48,12 @@ def mlflow_metrics(result: dict) -> dict[str, float]:
             out[f"eval/{task}/transfer_gap"] = r["transfer_gap"]
         for layer, v in r.get("by_layer", {}).items():
             out[f"eval/{task}/layer_{layer}/avg"] = v
+        if "surface_overlap" in r:
+            out[f"eval/{task}/surface_overlap"] = r["surface_overlap"]
+        if "stripped" in r:
+            out[f"eval/{task}/stripped/avg"] = r["stripped"]["avg"]
+            for lang, metrics in r["stripped"]["languages"].items():
+                out[f"eval/{task}/stripped/{lang}/accuracy"] = metrics["accuracy"]
         for k, v in r.get("diagnostics", {}).items():
             out[f"eval/{task}/diagnostics/{k}"] = v
     return out
@@ -89,24 +95,35 @@ PEERS = ("random-init", "bag-of-subwords")  # the trivial models every encoder i
 COLLAPSE_MARGIN = 0.5  # a fine-tuning seed within this many points of the majority class learned nothing
 
 
+def verdict_score(r: dict) -> tuple[float | None, str]:
+    """The average a task's verdict reads, and what to call it: a retrieval task's stripped variant
+    where it has one (the surface a translator copies cannot win it), its plain average otherwise."""
+    if "stripped" in r:
+        return r["stripped"]["avg"], " stripped"
+    return r.get("avg"), ""
+
+
 def verdict(scores: dict) -> list[str]:
     """One line per evaluated encoder: on which tasks it does not beat a trivial peer
-    (random-init, bag-of-subwords, the majority class), at the precision shown; then every
-    fine-tuning seed that collapsed to the majority class."""
+    (random-init, bag-of-subwords, the majority class), at the precision shown, reading each
+    retrieval task's stripped variant; then every fine-tuning seed that collapsed to the
+    majority class."""
     lines, collapsed = [], []
     for m, results in scores["models"].items():
         if m in PEERS:
             continue
         short, n = [], 0
         for task, r in results.items():
-            if r.get("avg") is None:
+            avg, variant = verdict_score(r)
+            if avg is None:
                 continue
             n += 1
-            peers = {p: scores["models"][p].get(task, {}).get("avg") for p in PEERS if p in scores["models"]}
+            peers = {p: verdict_score(scores["models"][p][task])[0] for p in PEERS
+                     if task in scores["models"].get(p, {})}
             peers["majority class"] = r.get("majority_baseline")
-            lost = [f"{p} {v:.1f}" for p, v in peers.items() if v is not None and round(r["avg"], 1) <= round(v, 1)]
+            lost = [f"{p} {v:.1f}" for p, v in peers.items() if v is not None and round(avg, 1) <= round(v, 1)]
             if lost:
-                short.append(f"{task} {r['avg']:.1f} (≤ {', '.join(lost)})")
+                short.append(f"{task}{variant} {avg:.1f} (≤ {', '.join(lost)})")
             for seed, v in (r.get("per_seed") or {}).items():
                 if r.get("majority_baseline") is not None and v.get("avg") is not None \
                         and v["avg"] <= r["majority_baseline"] + COLLAPSE_MARGIN:
@@ -135,6 +152,10 @@ def headline_tags(scores: dict, model: str = "pipeline") -> dict[str, str]:
         if r.get("majority_baseline") is not None:
             peers.append(f"majority class {r['majority_baseline']:.1f}")
         tags[f"eval.{task}"] = f"{r['avg']:.1f}" + (f" ({', '.join(peers)})" if peers else "")
+        if "stripped" in r:
+            tags[f"eval.{task}.stripped"] = f"{r['stripped']['avg']:.1f}" + "".join(
+                f", {p} {scores['models'][p][task]['stripped']['avg']:.1f}" for p in PEERS
+                if "stripped" in scores["models"].get(p, {}).get(task, {}))
     line = next((ln for ln in verdict(scores) if ln.startswith(f"- **{model}**: ")), None)
     if line is not None:
         tags["eval.verdict"] = line.removeprefix(f"- **{model}**: ")
@@ -152,6 +173,29 @@ def _recipe(scores: dict) -> list[str]:
                       for k, (paper, ours) in variant.items())
     return [f"`pipeline` is trained with `objective: {obj}` in a **variant** of the paper's settings "
             f"(`pretrain.{obj}`): {knobs}. Its scores are the variant's, not the paper's method's.", ""]
+
+
+def _stripped_section(scores: dict, name: str, models: list[str]) -> list[str]:
+    """The task's stripped variant beside its surface-overlap share (xylent.tasks.evaluate.surface)."""
+    results = {m: scores["models"][m][name] for m in models}
+    first = next((r for r in results.values() if "surface_overlap" in r), None)
+    if first is None:  # scores written before 2026-12-06
+        return []
+    lines = [f"Surface overlap: {first['surface_overlap']:.1f} % of the pairs share a placeholder, number, URL, "
+             "markup or code name with their translation. Stripped of those (and of punctuation), with the pairs "
+             "left empty, identical or repeated dropped, acc@1 reads (the verdict's number):", ""]
+    langs = sorted({lang for r in results.values() for lang in r.get("stripped", {}).get("languages", {})})
+    if not langs:
+        return lines[:1] + ["No language kept enough pairs after stripping to score.", ""]
+    rows = []
+    for lang in langs:
+        cells = {m: r.get("stripped", {}).get("languages", {}).get(lang) for m, r in results.items()}
+        kept = next(c for c in cells.values() if c)
+        rows.append({"language": lang, "pairs kept / dropped": f"{kept['n']} / {kept['dropped']}",
+                     **{m: score(c["accuracy"] if c else None) for m, c in cells.items()}})
+    rows.append({"language": "**average**", "pairs kept / dropped": "",
+                 **{m: score(r.get("stripped", {}).get("avg")) for m, r in results.items()}})
+    return lines + [markdown_table(rows), ""]
 
 
 def render(scores: dict) -> str:
@@ -194,6 +238,7 @@ def render(scores: dict) -> str:
         if t["kind"] == "tatoeba":
             lines += ["en→xx acc@1 (average): " + ", ".join(
                 f"{m} {score(scores['models'][m][name].get('avg_en_to_xx'))}" for m in models) + ".", ""]
+            lines += _stripped_section(scores, name, models)
         if any("by_layer" in scores["models"][m][name] for m in models):
             layer_rows = []
             for m in models:
@@ -260,10 +305,13 @@ def plot_languages(scores: dict, task: str, path: Path) -> None:
 
 def plot_layers(scores: dict, task: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    for m, res in scores["models"].items():
+    for i, (m, res) in enumerate(scores["models"].items()):
         by = sorted((int(k), v) for k, v in res[task].get("by_layer", {}).items())
         if by:
-            ax.plot(*zip(*by), marker="o", label=m)
+            ax.plot(*zip(*by), marker="o", color=f"C{i}", label=m)
+        by = sorted((int(k), v) for k, v in res[task].get("stripped", {}).get("by_layer", {}).items())
+        if by:  # the same model's stripped variant: same colour, dashed
+            ax.plot(*zip(*by), marker=".", ls="--", color=f"C{i}", label=f"{m} (stripped)")
     ax.set_xlabel("hidden-state index (0 = embeddings)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole numbers
     ax.set_ylabel("average acc@1")

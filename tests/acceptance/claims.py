@@ -65,6 +65,17 @@ CLAIMS: dict[str, dict] = {
         "code": [*_LEARNING, "tasks/evaluate/", "data_specs/demo.yaml", "data_specs/recipes/base.yaml",
                  "data_specs/recipes/infoxlm.yaml"],
     },
+    "transformers-reference": {
+        "what": "transformers' ELECTRA (the reference peer, objective transformers-electra) trained by xylent's "
+                "trainer on the demo's data and budget learns (both losses below their trivial peers); its held-out "
+                "retrieval, stripped and as given, recorded beside xylent's ELECTRA with and without the relative "
+                "bias, random-init and the bag of subwords",
+        "test": "tests/acceptance/test_reference_peer.py",
+        "fast_form": "tests/test_transformers_electra.py (it builds, keeps the contract, learns a toy batch; its "
+                     "exported encoder computes what transformers computes)",
+        "code": [*_LEARNING, "tasks/evaluate/", "data_specs/demo.yaml", "data_specs/recipes/base.yaml",
+                 "data_specs/recipes/transformers-electra.yaml", "data_specs/recipes/electra-no-bias.yaml"],
+    },
     "planted-audit": {
         "what": "the DRO audit on a corpus with planted defects ranks them as XY-LENT §6.6 reads them, on three "
                 "seeds with the default pair loss: the copy and the hub down, the shuffled pair on top above every "

@@ -36,6 +36,10 @@ def test_the_shipped_demo_ends_below_its_trivial_peers(demo_full):
         avgs = [scores[m].get(task, {}).get("avg") for m in ("pipeline", "random-init", "bag-of-subwords")]
         # "—": a model the task does not apply to (the bag of subwords has nothing to fine-tune)
         figures[f"{task} pipeline / random-init / bag"] = " / ".join("—" if a is None else f"{a:.1f}" for a in avgs)
+        if "stripped" in scores["pipeline"][task]:  # retrieval: the verdict's variant, and how much surface it drops
+            figures[f"{task} stripped: pipeline / random-init / bag"] = " / ".join(
+                f"{scores[m][task]['stripped']['avg']:.1f}" for m in ("pipeline", "random-init", "bag-of-subwords"))
+            figures[f"{task} surface overlap (%)"] = round(scores["pipeline"][task]["surface_overlap"], 1)
     record("demo-learns", figures, {"discriminator": f"< {DISCRIMINATOR_VS_BASE} x base rate",
                                     "generator": f"< {GENERATOR_VS_UNIGRAM} x unigram",
                                     "precision": f"> {PRECISION}", "evaluate": "recorded, not held"},

@@ -14,6 +14,7 @@ from xylent.spec.dedup import DedupConfig
 from xylent.spec.download import DownloadConfig
 from xylent.spec.evaluate import EvaluateConfig
 from xylent.spec.prepare import PrepareConfig
+from xylent.objectives import OBJECTIVES
 from xylent.spec.pretrain import ModelConfig, PretrainConfig, registrable
 from xylent.spec.runtime import RunnerConfig, TrackingConfig
 from xylent.spec.sampling import SamplingConfig
@@ -59,6 +60,13 @@ class Spec(Strict):
         if self.pretrain.register_name is None:  # the default, xylent-<name>: the name must make a valid one
             registrable(f"xylent-{self.name}", "the spec's name (registered as xylent-<name>; or set "
                                                "pretrain.register_name)")
+        return self
+
+    @model_validator(mode="after")
+    def _attention(self):
+        why = OBJECTIVES[self.pretrain.objective].no_relative_bias
+        if why and self.model.relative_bias is not False:
+            raise ValueError(f"objective {self.pretrain.objective} {why}: set model.relative_bias: false")
         return self
 
     @model_validator(mode="after")
