@@ -110,11 +110,16 @@ def test_every_recipe_loads_and_changes_only_what_it_names():
     demo = load_spec(DEMO)
     expected = {"electra": ("electra", ["mrtd", "trtd"], None), "mlm": ("mlm", ["mrtd", "trtd"], None),
                 "infoxlm": ("infoxlm", ["mrtd", "trtd"], None), "veco": ("veco", ["mrtd", "trtd"], None),
-                "electra-mrtd-only": ("electra", ["mrtd"], None), "electra-en-x": ("electra", ["mrtd", "trtd"], "en")}
+                "electra-mrtd-only": ("electra", ["mrtd"], None), "electra-en-x": ("electra", ["mrtd", "trtd"], "en"),
+                "infoxlm-en-x": ("infoxlm", ["mrtd", "trtd"], "en"),
+                "transformers-electra": ("transformers-electra", ["mrtd", "trtd"], None),
+                "electra-no-bias": ("electra", ["mrtd", "trtd"], None)}
+    plain = demo.model.model_copy(update={"relative_bias": False})  # the reference peer and ours without the bias
     for name, (objective, tasks, pivot) in expected.items():
         spec = load_spec(ROOT / "data_specs" / "recipes" / f"{name}.yaml")
         assert (spec.pretrain.objective, spec.pretrain.batch_kinds, spec.sampling.pivot) == (objective, tasks, pivot)
-        assert spec.vocab == demo.vocab and spec.shards == demo.shards and spec.model == demo.model, name
+        model = plain if name in ("transformers-electra", "electra-no-bias") else demo.model
+        assert spec.vocab == demo.vocab and spec.shards == demo.shards and spec.model == model, name
         assert spec.pretrain.steps == demo.pretrain.steps, f"{name}: the same training budget as the demo"
 
 
@@ -127,6 +132,7 @@ def test_compare_puts_runs_side_by_side_with_their_peers(run_cli, demo_run, tmp_
     assert len(lines) == 2 and out.read_text() == stdout
     header = stdout.splitlines()[0]
     assert "django-holdout (random-init)" in header and "mrtd/generator_loss (generator_unigram_loss)" in header
+    assert "django-holdout stripped (random-init)" in header, "each retrieval task's stripped variant beside it"
     cells = lines[0].split(" | ")
     assert cells[1] == "electra" and ("▲" in lines[0] or "▼" in lines[0])
     rc, _, err = run_cli("compare", "--spec", DEMO, "--workspace", tmp_path / "empty")

@@ -55,8 +55,21 @@ def read_run(label: str, evaluate_dir: Path | None, pretrain_dir: Path | None,
     objective = None
     if pretrain_dir is not None and (config := pretrain_dir / MODEL_DIR / "config.json").is_file():
         objective = json.loads(config.read_text()).get("objective")
-    return {"label": label, "objective": objective, "scores": scores["models"], "pretrain": pretrain,
-            "kinds": {name: t["kind"] for name, t in scores.get("tasks", {}).items()}}
+    kinds = {name: t["kind"] for name, t in scores.get("tasks", {}).items()}
+    models = {m: with_stripped(results, kinds) for m, results in scores["models"].items()}
+    return {"label": label, "objective": objective, "scores": models, "pretrain": pretrain,
+            "kinds": {**kinds, **{f"{t} stripped": k for t, k in kinds.items()}}}
+
+
+def with_stripped(results: dict, kinds: dict[str, str]) -> dict:
+    """One model's results with each retrieval task's stripped variant (xylent.tasks.evaluate.surface) as a
+    task of its own, ``<task> stripped``, right after it: every table and claim reads both."""
+    out = {}
+    for task, r in results.items():
+        out[task] = r
+        if "stripped" in r:
+            out[f"{task} stripped"] = {"kind": kinds.get(task), **r["stripped"]}
+    return out
 
 
 def task_columns(runs: list[dict]) -> list[str]:

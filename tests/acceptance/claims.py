@@ -76,6 +76,15 @@ CLAIMS: dict[str, dict] = {
         "code": [*_LEARNING, "tasks/evaluate/", "data_specs/demo.yaml", "data_specs/recipes/base.yaml",
                  "data_specs/recipes/transformers-electra.yaml", "data_specs/recipes/electra-no-bias.yaml"],
     },
+    "xy-vs-enx-infoxlm": {
+        "what": "XY-LENT's X-Y against EN-X bitext with the recipe that aligns: infoxlm on every pair against "
+                "infoxlm on English-centric pairs, seeds 0 1 2, paired differences with their intervals "
+                "(xylent compare --seeds), recorded whichever way they go",
+        "test": "tests/acceptance/test_xy_vs_enx.py",
+        "fast_form": "tests/test_compare.py (the paired interval and its verdict; every recipe loads)",
+        "code": [*_LEARNING, "tasks/evaluate/", "data_specs/demo.yaml", "data_specs/recipes/base.yaml",
+                 "data_specs/recipes/infoxlm.yaml", "data_specs/recipes/infoxlm-en-x.yaml"],
+    },
     "planted-audit": {
         "what": "the DRO audit on a corpus with planted defects ranks them as XY-LENT §6.6 reads them, on three "
                 "seeds with the default pair loss: the copy and the hub down, the shuffled pair on top above every "
