@@ -29,6 +29,9 @@ class EncoderConfig:
     gate: str = "xlm-e"  # the bias gate's form (models/attention.py): XLM-E's equations, or "wavlm"
     # the kernel that adds the bias (models/attention.py): auto = flex on CUDA, materialised elsewhere
     attention: str = "auto"
+    # ELECTRA's generator output layer: "tied" to the shared token embeddings (XLM-E, ELECTRA), or "untied", a
+    # matrix of its own, so the token embeddings move only by the tokens a step inputs (issue 63's collapse)
+    generator_output: str = "tied"
     # the tokenizer's special ids (unk, bos, eos, pad, mask), copied from it when the model is
     # configured (xylent.tasks.pretrain.train_json); models read them from here, never from a constant
     specials: dict[str, int] = field(default_factory=dict)
@@ -38,6 +41,8 @@ class EncoderConfig:
             raise ValueError(f"gate {self.gate!r} is not 'xlm-e' (XLM-E §3.3) or 'wavlm' (WavLM's code)")
         if self.attention not in ("auto", "flex", "materialised"):
             raise ValueError(f"attention {self.attention!r} is not 'auto', 'flex' or 'materialised'")
+        if self.generator_output not in ("tied", "untied"):
+            raise ValueError(f"generator_output {self.generator_output!r} is not 'tied' or 'untied'")
         if self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be a multiple of heads ({self.heads})")
 

@@ -4,7 +4,8 @@ the MLM/TLM ablation.
 - Masking: 15 % of the non-special tokens of each segment, uniformly (not
   spans); <s>, </s>, <pad> are never masked.  TRTD masks each side separately.
 - Generator G (no dropout, as XY-LENT following COCO-LM): MLM on the masked
-  input, output layer tied to the shared token embeddings and evaluated only at
+  input, output layer tied to the shared token embeddings (a matrix of its own
+  with `model.generator_output: untied`, issue 63) and evaluated only at
   the masked positions.  Its prediction is *sampled* (temperature 1, no gradient
   through the sample) to corrupt the input.
 - Discriminator D: replaced-token detection on the corrupted input, over every
@@ -89,6 +90,8 @@ class ElectraModel(ObjectiveModel):
         self.generator_head = TiedLMHead(cfg.hidden, cfg.vocab_size)
         self.discriminator = Encoder(cfg, cfg.layers, dropout=cfg.dropout)
         self.discriminator_head = RTDHead(cfg.hidden)
+        if cfg.generator_output == "untied":  # registered last: the tied model's parameters keep their order
+            self.generator_output = nn.Embedding(cfg.vocab_size, cfg.hidden)
         self.special_ids, self.mask_id = cfg.special_ids, cfg.special("mask")
         self.apply(init_weights)
 
@@ -111,7 +114,7 @@ class ElectraModel(ObjectiveModel):
         g_hidden = self.generator_states(ids.masked_fill(masked, self.mask_id), pad)
         target = ids.flatten().index_select(0, at)
         (g_loss, g_tok), sampled, predicted = generator_outputs(
-            self.generator_head, g_hidden.flatten(0, 1).index_select(0, at), self.token_embedding(), target,
+            self.generator_head, g_hidden.flatten(0, 1).index_select(0, at), self.output_embedding(), target,
             noise[1].flatten().index_select(0, at), sample=replay is None, per_token=per_row)
         with torch.no_grad():
             if replay is not None:
@@ -133,6 +136,11 @@ class ElectraModel(ObjectiveModel):
                                     replaced.sum(1).float()])
         return Stats(g_loss, d_loss, masked.sum(), g_correct, real.sum(), (pred == y).sum(), (pred & y).sum(),
                      pred.sum(), y.sum(), real.sum(), rows)
+
+    def output_embedding(self) -> torch.Tensor:
+        """The generator's output matrix (V, H): the token embeddings, unless ``generator_output: untied``."""
+        untied = getattr(self, "generator_output", None)
+        return self.token_embedding() if untied is None else untied.weight
 
     # the modules the step runs, one method each: a model built of other modules (xylent.models.transformers_electra)
     # overrides these and keeps the step

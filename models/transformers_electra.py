@@ -58,6 +58,9 @@ class TransformersElectraModel(ElectraModel):
         ObjectiveModel.__init__(self)  # not ElectraModel's: it would build xylent's modules
         from transformers import ElectraForMaskedLM, ElectraForPreTraining
 
+        if cfg.generator_output != "tied":
+            raise ValueError("objective transformers-electra is ELECTRA as transformers ties it: its generator's output "
+                             "layer is the word embeddings (model.generator_output: tied)")
         if cfg.relative_bias:
             raise ValueError("objective transformers-electra trains transformers' plain attention, which has no "
                              "relative position bias: set model.relative_bias: false")

@@ -141,3 +141,24 @@ def test_models_take_special_ids_from_their_config_not_a_constant():
     assert not masked[:, [0, -1]].any() and not masked[(ids >= 7) & (ids <= 11)].any()
     with __import__("pytest").raises(ValueError, match="special"):
         ElectraModel(preset("tiny", vocab_size=60, max_position=64))  # no tokenizer ids: refused, not guessed
+
+
+def test_an_untied_generator_output_moves_only_the_embeddings_of_tokens_input():
+    """Issue 63's collapse: with the output layer tied, the generator's softmax gives every row of the token
+    embeddings a gradient each step, tokens never input included; untied, those rows get none."""
+    ids, segments, _ = _batch()
+    pad = ids == PAD
+    noise = row_noise(0, 0, 0, list(range(ids.shape[0])), [int(n) for n in (~pad).sum(1)], ids.shape[1])
+    grads = {}
+    for output in ("tied", "untied"):
+        torch.manual_seed(0)
+        model = ElectraModel(preset("tiny", vocab_size=500, max_position=64, specials=SPECIALS, generator_output=output))
+        st = model(ids, pad, segments, noise)
+        model.loss(st, Norms(st.g_count, st.d_count, None)).backward()
+        never_input = torch.ones(500, dtype=torch.bool)
+        # the generator reads the ids and <mask>, the discriminator the ids with the generator's samples
+        never_input[torch.cat([ids.flatten(), model.generated_input().flatten(), torch.tensor(SPECIAL_IDS)])] = False
+        assert never_input.sum() > 300
+        grads[output] = model.token_embedding().grad[never_input].abs().amax(dim=1)
+        assert (model.output_embedding() is model.token_embedding()) == (output == "tied")
+    assert (grads["tied"] > 0).all() and (grads["untied"] == 0).all()

@@ -139,13 +139,15 @@ def test_a_renamed_field_is_read_under_its_old_name_reported_and_fingerprinted_a
     ("sources.0.url_template=https://x/all.txt.xz", "lacks {file} or {lang}"),
     ("seed=4294967296", "less than 4294967296"),  # SentencePiece's seed is 32 bits: a TypeError in a task, 18 s in
     ("tracking.experiment=''", "tracking.experiment"),  # was blamed on the tracking URI
+    ("pretrain.objective=transformers-electra", "set model.relative_bias: false"),  # died building the rank's model
+    (["pretrain.objective=mlm", "model.generator_output=untied"], "objective mlm has none to untie"),  # else ignored
 ])
 def test_what_a_rank_or_the_registry_would_die_on_is_refused_up_front(tmp_path, override, message):
     """Found only when a rank died ("run the same command again") or after the whole training (the registry's
     name rule): refused when the spec is read, naming the field."""
     spec = write_spec(tmp_path / "s.yaml", {**BASE, "sources": [{"name": "cc", "kind": "cc100"}]})
     with pytest.raises(XylentError) as err:
-        load_spec(spec, [override])
+        load_spec(spec, override if isinstance(override, list) else [override])
     assert message in err.value.render(), err.value.render()
 
 

@@ -41,7 +41,12 @@ class ModelConfig(Strict):
         "dropout), materialised (a B×H×L×L bias through SDPA) or auto (default: flex on CUDA); "
         "docs/stages/pretrain.md")
 
-    ADDED_LATER: ClassVar[tuple[str, ...]] = ("attention",)
+    generator_output: Literal["tied", "untied"] | None = Field(
+        default=None, description="ELECTRA's generator output layer: tied to the token embeddings (default, XLM-E) "
+        "or untied, a matrix of its own (the embeddings then move only by the tokens input; "
+        "docs/stages/pretrain.md)")
+
+    ADDED_LATER: ClassVar[tuple[str, ...]] = ("attention", "generator_output")
 
     def overrides(self) -> dict:
         return {k: v for k, v in self.model_dump().items() if k != "size" and v is not None}

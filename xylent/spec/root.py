@@ -67,6 +67,9 @@ class Spec(Strict):
         why = OBJECTIVES[self.pretrain.objective].no_relative_bias
         if why and self.model.relative_bias is not False:
             raise ValueError(f"objective {self.pretrain.objective} {why}: set model.relative_bias: false")
+        if self.model.generator_output == "untied" and self.pretrain.objective != "electra":
+            raise ValueError(f"model.generator_output: untied is ELECTRA's generator (objective electra); objective "
+                             f"{self.pretrain.objective} has none to untie: remove it")
         return self
 
     @model_validator(mode="after")
