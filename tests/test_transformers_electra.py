@@ -57,9 +57,9 @@ def test_the_reference_shares_transformers_embeddings_and_learns_a_toy_batch():
     replayed = model(ids, pad, segments, noise, per_row=True, replay=model.generated_input(), **counts)
     assert torch.equal(model.generated_input(), sampled)
     assert replayed.rows.shape == (5, 6) and torch.allclose(replayed.rows[0].sum(), st.g_loss)
-    opt = make_optimizer(model, lr=3e-3)
+    opt = make_optimizer(model, lr=5e-3)
     losses = []
-    for _ in range(30):
+    for _ in range(15):
         st = model(ids, pad, segments, noise, **counts)
         loss = model.loss(st, Norms(st.g_count, st.d_count, None))
         opt.zero_grad()
