@@ -23,7 +23,7 @@ audit's per-step overhead against plain pretrain steps of the same model.
    drawing other batches; and the pieces are timed alone in this process
    (``components``) to say where the time goes.  One short launch first compiles
    DeepSpeed's CPU ops and warms the page cache; it is not timed.  Every launch
-   first waits until no other ``xylent.models.trainer`` runs and other processes are
+   first waits until no other ``xylent.models.training.trainer`` runs and other processes are
    nearly idle; a run during which someone else's trainer ran or other processes
    kept > 0.25 cores busy is done again (the discarded one is kept in the JSON).
 
@@ -55,8 +55,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # `python benchmarks/audit
 import harness  # noqa: E402
 import numpy as np  # noqa: E402
 
-from xylent.models.audit.adversary import USES_LANGUAGES  # noqa: E402
-from xylent.models.audit.dro import chi2_best_response, chi2_divergence  # noqa: E402
+from xylent.models.training.audit.adversary import USES_LANGUAGES  # noqa: E402
+from xylent.models.training.audit.dro import chi2_best_response, chi2_divergence  # noqa: E402
 
 TARGET_MS_AT_10K = 50.0
 TARGET_OVERHEAD = 0.05
@@ -166,13 +166,13 @@ def write_config(spec, upstream: dict[str, Path], ckdir: Path, *, steps: int, ta
 
 
 def trainer_processes() -> tuple[list, list]:
-    """(other people's, ours): running ``xylent.models.trainer`` ranks on this machine."""
+    """(other people's, ours): running ``xylent.models.training.trainer`` ranks on this machine."""
     import psutil
 
     me, foreign, ours = os.getpid(), [], []
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "-m" not in cmd or cmd[cmd.index("-m") + 1: cmd.index("-m") + 2] != ["xylent.models.trainer"]:
+        if "-m" not in cmd or cmd[cmd.index("-m") + 1: cmd.index("-m") + 2] != ["xylent.models.training.trainer"]:
             continue
         try:
             (ours if any(a.pid == me for a in p.parents()) else foreign).append(p)
@@ -221,7 +221,7 @@ def wait_until_quiet(max_wait_s: float, max_foreign_cores: float = 0.1) -> float
         load = foreign_cores() if not foreign else float("nan")
         if (not foreign and load < max_foreign_cores) or time.monotonic() - t0 > max_wait_s:
             return time.monotonic() - t0
-        print(f"waiting: {len(foreign)} other xylent.models.trainer process(es) running, other processes using "
+        print(f"waiting: {len(foreign)} other xylent.models.training.trainer process(es) running, other processes using "
               f"{load:.2f} cores", flush=True)
         time.sleep(15)
 
@@ -360,8 +360,8 @@ def components(spec, upstream: dict[str, Path], scratch: Path, batches: int) -> 
     from xylent.models.objectives import build_model
     from xylent.models.stats import Norms
     from xylent.models.masking import row_noise
-    from xylent.models.audit.adversary import PairAdversary
-    from xylent.models.audit.step import pair_totals
+    from xylent.models.training.audit.adversary import PairAdversary
+    from xylent.models.training.audit.step import pair_totals
     from xylent.data.loader import TrainingLoader
 
     threads = torch.get_num_threads()
@@ -375,7 +375,7 @@ def components(spec, upstream: dict[str, Path], scratch: Path, batches: int) -> 
         ld = TrainingLoader(cfg.shards_dir, cfg.sampling_dir, task="trtd", seed=cfg.seed, rank=0, world_size=2,
                             batch_size=cfg.batch_size // 2, max_tokens=cfg.trtd_max_tokens // 2, verify=False)
         data = list(itertools.islice(ld.batches(batches), batches))
-        d = cfg.dro  # as xylent.models.audit.step.PairAudit builds it (its baselines are timed by the whole-run benchmark)
+        d = cfg.dro  # as xylent.models.training.audit.step.PairAudit builds it (its baselines are timed by the whole-run benchmark)
         adv = PairAdversary(ld.names, ld.prior, rho=d.rho, min_ratio=d.min_ratio, ema=d.ema, weights=tuple(d.weights),
                             steps=cfg.steps, resamples=d.resamples)
 

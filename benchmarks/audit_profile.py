@@ -64,7 +64,7 @@ def main() -> None:
         # methods show as Class.method; the path is relative to its package root
         frames = {(f.split(" (")[0].strip().rsplit(".", 1)[-1], f.split(" (")[-1].split(":")[0])
                   for f in stack.split(";") if " (" in f}
-        if ("train", "models/trainer.py") not in frames or any(fn in ("initialize", "__init__") and "deepspeed" in path
+        if ("train", "models/training/trainer.py") not in frames or any(fn in ("initialize", "__init__") and "deepspeed" in path
                                                              for fn, path in frames):
             continue  # the launching process, the imports and DeepSpeed's set-up: only the training loop counts
         total += int(n)

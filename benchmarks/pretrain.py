@@ -21,7 +21,7 @@ all cores), in alternating order:
 
 GPU rows (when a GPU is visible, or ``--device cuda``): the ``--gpu-size``
 model (base) in bf16 autocast, xylent vs transformers for both steps, with
-tokens/s, MFU (FLOPs per token from ``xylent.models.optim.flops_per_token``, the same
+tokens/s, MFU (FLOPs per token from ``xylent.models.training.optim.flops_per_token``, the same
 count for both sides, over the GPU's dense bf16 peak) and each side's peak
 memory (built alone); then one DeepSpeed engine per ZeRO stage
 (``tasks/pretrain/deepspeed/zero<N>.json``, one rank, each in its own process) with its
@@ -83,7 +83,7 @@ def n_params(*modules) -> int:
 
 
 # what a step reads besides its ids, made once per batch (the warm-up fills it): the trainer makes it ahead in
-# the loader's thread (xylent.models.step_inputs), so no side's timed step pays for host work or its copy
+# the loader's thread (xylent.models.training.step_inputs), so no side's timed step pays for host work or its copy
 _PREPARED: dict = {}
 
 
@@ -131,7 +131,7 @@ def ours_discriminator(cfg, compile: bool = True):
     from xylent.models.electra import RTDHead
     from xylent.models.encoder import Embeddings, Encoder
     from xylent.models.weight_init import init_weights
-    from xylent.models.optim import make_optimizer
+    from xylent.models.training.optim import make_optimizer
 
     class Discriminator(torch.nn.Module):
         def __init__(self):
@@ -169,7 +169,7 @@ def fast_path(model, cfg) -> bool:
 def ours_electra(cfg, compile: bool = True):
     """Our whole XLM-E step: generator, sampled corruption, discriminator, λ = 50."""
     from xylent.models.electra import ElectraModel
-    from xylent.models.optim import make_optimizer
+    from xylent.models.training.optim import make_optimizer
 
     model = ElectraModel(cfg, DISC_WEIGHT, MASK_PROB)
     compiled = compile and fast_path(model, cfg)
@@ -192,7 +192,7 @@ def objective_step(objective: str, options: dict | None):
         import torch
 
         from xylent.models.objectives import build_model
-        from xylent.models.optim import make_optimizer
+        from xylent.models.training.optim import make_optimizer
         from xylent.models.stats import Norms
 
         from xylent.spec import PretrainConfig
@@ -302,7 +302,7 @@ def disc_flops_per_token(cfg, seq_len: int) -> float:
 
 
 def step_flops_per_token(what: str, cfg, seq_len: int) -> float:
-    from xylent.models.optim import flops_per_token
+    from xylent.models.training.optim import flops_per_token
 
     if what == "discriminator":
         return disc_flops_per_token(cfg, seq_len)
@@ -421,7 +421,7 @@ def zero_stage_run(size: str, vocab: int, batch: int, seq_len: int, steps: int, 
 
     from xylent.models.config import preset
     from xylent.models.electra import ElectraModel
-    from xylent.models.optim import (engine_config, engine_optimizer, flops_per_token, lr_lambdas, make_optimizer,
+    from xylent.models.training.optim import (engine_config, engine_optimizer, flops_per_token, lr_lambdas, make_optimizer,
                               peak_tflops, warmup_linear_decay)
 
     deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
@@ -430,7 +430,7 @@ def zero_stage_run(size: str, vocab: int, batch: int, seq_len: int, steps: int, 
     torch.manual_seed(0)
     model = ElectraModel(cfg, DISC_WEIGHT, MASK_PROB).to(device)
     fast_path(model, cfg)  # the trainer's CUDA path: flex, encoders compiled
-    # the trainer's engine: its config function, optimizer and schedule (models/trainer.py train())
+    # the trainer's engine: its config function, optimizer and schedule (models/training/trainer.py train())
     ds = engine_config(json.loads((HERE.parent / "tasks" / "pretrain" / "deepspeed" / f"zero{stage}.json").read_text()),
                        micro_batch=batch, grad_accum=1, clip=1.0, bf16=cuda)
     opt = make_optimizer(model, lr=1e-4)
@@ -598,7 +598,7 @@ def gpu_rows(args) -> dict:
     import torch
 
     from xylent.models.config import preset
-    from xylent.models.optim import peak_tflops
+    from xylent.models.training.optim import peak_tflops
 
     if args.device == "cpu":
         return {"skipped": "not asked: --device cpu", "size": args.gpu_size}

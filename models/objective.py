@@ -88,7 +88,7 @@ class ObjectiveModel(nn.Module):
     @classmethod
     def layer_passes(cls, cfg: EncoderConfig) -> float:
         """Encoder layers a token passes through per forward, for the MFU's FLOPs count
-        (xylent.models.optim.flops_per_token)."""
+        (xylent.models.training.optim.flops_per_token)."""
         return cfg.layers
 
     @classmethod

@@ -1,7 +1,7 @@
 """What a pretraining model's forward pass returns: *sums and counts*
 (:class:`Stats`), never means, so the trainer can add them over every rank
 and normalise by global counts — the loss is the mean over the global batch
-whatever its split into ranks (xylent.models.trainer).
+whatever its split into ranks (xylent.models.training.trainer).
 
 Three loss slots, each with its own count: ``g`` (a masked-LM loss: ELECTRA's
 generator, MLM/TLM, VECO's four CA-MLM terms), ``d`` (ELECTRA's replaced-token

@@ -190,19 +190,29 @@ def test_a_stage_flow_enters_its_stage_through_run_and_reads_others_through_thei
     assert not bad, "\n".join(bad)
 
 
+def test_model_code_never_imports_the_training_package():
+    """models/ holds what is trained and exported; models/training/ what trains it (the trainer, its
+    settings, optimizer, per-step inputs and metrics, the audit's DRO side): the arrow points one way."""
+    bad = [f"{p.relative_to(ROOT)} imports {name}" for p in _modules("models")
+           if "training" not in p.relative_to(ROOT).parts for name in _imports(p)
+           if name.startswith("xylent.models.training")]
+    assert not bad, "\n".join(bad)
+
+
 def test_only_the_training_stages_and_evaluate_use_models_and_evaluate_only_loads_exports():
     uses = {(str(p.relative_to(ROOT)), name) for p in _modules("tasks") for name in _imports(p)
             if _top(name) == "models"}
     assert uses and all(u.startswith(("tasks/pretrain/", "tasks/audit/", "tasks/evaluate/")) for u, _ in uses), uses
     # the audit: its adversary's settings and state, and the χ² solver the adversary runs in the ranks
     audit = {name for u, name in uses if u.startswith("tasks/audit/")}
-    assert audit <= {"xylent.models.audit.adversary", "xylent.models.audit.dro", "xylent.models.run_config"}, audit
+    assert audit <= {"xylent.models.training.audit.adversary", "xylent.models.training.audit.dro",
+                     "xylent.models.training.run_config"}, audit
     finetune = {name for u, name in uses if u.startswith("tasks/evaluate/finetune/")}
     evaluate = {name for u, name in uses if u.startswith("tasks/evaluate/")} - finetune
     # exports only: the plug-out encoder, and VECO's plug-in model read back from the same folder
     assert evaluate and evaluate <= {"xylent.models.pretrained", "xylent.models.config", "xylent.models.veco_plug_in"}, evaluate
     # evaluate's fine-tuning: the task heads, and the rank conventions its DeepSpeed ranks share with pretrain's
-    assert finetune and finetune <= {"xylent.models.heads", "xylent.models.rank"}, finetune
+    assert finetune and finetune <= {"xylent.models.heads", "xylent.models.training.rank"}, finetune
 
 
 def test_nothing_imports_the_cli_and_nobody_patches_sys_path():
@@ -247,7 +257,7 @@ def test_a_training_rank_imports_no_polars_spec_tracking_or_orchestration():
     """What a rank program imports must exist on a bare GPU image (issue 37's check carries
     DeepSpeed and pydantic as wheels; polars would not fit the bundle): the loader's table
     readers (xylent/data/) use pyarrow."""
-    code = ("import os, sys\nos.environ['DS_ACCELERATOR'] = 'cpu'\nimport xylent.models.trainer\n"
+    code = ("import os, sys\nos.environ['DS_ACCELERATOR'] = 'cpu'\nimport xylent.models.training.trainer\n"
             "bad = sorted({m.split('.')[0] if m.split('.')[0] != 'xylent' else m for m in sys.modules\n"
             "              if m.split('.')[0] in ('polars', 'mlflow', 'prefect', 'flows', 'matplotlib')\n"
             "              or m.startswith(('xylent.spec', 'xylent.flows'))})\n"

@@ -13,10 +13,10 @@ from xylent.models.config import preset
 from xylent.models.electra import ElectraModel, MaskedLMModel
 from xylent.models.stats import ROW_FIELDS
 from xylent.models.masking import row_noise
-from xylent.models.audit.dro import chi2_best_response
-from xylent.models.audit.step import baseline_due, language_due, pairs_due, trtd_steps_per_measurement as per
-from xylent.models.run_config import DroConfig, TrainConfig
-from xylent.models.audit.adversary import SUM_FIELDS, PairAdversary, binary_entropy, resample_steps
+from xylent.models.training.audit.dro import chi2_best_response
+from xylent.models.training.audit.step import baseline_due, language_due, pairs_due, trtd_steps_per_measurement as per
+from xylent.models.training.run_config import DroConfig, TrainConfig
+from xylent.models.training.audit.adversary import SUM_FIELDS, PairAdversary, binary_entropy, resample_steps
 from xylent.tasks.audit.contract import audit_table, pair_baselines, trajectory_table
 from xylent.tasks.vocab.specials import SPECIAL_PIECES
 
@@ -243,7 +243,7 @@ def test_the_larger_baseline_holds_a_memorised_pair_to_its_languages():
 
 
 def test_the_language_baseline_runs_the_whole_documents_of_a_pack():
-    from xylent.models.audit.step import sentences
+    from xylent.models.training.audit.step import sentences
 
     pack = np.array([0, 5, 6, 2, 7, 8, 9, 2, 10, 11, 2, 12, 2, 1, 1])  # <s> …cut </s> d1 </s> d2 </s> cut… </s> pad
     assert [x.tolist() for x in sentences(pack, 0, 2, 1)] == [[7, 8, 9], [10, 11]]
@@ -253,9 +253,9 @@ def test_the_language_baseline_runs_the_whole_documents_of_a_pack():
 
 
 def test_the_baseline_is_each_sentence_run_alone():
-    """xylent.models.audit.step.sides_alone against each side's rows run by hand, one row at a time."""
+    """xylent.models.training.audit.step.sides_alone against each side's rows run by hand, one row at a time."""
     from xylent.models.pairs import split_pair
-    from xylent.models.audit.step import BASELINE_NOISE, BASELINE_ROWS, sides_alone
+    from xylent.models.training.audit.step import BASELINE_NOISE, BASELINE_ROWS, sides_alone
 
     cfg = preset("tiny", vocab_size=300, specials=SPECIALS, dropout=0.0)
     torch.manual_seed(0)
@@ -278,10 +278,10 @@ def test_the_baseline_is_each_sentence_run_alone():
 
 
 def test_the_language_baseline_in_length_buckets_is_each_sentence_run_alone():
-    """xylent.models.audit.step.languages_alone (its sentences in forwards of fixed widths, each in the narrowest that holds it)
+    """xylent.models.training.audit.step.languages_alone (its sentences in forwards of fixed widths, each in the narrowest that holds it)
     against every sentence of the packs run by hand, one at a time, with its own noise stream; the widths
     (the same list on every rank: ZeRO-3 needs as many forwards) put every longer sentence in one forward."""
-    from xylent.models.audit.step import (BUCKET_WIDTHS, LANGUAGE_NOISE, SENTENCES_PER_PACK, bucket_widths, languages_alone,
+    from xylent.models.training.audit.step import (BUCKET_WIDTHS, LANGUAGE_NOISE, SENTENCES_PER_PACK, bucket_widths, languages_alone,
                                    sentences)
 
     assert bucket_widths([3, 10, 12, 130, 300], BUCKET_WIDTHS, 1, "cpu") == [16, 384]
@@ -318,11 +318,11 @@ def test_the_language_baseline_in_length_buckets_is_each_sentence_run_alone():
 
 
 def test_the_partner_baseline_reruns_the_same_tokens_beside_another_rows_translation():
-    """xylent.models.audit.step.partners_swapped against rows built by hand: x of each row, y of the next
+    """xylent.models.training.audit.step.partners_swapped against rows built by hand: x of each row, y of the next
     row of its pair, every token with its training-pass noise; a row alone of its pair is left out
     (or, with a store, borrows the last second sentence of its key seen before), and summed over a
     pair the masked and scored tokens are the training pass's own."""
-    from xylent.models.audit.step import PartnerStore, directed, partner_rotation, partners_swapped
+    from xylent.models.training.audit.step import PartnerStore, directed, partner_rotation, partners_swapped
 
     assert partner_rotation([0, 0, 1, 0, 2, 1]) == {0: 1, 1: 3, 3: 0, 2: 5, 5: 2}
     # a flipped row's second sentence is the pair's other language: rows borrow within one direction
@@ -398,11 +398,11 @@ def test_the_partner_baseline_is_the_loss_less_the_translations_help():
 
 
 def test_the_heldout_baseline_runs_the_held_out_rows_as_they_are_and_beside_other_partners():
-    """xylent.models.audit.step.heldout_help: the held-out batch's own loss and its partner-swapped loss,
+    """xylent.models.training.audit.step.heldout_help: the held-out batch's own loss and its partner-swapped loss,
     both under the measurement's own noise, summed per pair over the rows that had a partner; the
     swapped pass replays the generator's replacements of the rows as they are (the same tokens
     replaced, the same count), so only the partner moves."""
-    from xylent.models.audit.step import HELDOUT_NOISE, heldout_help, pair_totals, partner_rotation, partners_swapped
+    from xylent.models.training.audit.step import HELDOUT_NOISE, heldout_help, pair_totals, partner_rotation, partners_swapped
 
     cfg = preset("tiny", vocab_size=300, specials=SPECIALS, dropout=0.0)
     torch.manual_seed(0)
@@ -466,7 +466,7 @@ def test_the_baselines_are_measured_on_the_first_trtd_step_of_each_period():
 def test_auto_baseline_every_keeps_the_rows_each_baseline_ema_averages():
     """baseline_every auto: the largest N whose EMAs, moving 1 − (1 − ema)^(N·share) a measurement,
     still average 1 000 rows of the median pair (the knob's default is 3 000)."""
-    from xylent.models.audit.adversary import rate_over
+    from xylent.models.training.audit.adversary import rate_over
     from xylent.tasks.audit.train_config import auto_baseline_every
 
     for r, share in ((0.1, 1.0), (1.8, 1.0), (20.0, 1.0), (40.0, 0.5), (200.0, 1.0)):
@@ -482,7 +482,7 @@ def test_auto_baseline_every_keeps_the_rows_each_baseline_ema_averages():
 def test_the_first_trtd_step_in_closed_form_is_the_schedules():
     import dataclasses
 
-    from xylent.models.run_config import first_trtd_step, task_plan
+    from xylent.models.training.run_config import first_trtd_step, task_plan
 
     cfg = TrainConfig(**{f.name: None for f in dataclasses.fields(TrainConfig)})
     cfg.batch_kinds, cfg.grad_accum = ["mrtd", "trtd"], 1

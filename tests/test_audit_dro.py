@@ -1,4 +1,4 @@
-"""χ² DRO best response of the audit stage (xylent.models.audit.dro): closed form, KKT,
+"""χ² DRO best response of the audit stage (xylent.models.training.audit.dro): closed form, KKT,
 optimality against a general-purpose solver, invariances, degenerate inputs."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xylent.models.audit.dro import chi2_best_response, chi2_divergence
+from xylent.models.training.audit.dro import chi2_best_response, chi2_divergence
 
 
 def _standardised(L, Q):

@@ -16,7 +16,7 @@ from xylent.data.shards import read_index
 from xylent.spec import load_spec
 
 from conftest import DEMO_SHORT, linked_data, stopped_after  # the session demo's spec (tests/data/demo-short.yaml)
-from xylent.models.audit.adversary import resample_steps
+from xylent.models.training.audit.adversary import resample_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"
@@ -82,7 +82,7 @@ def test_demo_audit_contract(demo_run):
 
 def test_demo_audit_starts_from_the_pretrained_weights_and_exports_its_model(demo_run):
     from xylent.models import load_pretrained
-    from xylent.models.run_config import TrainConfig
+    from xylent.models.training.run_config import TrainConfig
 
     res, _ = demo_run
     out = _out(res)

@@ -99,7 +99,7 @@ def test_the_audit_profile_counts_functions_that_exist():
     import audit_profile
 
     deepspeed = Path(importlib.util.find_spec("deepspeed").origin).parent
-    for piece, (func, file) in {**audit_profile.PIECES, "training loop": ("train", "models/trainer.py")}.items():
+    for piece, (func, file) in {**audit_profile.PIECES, "training loop": ("train", "models/training/trainer.py")}.items():
         found = [p for root in (ROOT / "models", ROOT / "tasks", ROOT / "xylent", deepspeed) for p in root.rglob("*.py")
                  if p.as_posix().endswith("/" + file)]
         assert any(re.search(rf"^\s*def {func}\(", p.read_text(), re.M) for p in found), f"{piece}: no {func} in {file}"

@@ -602,7 +602,7 @@ def test_a_run_whose_loss_goes_non_finite_stops_before_its_checkpoint_with_one_c
     import os
     import types
 
-    from xylent.models.trainer import stop_if_diverged
+    from xylent.models.training.trainer import stop_if_diverged
     from xylent.errors import XylentError
     from xylent.launch import deepspeed_command, launch
     from xylent.rank_exit import DIVERGED
@@ -616,7 +616,7 @@ def test_a_run_whose_loss_goes_non_finite_stops_before_its_checkpoint_with_one_c
     assert "the loss is nan at step 5" in said and "pretrain.lr 1000.0" in said
     (tmp_path / "diverges.py").write_text(
         "import os, sys, time\n"
-        "from xylent.models.trainer import stop_if_diverged\n"
+        "from xylent.models.training.trainer import stop_if_diverged\n"
         "import types\n"
         "cfg = types.SimpleNamespace(lr=1e3, warmup_steps=0, clip=2.0, precision='fp32')\n"
         "if os.environ['RANK'] == '0':\n"

@@ -67,7 +67,7 @@ def test_the_installed_package_runs_from_outside_the_checkout_and_finds_its_data
     # a path entry, not a site dir: this venv's .pth files (the editable install of the checkout) stay unread
     (site / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
     probe = (
-        "import json, xylent, xylent.models.trainer, xylent.cli\n"
+        "import json, xylent, xylent.models.training.trainer, xylent.cli\n"
         "from xylent.tasks.pretrain.train_json import ZERO_CONFIGS\n"
         "from xylent.tasks.evaluate.paper_refs import PAPER_FILE\n"
         "from xylent.tasks.evaluate.scorecard import REFERENCES_FILE\n"
@@ -76,7 +76,7 @@ def test_the_installed_package_runs_from_outside_the_checkout_and_finds_its_data
         "from xylent.flows.registry import STAGE_NAMES, stage_flow_of\n"
         "flows = [stage_flow_of(name) for name in STAGE_NAMES]  # each stage's flow, imported by name\n"
         "files = [*(ZERO_CONFIGS / f'zero{n}.json' for n in range(4)), PAPER_FILE, REFERENCES_FILE, HPARAMS_FILE, MODELING]\n"
-        "print(json.dumps({'xylent': xylent.__file__, 'trainer': xylent.models.trainer.__file__,\n"
+        "print(json.dumps({'xylent': xylent.__file__, 'trainer': xylent.models.training.trainer.__file__,\n"
         "                  'missing': [str(f) for f in files if not f.is_file()]}))\n")
     env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "DS_ACCELERATOR": "cpu"}
     r = subprocess.run([str(venv / "bin" / "python"), "-c", probe], cwd=tmp_path, env=env, capture_output=True,

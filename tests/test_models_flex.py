@@ -120,7 +120,7 @@ def test_the_gpu_checks_self_test_passes_here_on_the_forward():
 def test_the_trainer_compiles_the_encoders_on_cuda_unless_told_otherwise():
     from types import SimpleNamespace
 
-    from xylent.models.trainer import should_compile
+    from xylent.models.training.trainer import should_compile
 
     assert should_compile(SimpleNamespace(compile="auto"), cuda=True)
     assert not should_compile(SimpleNamespace(compile="auto"), cuda=False)  # CPU: Inductor's compile costs more

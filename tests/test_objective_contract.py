@@ -14,7 +14,7 @@ from xylent.models.config import preset
 from xylent.models.encoder import Embeddings, Encoder
 from xylent.models.objective import ObjectiveModel
 from xylent.models.objectives import build_model, model_class
-from xylent.models.optim import flops_per_token, make_optimizer
+from xylent.models.training.optim import flops_per_token, make_optimizer
 from xylent.models.stats import Norms, Stats
 from xylent.objectives import OBJECTIVES, Objective, with_section
 from xylent.spec import PretrainConfig

@@ -24,9 +24,9 @@ import pytest
 from conftest import DEMO_SHORT, linked_data
 from cost_guard import costs
 
-from xylent.models.optim import param_groups, warmup_linear_decay
-from xylent.models.run_config import TrainConfig
-from xylent.models.run_config import task_plan
+from xylent.models.training.optim import param_groups, warmup_linear_decay
+from xylent.models.training.run_config import TrainConfig
+from xylent.models.training.run_config import task_plan
 
 pytestmark = pytest.mark.demo_data  # reads the session demo only (pyproject.toml's markers)
 
@@ -163,7 +163,7 @@ def _kill_launcher_after_first_checkpoint(ws: Path, *extra: str, ranks: int = 2)
     rank_procs = []
     for p in tree:
         with contextlib.suppress(psutil.NoSuchProcess):
-            if "xylent.models.trainer" in " ".join(p.cmdline()) and "--local_rank" in " ".join(p.cmdline()):
+            if "xylent.models.training.trainer" in " ".join(p.cmdline()) and "--local_rank" in " ".join(p.cmdline()):
                 rank_procs.append(p)
     at_kill = {"checkpoints": _complete_checkpoints(ws), "steps": _steps_written(ws)}
     proc.send_signal(signal.SIGKILL)
@@ -282,7 +282,7 @@ def test_a_killed_rank_is_reported_and_the_rerun_resumes_exactly(run_cli, demo_r
         if list(ws.glob(f"pretrain/_checkpoints/*/deepspeed/step-{EVERY:08d}/COMPLETE")):
             for p in psutil.Process(proc.pid).children(recursive=True):
                 with_rank = [a for a in p.cmdline() if a == "--local_rank=1"]
-                if with_rank and "xylent.models.trainer" in " ".join(p.cmdline()):
+                if with_rank and "xylent.models.training.trainer" in " ".join(p.cmdline()):
                     p.send_signal(signal.SIGKILL)
                     killed = p.pid
         time.sleep(0.02)
@@ -293,7 +293,7 @@ def test_a_killed_rank_is_reported_and_the_rerun_resumes_exactly(run_cli, demo_r
     assert "run the same command again to resume from its checkpoint at step" in err
     assert "Traceback" not in err.split("Error:")[-1], "a clear message, not a traceback"
     assert not [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and
-                f"{ws}" in " ".join(p.info["cmdline"]) and "xylent.models.trainer" in " ".join(p.info["cmdline"])], \
+                f"{ws}" in " ".join(p.info["cmdline"]) and "xylent.models.training.trainer" in " ".join(p.info["cmdline"])], \
         "no rank outlives the failed run"
 
     res, out = _pretrain(run_cli, ws, "--set", "pretrain.ranks=2", "--set", "pretrain.zero_stage=2")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from xylent.models.run_config import TrainConfig
+from xylent.models.training.run_config import TrainConfig
 from xylent.tasks.pretrain.train_json import ZERO_CONFIGS, deepspeed_config
 from xylent.errors import XylentError
 from xylent.spec import spec_from_dict
@@ -49,7 +49,7 @@ def test_a_broken_deepspeed_file_is_a_clear_error(tmp_path, content, what):
 
 
 def test_the_trainer_uses_the_files_stage_without_rewriting_it(tmp_path):
-    from xylent.models.trainer import ds_config
+    from xylent.models.training.trainer import ds_config
 
     user = {"zero_optimization": {"stage": 1, "overlap_comm": False}, "steps_per_print": 7}
     (tmp_path / "ds.json").write_text(json.dumps(user))
@@ -72,7 +72,7 @@ def test_train_json_has_no_defaults_of_its_own(tmp_path):
 def test_every_knob_is_a_declared_field_named_as_the_spec_names_it():
     """No lookup at run time: reading a knob the config does not declare is an AttributeError, and the knobs
     copied from the spec are fields of xylent.spec.PretrainConfig with the same name."""
-    from xylent.models.run_config import SPEC_KNOBS
+    from xylent.models.training.run_config import SPEC_KNOBS
     from xylent.spec import PretrainConfig
 
     names = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -120,7 +120,7 @@ def test_stale_deepspeed_shm_segments_are_swept_and_live_ones_kept(tmp_path):
         assert launch.sweep_stale_shm_buffers(tmp_path) == [stale]
     assert not stale.exists() and live.exists() and other.exists()
     assert starting.exists(), "a launch starting beside this one keeps the segment its peers wait for"
-    cmd = ["deepspeed", "--master_port", "2222", "--module", "xylent.models.trainer"]
+    cmd = ["deepspeed", "--master_port", "2222", "--module", "xylent.models.training.trainer"]
     assert launch.shm_buffers(cmd, tmp_path) == [live]
     launch.remove_shm_buffers(cmd, tmp_path)
     assert not live.exists() and other.exists()

@@ -123,7 +123,7 @@ def test_vecos_two_phase_schedule_holds_the_body_still_then_trains_it():
     cross-attention trains from step 0; afterwards everything trains."""
     from xylent.models.config import preset
     from xylent.models.masking import row_noise
-    from xylent.models.optim import lr_lambdas, make_optimizer, warmup_linear_decay
+    from xylent.models.training.optim import lr_lambdas, make_optimizer, warmup_linear_decay
     from xylent.models.stats import Norms
     from xylent.models.veco import VecoOptions, VecoModel
     from tests.test_models_electra import SPECIALS, _batch

@@ -1,5 +1,5 @@
 """The optimizer under DeepSpeed's engine (issue 61, item 3): which wrapper runs it at each ZeRO
-stage and precision, and that the engine as the trainer now builds it (xylent.models.optim.engine_config)
+stage and precision, and that the engine as the trainer now builds it (xylent.models.training.optim.engine_config)
 updates the weights as it did before on CPU.
 
 The engines are real DeepSpeed 0.19.8 engines on the CPU accelerator with gloo, one rank, in one
@@ -28,7 +28,7 @@ SPECIALS = dict(zip(("unk", "bos", "eos", "pad", "mask"), range(5)))
 
 
 def _old_config(stage: int, bf16: bool) -> dict:
-    """models/trainer.py ds_config as it was before engine_config (bf16 mode at every stage)."""
+    """models/training/trainer.py ds_config as it was before engine_config (bf16 mode at every stage)."""
     base = {k: v for k, v in json.loads((ZERO / f"zero{stage}.json").read_text()).items() if not k.startswith("_")}
     base.update({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
                  "bf16": {"enabled": bf16}})
@@ -36,7 +36,7 @@ def _old_config(stage: int, bf16: bool) -> dict:
 
 
 def _new_config(stage: int, bf16: bool) -> dict:
-    from xylent.models.optim import engine_config
+    from xylent.models.training.optim import engine_config
 
     return engine_config(json.loads((ZERO / f"zero{stage}.json").read_text()), micro_batch=4, grad_accum=1,
                          clip=1.0, bf16=bf16)
@@ -70,7 +70,7 @@ def _child(out: Path) -> None:
     from xylent.models.config import preset
     from xylent.models.electra import ElectraModel
     from xylent.models.masking import row_noise
-    from xylent.models.optim import engine_optimizer, lr_lambdas, make_optimizer, warmup_linear_decay
+    from xylent.models.training.optim import engine_optimizer, lr_lambdas, make_optimizer, warmup_linear_decay
     from xylent.models.stats import Norms
 
     deepspeed.init_distributed(dist_backend="gloo")

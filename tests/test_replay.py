@@ -144,6 +144,7 @@ def test_the_base_is_the_recorded_commit_or_its_first_descendant_with_the_hashed
         replay.base_commit("toy", {**result, "code_files": claims.code_files("toy")})
     # what it refuses before training: a spec's value changed (a comment may), code no workload runs
     monkeypatch.setitem(claims.CLAIMS["toy"], "code", ["models/", "data_specs/", "tasks/evaluate/"])
+    monkeypatch.setitem(claims.CLAIMS["toy"], "replay", ["electra"])  # no evaluate workload: evaluate code unrun
     for path, text in (("data_specs/demo.yaml", "steps: 1500\n"), ("tasks/evaluate/run.py", "X = 1\n")):
         (repo / path).parent.mkdir(parents=True, exist_ok=True)
         (repo / path).write_text(text)
@@ -158,11 +159,43 @@ def test_the_base_is_the_recorded_commit_or_its_first_descendant_with_the_hashed
                                 'from xylent.tasks.evaluate.data import f\nimport xylent.models.pretrained as p\n'
                                 'M = "xylent.tasks.x"\n')
     assert not replay._same_program("from tasks.evaluate.data import f\n", "from tasks.evaluate.data import g\n")
+    # a move inside it: models.rank is models.training.rank; a module that did not move is not another's
+    assert replay._same_program("from xylent.models.rank import f\nimport models.audit.dro\n",
+                                "from xylent.models.training.rank import f\nimport xylent.models.training.audit.dro\n")
+    assert not replay._same_program("from xylent.models.rank import f\n", "from xylent.models.training.optim import f\n")
     assert not replay._same_program('M = "tasks.x"\n', 'M = "xylent.tasks.y"\n')
     (repo / "data_specs" / "demo.yaml").write_text("steps: 1000\n")
     (repo / "tasks" / "evaluate" / "run.py").write_text("X = 2\n")
     assert replay._unprovable("toy", third, then, claims.code_files("toy")) == [
         "data_specs/demo.yaml (its values changed)", "tasks/evaluate/run.py (the replay never runs it)"]
+    # a claim the evaluate workload replays: its evaluate code may change, the scores it leaves are compared
+    monkeypatch.setitem(claims.CLAIMS["toy"], "replay", ["electra", "evaluate"])
+    assert replay._unprovable("toy", third, then, claims.code_files("toy")) == ["data_specs/demo.yaml (its values changed)"]
+
+
+def test_the_scores_compare_to_the_bit_and_a_score_only_the_tree_has_is_added(tmp_path):
+    scores = {"models": {"pipeline": {"retrieval": {"avg": 10.25, "languages": {"de": {"accuracy": 12.5, "n": 8}}}}},
+              "tasks": {"retrieval": {"kind": "tatoeba"}}}
+    a, b = tmp_path / "base", tmp_path / "tree"
+    for d in (a, b):
+        d.mkdir()
+    (a / "scores.json").write_text(json.dumps(scores))
+    grown = json.loads(json.dumps(scores))
+    grown["models"]["pipeline"]["retrieval"]["curve"] = [{"tokens": 1000, "avg": 3.0}]
+    grown["models"]["pipeline"]["retrieval2"] = {"avg": 1.0}
+    (b / "scores.json").write_text(json.dumps(grown))
+    same = replay.compare_scores("electra evaluate", a, b)
+    assert same.first is None and same.counts == {"added values": 2, "values": 4}, same
+    grown["models"]["pipeline"]["retrieval"]["languages"]["de"]["accuracy"] = 12.500000000000002
+    (b / "scores.json").write_text(json.dumps(grown))
+    moved = replay.compare_scores("electra evaluate", a, b)
+    assert moved.first.startswith("electra evaluate: scores.json/models/pipeline/retrieval/languages/de/accuracy: "
+                                  "12.5 (base) vs 12.500000000000002 (this tree)"), moved.first
+    assert "1 ulps" in moved.first
+    del grown["models"]["pipeline"]["retrieval"]["avg"]
+    (b / "scores.json").write_text(json.dumps(grown))
+    gone = replay.compare_scores("electra evaluate", a, b)  # a score the base had and the tree lost
+    assert "scores.json/models/pipeline/retrieval/avg" in gone.differing, gone
 
 
 def _toy_repo(tmp_path: Path, monkeypatch) -> Path:

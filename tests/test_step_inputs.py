@@ -8,9 +8,9 @@ import torch
 
 from xylent.models.masking import row_noise
 from xylent.models.stats import Stats
-from xylent.models.step_inputs import StepInputs
-from xylent.models.step_metrics import Interval, summarise
-from xylent.models.trainer import UnigramBaseline
+from xylent.models.training.step_inputs import StepInputs
+from xylent.models.training.step_metrics import Interval, summarise
+from xylent.models.training.trainer import UnigramBaseline
 
 SPECIAL_IDS = (0, 1, 2, 3, 4)
 PAD = 3

@@ -10,7 +10,7 @@ import torch
 from xylent.models.config import preset
 from xylent.models.masking import row_noise
 from xylent.models.objectives import build_model
-from xylent.models.optim import make_optimizer
+from xylent.models.training.optim import make_optimizer
 from xylent.models.pretrained import PretrainedEncoder
 from xylent.models.stats import Norms
 

@@ -45,7 +45,7 @@ from xylent.errors import XylentError
 from xylent.process_identity import mark
 from xylent.rank_exit import DIVERGED, DIVERGED_MARK
 
-TRAINER_MODULE = "xylent.models.trainer"
+TRAINER_MODULE = "xylent.models.training.trainer"
 REPO = Path(__file__).resolve().parents[1]  # on every rank's PYTHONPATH, so the module resolves to this checkout
 _DIED = re.compile(r"exits with return code = (-?\d+)")
 _RANK_LINE = re.compile(r"^\[rank(\d+)\]:")

@@ -2,7 +2,7 @@
 the audit train, evaluate fine-tunes): its checkpoint folder outside the published
 output, the launch as a Prefect task with a progress bar, and where remote ranks read
 the shards.  The launch itself (processes, logs, death messages) is :mod:`xylent.launch`;
-what the ranks run is :mod:`xylent.models.trainer` (and fine-tuning's rank program)."""
+what the ranks run is :mod:`xylent.models.training.trainer` (and fine-tuning's rank program)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 
 from xylent.flows.kit.stage import StageContext
 from xylent.flows.kit.progress import Progress
-from xylent.models.run_config import TrainConfig
+from xylent.models.training.run_config import TrainConfig
 from xylent import interrupt
 
 _STEP = re.compile(r"xylent: step (\d+)/(\d+)")
@@ -27,7 +27,7 @@ def train_ranks(cmd: list[str], log_file: str, steps: int, checkpoints: str, loc
                 stage: str = "pretrain"):
     from prefect import get_run_logger
 
-    from xylent.models.trainer import complete_checkpoints
+    from xylent.models.training.trainer import complete_checkpoints
     from xylent.launch import launch
 
     logger = get_run_logger()

@@ -52,9 +52,9 @@ def trajectory_table(state: dict) -> pl.DataFrame:
 
 
 def pair_baselines(state: dict) -> np.ndarray:
-    """Each pair's excess baseline from an adversary state (xylent.models.audit.adversary.excess_baselines);
+    """Each pair's excess baseline from an adversary state (xylent.models.training.audit.adversary.excess_baselines);
     all NaN without one."""
-    from xylent.models.audit.adversary import USES_LANGUAGES, excess_baselines, near_baseline
+    from xylent.models.training.audit.adversary import USES_LANGUAGES, excess_baselines, near_baseline
 
     n = len(state["pairs"])
     kind = state.get("baseline", "sides" if state.get("excess") else None)  # "excess": states before baselines
@@ -71,7 +71,7 @@ def paper_form(state: dict, g: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, n
     """XY-LENT's Eq. 3 as printed (L_D + λ·L_G; the MLM ablation's loss itself) from the same run's
     component EMAs, and the floored best response the adversary would give it now, as q / Q: the
     paper's form read beside whatever pair loss the run trained against, on the same batches."""
-    from xylent.models.audit.adversary import best_response_on_seen
+    from xylent.models.training.audit.adversary import best_response_on_seen
 
     w_g, w_d = state["weights"]
     lam = w_d if w_g == 1.0 else w_g  # (1, λ) trained (electra, excess) or (λ, 1) (paper): λ either way

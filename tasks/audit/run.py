@@ -11,8 +11,8 @@ from pathlib import Path
 
 import polars as pl
 
-from xylent.models.audit.adversary import STATE_FILE
-from xylent.models.run_config import TrainConfig
+from xylent.models.training.audit.adversary import STATE_FILE
+from xylent.models.training.run_config import TrainConfig
 from xylent.spec import Spec
 from xylent.stage import StageOutcome
 

@@ -1,5 +1,5 @@
 """The audit stage's training run: the pretrain stage's settings (xylent.tasks.pretrain.train_json)
-plus the DRO adversary's (xylent.models.audit.adversary), from the spec's ``audit`` section."""
+plus the DRO adversary's (xylent.models.training.audit.adversary), from the spec's ``audit`` section."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from xylent.models.audit.adversary import HELDOUT, PAIRED, STATE_FILE, USES_LANGUAGES
-from xylent.models.run_config import DroConfig, TrainConfig, first_trtd_step, task_plan, trtd_share
+from xylent.models.training.audit.adversary import HELDOUT, PAIRED, STATE_FILE, USES_LANGUAGES
+from xylent.models.training.run_config import DroConfig, TrainConfig, first_trtd_step, task_plan, trtd_share
 from xylent.data.loader import TrainingLoader
 from xylent.tasks.pretrain.train_json import train_config
 from xylent.data.shards import has_rows, read_index
@@ -30,7 +30,7 @@ def auto_baseline_every(rows_per_measurement: float, ema: float, rows: int, trtd
     """audit.baseline_every auto: the largest N whose baseline EMAs still average ``rows`` rows of a pair
     that ``rows_per_measurement`` of its rows measure at a time.  An EMA at rate a averages (2 − a)/a
     measurements (its effective sample), and measuring every N steps moves it as far per measurement
-    as ``ema`` moves in the N · ``trtd_share`` TRTD steps between (xylent.models.audit.adversary.rate_over), so
+    as ``ema`` moves in the N · ``trtd_share`` TRTD steps between (xylent.models.training.audit.adversary.rate_over), so
     r · (2 − a)/a ≥ rows  ⟺  a ≤ 2r / (rows + r)  ⟺  N · share ≤ ln(1 − 2r/(rows + r)) / ln(1 − ema).
     At most ``cap`` (a tenth of a re-sampling window: every window still measures ten times), at least 1."""
     bound = 2 * rows_per_measurement / (rows + rows_per_measurement)

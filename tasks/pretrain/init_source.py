@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from xylent.models.init_from import check_body, file_identity, inspect_source
-from xylent.models.run_config import TrainConfig
+from xylent.models.training.run_config import TrainConfig
 from xylent.models.vocab_transfer import RULES
 from xylent.tasks.pretrain.contract import MODEL_DIR
 from xylent.data.shards import read_index

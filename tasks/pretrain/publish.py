@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from xylent.models.run_config import TrainConfig
+from xylent.models.training.run_config import TrainConfig
 from xylent.errors import XylentError
 from xylent.markdown import markdown_table
 from xylent.redact import redact_text
@@ -60,7 +60,7 @@ def consolidated_model(cfg: TrainConfig):
     from xylent.models.config import EncoderConfig
     from xylent.models.objectives import build_model
     from xylent.models.pretrained import consolidate_zero as fp32_weights
-    from xylent.models.trainer import complete_checkpoints
+    from xylent.models.training.trainer import complete_checkpoints
 
     last = complete_checkpoints(Path(cfg.checkpoint_dir))[-1]
     full = fp32_weights(Path(cfg.checkpoint_dir), last.name)
@@ -79,7 +79,7 @@ def export_run(cfg: TrainConfig, ckdir: Path, upstream: dict[str, Path], out: Pa
            {**meta, "seq_len": read_index(upstream["shards"])["seq_len"]})
     for f in RUN_FILES:
         shutil.copy2(ckdir / f, out / f)
-    if (ckdir / HEALTH_FILE).exists():  # none under ZeRO-3 (xylent.models.trainer)
+    if (ckdir / HEALTH_FILE).exists():  # none under ZeRO-3 (xylent.models.training.trainer)
         shutil.copy2(ckdir / HEALTH_FILE, out / HEALTH_FILE)
     rows = read_metrics(Path(cfg.metrics_file))
     loss_curves(rows, out / "loss_curves.png")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from xylent.models.run_config import TrainConfig
+from xylent.models.training.run_config import TrainConfig
 from xylent.spec import Spec
 from xylent.stage import StageOutcome
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from xylent.models.config import EncoderConfig, preset
-from xylent.models.run_config import SPEC_KNOBS, TrainConfig
+from xylent.models.training.run_config import SPEC_KNOBS, TrainConfig
 from xylent.errors import XylentError
 from xylent.objectives import OBJECTIVES
 from xylent.spec import DEFAULT_CLIP, DEFAULT_LR, Spec
@@ -92,7 +92,7 @@ def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str
 
 def check_resumable(cfg: TrainConfig, world: int) -> None:
     """Refuse, before anything starts, to resume a ZeRO 1-3 checkpoint on another world size."""
-    from xylent.models.trainer import checkpoint_info, complete_checkpoints, resume_problem
+    from xylent.models.training.trainer import checkpoint_info, complete_checkpoints, resume_problem
 
     done = complete_checkpoints(Path(cfg.checkpoint_dir))
     if not done:

@@ -11,13 +11,16 @@ with cwd and PYTHONPATH the tree), side by side:
 - ``electra``: data_specs/demo.yaml's pretraining (ELECTRA, MRTD + TRTD) for N steps, a
   checkpoint at the end;
 - ``audit``: the demo's audit (DRO) for N steps from that pretraining;
-- ``infoxlm``: data_specs/recipes/infoxlm.yaml's pretraining for N steps.
+- ``infoxlm``: data_specs/recipes/infoxlm.yaml's pretraining for N steps;
+- ``evaluate``: the evaluate stage on each model trained above (the demo's tasks, its fine-tuning cut
+  to one epoch of one seed; the recipe's as they are),
 
 and every number they leave must be the same bits: each metrics.jsonl line (but its
 wall-clock fields, :data:`TIMING_FIELDS`), every tensor and value of the final DeepSpeed
 checkpoint (model states, optimizer states, client state, RNG states; not the DeepSpeed config
 it records, :data:`CHECKPOINT_SETTINGS`), the published model's
-tensors, the audit's tables and adversary state where they are numbers.  Then each stale
+tensors, the audit's tables and adversary state where they are numbers, every number of the
+evaluate stage's scores.json (a number only the tree has is new, not a change: counted, allowed).  Then each stale
 result keeps its figures, thresholds, pass or fail, machine and run time, takes the tree's
 code hashes and records the replay (:func:`tests.acceptance.claims.carry`), and
 docs/acceptance.md is re-rendered.  Any difference refuses (exit 1) naming the first differing
@@ -27,11 +30,12 @@ field or tensor and by how much: the arithmetic changed, run `make acceptance`.
 
 What it proves: the N replayed steps compute the same bits as the measured code, on this CPU
 model, at this thread count (``OMP_NUM_THREADS`` as given, else DeepSpeed's launcher's
-default, as `make acceptance` runs).  What it does not: the later steps of a change that only
-acts late (a schedule past step N), the evaluate stage (never run here: its code may change only
-in comments, docstrings and the names of modules moved into the xylent namespace, compared as parsed
-Python), or a change of the specs' values
-(data_specs/ is compared as parsed YAML: comments may change, values may not).
+default, as `make acceptance` runs), and the same scores from the evaluate stage on those models.
+What it does not: the later steps of a change that only acts late (a schedule past step N), an
+evaluate change that acts only on the measured models (it scores N-step ones), the planted audit's
+corpus builder (never run here: it may change only in comments, docstrings and the names of moved
+modules, compared as parsed Python), or a change of the specs' values (data_specs/ is compared as
+parsed YAML: comments may change, values may not).
 """
 
 from __future__ import annotations
@@ -71,11 +75,12 @@ DATA_CODE = ["tasks/__init__.py", "tasks/versions.py", *(f"tasks/{s}/" for s in 
              ":(exclude)xylent/data/loader.py", "xylent/", ":(exclude)xylent/spec/", ":(exclude)xylent/launch.py",
              "flows/", "data_specs/demo.yaml", "pyproject.toml"]
 DEMO, INFOXLM = "data_specs/demo.yaml", "data_specs/recipes/infoxlm.yaml"
-WORKLOADS = ("electra", "audit", "infoxlm")
-# what the claims hash that no workload runs: a change there needs `make acceptance`
-NOT_REPLAYED = ("tasks/evaluate/", "xylent/spec/evaluate.py", "xylent/spec/finetune_hparams.yaml",
-                "tests/audit_planted.py")
-DEFAULT_STEPS = 60  # each workload's: the three, both trees side by side, about 4 minutes on 2 cores (2026-12-06)
+WORKLOADS = ("electra", "audit", "infoxlm", "evaluate")
+# what only the evaluate workload runs, and what the claims hash that no workload runs (a change there needs
+# `make acceptance`)
+EVALUATE_CODE = ("tasks/evaluate/", "xylent/spec/evaluate.py", "xylent/spec/finetune_hparams.yaml")
+NOT_REPLAYED = ("tests/audit_planted.py",)
+DEFAULT_STEPS = 60  # each training workload's: the three, both trees side by side, about 4 minutes on 2 cores (2026-12-06)
 
 
 class Refused(Exception):
@@ -124,13 +129,24 @@ def base_commit(claim: str, result: dict, forced: str | None = None) -> str:
                   "or name the base with --base")
 
 
+# modules moved inside the namespace, the old name to the new (a move is no arithmetic): 2026-12-06, what trains a
+# model went below models/training/
+MOVED = {f"models.{m}": f"models.training.{m}"
+         for m in ("trainer", "run_config", "optim", "rank", "step_inputs", "step_metrics", "audit")}
+
+
 def _same_program(old: str | None, new: str | None) -> bool:
     """True when two Python sources differ at most in comments, docstrings and the names of modules that
-    moved into the xylent namespace (``from tasks.x import f`` and ``from xylent.tasks.x import f``, the
-    string ``"tasks.x"`` and ``"xylent.tasks.x"``): the same statements on the same objects."""
+    moved: into the xylent namespace (``from tasks.x import f`` and ``from xylent.tasks.x import f``, the
+    string ``"tasks.x"`` and ``"xylent.tasks.x"``), or inside it (:data:`MOVED`): the same statements on
+    the same objects."""
     def unprefixed(name: str) -> str:
         head, _, rest = name.partition(".")
-        return rest if head == "xylent" and rest.split(".")[0] in SUBPACKAGES else name
+        name = rest if head == "xylent" and rest.split(".")[0] in SUBPACKAGES else name
+        for was, now in MOVED.items():
+            if name == was or name.startswith(was + "."):
+                return now + name[len(was):]
+        return name
 
     def tree(text: str):
         module = ast.parse(text)
@@ -180,8 +196,11 @@ def _unprovable(claim: str, sha: str, then: dict[str, str], now: dict[str, str])
             return None
 
     out = []
+    evaluated = "evaluate" in claims.CLAIMS[claim].get("replay", WORKLOADS)
     for p in _diff(then, now):
-        if p.startswith(NOT_REPLAYED):
+        if p.startswith(EVALUATE_CODE) and evaluated:
+            continue  # the evaluate workload runs it
+        if p.startswith(NOT_REPLAYED + EVALUATE_CODE):
             new = (claims.ROOT / p).read_text() if (claims.ROOT / p).exists() else None
             if not (p.endswith(".py") and _same_program(at_base(p), new)):
                 out.append(f"{p} (the replay never runs it)")
@@ -272,8 +291,17 @@ class Run:
             calls.append((DEMO, "pretrain", sets, {"pretrain": "electra pretrain"}))
         if "infoxlm" in workloads:
             calls.append((INFOXLM, "pretrain", sets, {"pretrain": "infoxlm pretrain"}))
+        if "evaluate" in workloads:  # after the training calls: their stages are the ones it reads, cached
+            for spec, name in ((DEMO, "electra"), (INFOXLM, "infoxlm")):
+                if name in workloads or (name == "electra" and "audit" in workloads):
+                    calls.append((spec, "evaluate", [*sets, "--set", f"audit.steps={steps}",
+                                                     *_short_finetuning(self.tree / spec)],
+                                  {"evaluate": f"{name} evaluate"}))
         for spec, stage, extra, names in calls:
-            got = self.cli("run", stage, "--spec", str(self.tree / spec), "--force", *extra)["stages"]
+            force = ["--force"] if stage != "evaluate" else []  # evaluate: on the model just trained, not a new one
+            got = self.cli("run", stage, "--spec", str(self.tree / spec), *force, *extra)["stages"]
+            if stage == "evaluate" and not got["pretrain"]["cached"]:
+                raise RuntimeError(f"{self.name} tree: evaluate trained a model of its own, not the replayed one")
             for st, name in names.items():
                 if got[st]["cached"]:
                     raise RuntimeError(f"{self.name} tree: {name} was reused from an earlier run, not trained")
@@ -282,6 +310,20 @@ class Run:
             if rebuilt:
                 log(f"replay: the {self.name} tree built {', '.join(rebuilt)} itself (not linked, or fingerprinted "
                     "differently from the linked data)")
+
+
+def _short_finetuning(spec: Path) -> list[str]:
+    """``--set evaluate.tasks=...``: the spec file's own tasks with fine-tuning cut to one epoch of its
+    first seed (the code they run is the same; the demo's 3 seeds x 20 epochs would be most of the
+    replay); nothing when the file lists no fine-tuned task."""
+    import yaml
+
+    tasks = (yaml.safe_load(spec.read_text()).get("evaluate") or {}).get("tasks") or []
+    if not any(t.get("finetune") for t in tasks):
+        return []
+    short = [{**t, "finetune": {**t["finetune"], "epochs": 1, "seeds": t["finetune"].get("seeds", [1])[:1]}}
+             if t.get("finetune") else t for t in tasks]
+    return ["--set", f"evaluate.tasks={json.dumps(short)}"]
 
 
 # -- comparing bits ------------------------------------------------------------------------------
@@ -440,6 +482,24 @@ def _last_checkpoint(output: Path) -> Path:
     return max((p.parent for p in done), key=lambda p: p.name)
 
 
+def compare_scores(part: str, a: Path, b: Path) -> Compared:
+    """Every number of the base's scores.json, the same bits in this tree's; what only this tree
+    scores (a new task, a new field) is counted as added, not a difference."""
+    out = Compared(part)
+    base, tree = (json.loads((d / "scores.json").read_text()) for d in (a, b))
+
+    def known(x, y):  # y pruned to x's keys, wherever both are dicts
+        if isinstance(x, dict) and isinstance(y, dict):
+            out.count("added values", sum(1 for k in y if k not in x))
+            return {k: known(x[k], v) for k, v in y.items() if k in x}
+        if isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+            return [known(p, q) for p, q in zip(x, y)]
+        return y
+
+    compare_values(base, known(base, tree), "scores.json", out)
+    return out
+
+
 def compare_stage(part: str, a: Path, b: Path) -> Compared:
     """Every number a trained stage leaves: metrics, the final checkpoint, the published model, and
     (the audit's) tables and adversary state."""
@@ -583,7 +643,8 @@ def replay_base(sha: str, current: Path, work: Path, workloads: tuple[str, ...],
             for job in jobs:
                 job.result()
         log(f"replay: trained in {time.monotonic() - start:.0f} s")
-        parts = [compare_stage(name, base.outputs[name], cur.outputs[name]) for name in cur.outputs]
+        parts = [(compare_scores if name.endswith(" evaluate") else compare_stage)(
+            name, base.outputs[name], cur.outputs[name]) for name in cur.outputs]
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(base.tree)], cwd=claims.ROOT, capture_output=True)
         subprocess.run(["git", "worktree", "prune"], cwd=claims.ROOT, capture_output=True)

@@ -1,7 +1,7 @@
 """Planted defects at full size (tests/audit_planted.py: 3000 audit steps from scratch), issue 34's
 bar on three seeds with the default pair loss (each pair's loss with its own translation less beside
 another row's of the same pair and direction, less how far the pair's loss sits below its languages'
-beyond the median pair's: xylent.models.audit.adversary.excess_baselines): the copied pair in the bottom 2, the
+beyond the median pair's: xylent.models.training.audit.adversary.excess_baselines): the copied pair in the bottom 2, the
 hub-aligned pair in the bottom half (both trivial: XY-LENT §6.6 pushes them down), the shuffled pair
 in the top 3 and above every clean pair, all by w_final, the final distribution against the initial
 one: XY-LENT's Figure 4 ranks the pairs "between the initial and final language distributions", and

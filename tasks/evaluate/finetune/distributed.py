@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from xylent.models.rank import restore_rng, save_rng, watch_parent
+from xylent.models.training.rank import restore_rng, save_rng, watch_parent
 from xylent.tasks.evaluate.finetune.train import LoopConfig, loop_config, optimiser, optimiser_steps
 from xylent.atomic import write_json_atomic
 

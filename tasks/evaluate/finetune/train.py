@@ -109,7 +109,7 @@ def optimiser(model, cfg: LoopConfig, total: int):
     no_decay = [p for p in model.parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, eps=1e-8,
-                            fused=True)  # one kernel per step, as pretraining (models/optim.py) and HF's Trainer
+                            fused=True)  # one kernel per step, as pretraining (models/training/optim.py), HF Trainer
     return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: schedule(s, total, cfg.rising(total)))
 
 

@@ -1,7 +1,7 @@
 """The audit's adversary while the model trains: one loss EMA per language pair and
 the K best-response re-samplings (XY-LENT §6.6, iterated best response).
 
-It runs inside every training rank (``xylent.models.trainer``) on per-pair sums that were
+It runs inside every training rank (``xylent.models.training.trainer``) on per-pair sums that were
 all-reduced over the ranks, so every rank holds the same state and draws the same
 batches; the state is plain lists (saved in each checkpoint, written as JSON at the
 end), so a resumed run continues the same q trajectory.  Pure NumPy.
@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from xylent.models.audit.dro import chi2_best_response, chi2_divergence
+from xylent.models.training.audit.dro import chi2_best_response, chi2_divergence
 
 # columns of the per-pair sums the trainer hands in (xylent.models.stats.ROW_FIELDS + a row count)
 SUM_FIELDS = ("g_loss", "g_count", "d_loss", "d_count", "d_pos", "rows")

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from xylent.models.masking import row_noise
-from xylent.models.run_config import TrainConfig, task_plan
+from xylent.models.training.run_config import TrainConfig, task_plan
 
 
 def micro_batches(cfg: TrainConfig, task: str, a: int, b: int) -> list[tuple[int, int]]:

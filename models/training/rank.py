@@ -1,5 +1,5 @@
 """What every training rank program does the same way (pretrain's and the audit's
-``xylent.models.trainer``, evaluate's fine-tuning ranks), whichever launch started it
+``xylent.models.training.trainer``, evaluate's fine-tuning ranks), whichever launch started it
 (:mod:`xylent.launch`): it dies with the xylent process that started it, and it saves
 and restores its random state with each checkpoint in one format."""
 

@@ -1,5 +1,5 @@
 """The audit's side of a training step, inside every rank: the DRO adversary over the TRTD
-pairs (xylent.models.audit.adversary) and the forward passes that measure its baselines.
+pairs (xylent.models.training.audit.adversary) and the forward passes that measure its baselines.
 
 The trainer holds one object, :class:`PairAudit` in an audit run and :data:`NO_AUDIT` in a
 plain pretrain run (every hook does nothing), and calls the same hooks either way:
@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from xylent.models.audit.adversary import HELDOUT, PAIRED, PARTNER, USES_LANGUAGES
+from xylent.models.training.audit.adversary import HELDOUT, PAIRED, PARTNER, USES_LANGUAGES
 from xylent.models.masking import row_noise
 from xylent.models.pairs import split_pair
-from xylent.models.run_config import TrainConfig, task_plan
+from xylent.models.training.run_config import TrainConfig, task_plan
 from xylent.models.stats import ROW_FIELDS, gather_rows
 from xylent.data.loader import TrainingLoader  # the shard contract: all models take from tasks
 
@@ -84,7 +84,7 @@ NO_AUDIT = NoAudit()
 
 class PairAudit(NoAudit):
     def __init__(self, cfg: TrainConfig, trtd: TrainingLoader, engine, rank: int, world: int, device):
-        from xylent.models.audit.adversary import PairAdversary
+        from xylent.models.training.audit.adversary import PairAdversary
 
         self.cfg, self.dro, self.engine, self.trtd = cfg, cfg.dro, engine, trtd
         self.rank, self.world, self.device = rank, world, device

@@ -16,14 +16,14 @@ from pathlib import Path
 
 @dataclass
 class DroConfig:
-    """The audit's adversary (xylent.models.audit.adversary), from the spec's ``audit`` section
+    """The audit's adversary (xylent.models.training.audit.adversary), from the spec's ``audit`` section
     (xylent.tasks.audit.train_config)."""
     rho: float
     min_ratio: float
     ema: float
     resamples: int
     weights: list[float]        # (w_G, w_D): each pair's loss is w_G·L_G + w_D·L_D
-    baseline: str | None        # pair_loss excess: xylent.models.audit.adversary.BASELINES; None: the loss itself
+    baseline: str | None        # pair_loss excess: training.audit.adversary.BASELINES; None: the loss itself
     baseline_every: int
     language_every: int         # the language baseline on every Nth baseline_every period (the -larger kinds)
     holdout: float              # baseline heldout(-larger): each pair's share held out of training; else 0

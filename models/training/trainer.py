@@ -1,6 +1,6 @@
 """One training rank, started by the ``deepspeed`` launcher:
 
-    deepspeed --num_gpus N --module xylent.models.trainer --config train.json
+    deepspeed --num_gpus N --module xylent.models.training.trainer --config train.json
 
 (local CPU ranks are started directly by ``xylent.launch``, with the
 command line and environment the launcher would give them).
@@ -19,9 +19,9 @@ restart loads the newest complete one and continues exactly.  Rank 0 writes one
 JSON line of metrics per step to ``metrics.jsonl`` and sends them to MLflow.
 
 The step never waits on the device (issue 61): each micro-batch's noise, masked count
-and unigram counts are made in the loader's thread (xylent.models.step_inputs), the sums stay
+and unigram counts are made in the loader's thread (xylent.models.training.step_inputs), the sums stay
 on the device, and the metrics of a whole logging interval are read at once at every
-``log_every`` boundary, checkpoint and the end (xylent.models.step_metrics).  Every line holds
+``log_every`` boundary, checkpoint and the end (xylent.models.training.step_metrics).  Every line holds
 its own step's losses, accuracies, grad norm and tokens; on a GPU ``step_seconds``,
 ``tokens_per_second`` and ``mfu`` are the averages of the interval the line is in (one
 step's time is not known without waiting on the device), on the CPU each step's own.
@@ -69,14 +69,15 @@ from xylent.models.config import EncoderConfig  # noqa: E402
 from xylent.rank_exit import DIVERGED, DIVERGED_MARK  # noqa: E402
 from xylent.models.embedding_health import FILE as HEALTH_FILE, embedding_health  # noqa: E402
 from xylent.models.encoder import compile_encoders  # noqa: E402
-from xylent.models.audit.step import make_audit  # noqa: E402
+from xylent.models.training.audit.step import make_audit  # noqa: E402
 from xylent.models.objectives import build_model  # noqa: E402
-from xylent.models.optim import flops_per_token, lr_lambdas, make_optimizer, peak_tflops, warmup_linear_decay  # noqa: E402
-from xylent.models.rank import restore_rng, save_rng, watch_parent  # noqa: E402
-from xylent.models.run_config import TrainConfig, task_plan  # noqa: E402
+from xylent.models.training.optim import (  # noqa: E402
+    flops_per_token, lr_lambdas, make_optimizer, peak_tflops, warmup_linear_decay)
+from xylent.models.training.rank import restore_rng, save_rng, watch_parent  # noqa: E402
+from xylent.models.training.run_config import TrainConfig, task_plan  # noqa: E402
 from xylent.models.stats import Norms  # noqa: E402
-from xylent.models.step_inputs import StepInputs, micro_batches, on_device  # noqa: E402
-from xylent.models.step_metrics import Interval  # noqa: E402
+from xylent.models.training.step_inputs import StepInputs, micro_batches, on_device  # noqa: E402
+from xylent.models.training.step_metrics import Interval  # noqa: E402
 from xylent.data.loader import TrainingLoader  # noqa: E402  (the shard contract: all models take from tasks)
 
 phase("xylent_modules_imported")
@@ -124,7 +125,8 @@ def refuse_other_world_size(tag_dir: Path, world: int, zero_stage: int) -> None:
 
 
 def ds_config(cfg: TrainConfig, bf16: bool, world: int) -> dict:
-    from xylent.models.optim import engine_config  # one home for the engine's config: benchmarks/pretrain.py uses it too
+    # one home for the engine's config: benchmarks/pretrain.py uses it too
+    from xylent.models.training.optim import engine_config
 
     return engine_config(json.loads(Path(cfg.deepspeed_config).read_text()), micro_batch=cfg.batch_size // world,
                          grad_accum=len(task_plan(cfg, 0)), clip=cfg.clip, bf16=bf16)
@@ -216,7 +218,8 @@ class UnigramBaseline:
     def __call__(self, tokens: torch.Tensor, seen: torch.Tensor, world: int) -> torch.Tensor:
         """(sum of -log q(token), tokens) over the global micro-batch; then the counts take its tokens.
         ``tokens``: this rank's non-special ones in row-major order, ``seen``: their counts (float64),
-        both made on the host (xylent.models.step_inputs): a boolean mask or a bincount here would wait on the device."""
+        both made on the host (xylent.models.training.step_inputs): a boolean mask or a bincount here would
+        wait on the device."""
         nll = -(self.counts[tokens] / self.counts.sum()).log().sum()
         stat = torch.stack([nll, torch.full((), float(tokens.numel()), dtype=nll.dtype, device=nll.device)])
         if world > 1:
