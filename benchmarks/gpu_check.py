@@ -46,6 +46,7 @@ REPO = HERE.parent
 sys.path[:0] = [str(REPO)]
 
 PART_BYTES = 15 << 20  # under the lent machine's 16 MiB per returned file
+MAX_FILES = 8  # the most files the device tool brings back from OUT
 DATA_STAGES = ("vocab", "sampling", "shards")
 RESULT = "gpu_check.json"
 STARTUP_S = 300  # the most the launch may take to its first step before the time box starts anyway
@@ -172,25 +173,52 @@ def learning(bundle: Path, out: Path, minutes: float, toy: bool, overrides: list
         "registered_model": None})
     rows = [r for r in rows if r["step"] <= result["checkpoint_step"]]
     result["metrics"] = publish.summary_metrics(rows, n_params, sum(v.numel() for v in enc_state.values()))
-    result["exported"] = pack(export_dir / contract.MODEL_DIR, out)
+    # the encoder at pretrain.snapshot_tokens, for the curve of retrieval against tokens (issue 63, item 4)
+    taken = publish.export_snapshots(cfg, upstream, export_dir, {
+        "objective": cfg.objective, "fingerprint": "gpu-check", "registered_model": None})
+    result["exported"] = pack(export_dir, out)
+    result["snapshots"] = {t: i for t, i in taken.items() if (export_dir / "snapshots" / t).is_dir()}
+    result["snapshots_left_behind"] = sorted(set(taken) - set(result["snapshots"]))  # no room to bring them back
     shutil.rmtree(scratch, ignore_errors=True)
     return result
 
 
-def pack(model_dir: Path, out: Path) -> list[str]:
-    """model/ as model.tar cut into parts the lent machine can return (cat model.tar.part-* | tar x).
-    The encoder only: the generator's and heads' weights (pretraining.safetensors) would double it,
-    and evaluation reads the encoder."""
-    tar = out / "model.tar"
-    with tarfile.open(tar, "w") as t:
-        t.add(model_dir, arcname="model", filter=lambda m: None if m.name.endswith("/pretraining.safetensors") else m)
-    parts, data = [], tar.read_bytes()
-    tar.unlink()
+def pack(export_dir: Path, out: Path) -> list[str]:
+    """model/ and snapshots/ as model.tar cut into parts the lent machine can return (cat model.tar.part-* |
+    tar x).  The encoders only: the generator's and heads' weights (pretraining.safetensors) would double it,
+    and evaluation reads the encoder; the snapshots' weights in bf16 (half the bytes, the precision they
+    trained in), and as many of them as fit the files that come back (the latest left out first: the final
+    model is nearest to it)."""
+    from safetensors.torch import load_file, save_file
+
+    snapshots = sorted((export_dir / "snapshots").glob("tokens-*"))
+    for d in snapshots:
+        save_file({k: v.bfloat16() for k, v in load_file(d / "model.safetensors").items()},
+                  str(d / "model.safetensors"), metadata={"format": "xylent-encoder/1", "travelled": "bf16"})
+    room = MAX_FILES - sum(1 for _ in out.iterdir()) - 1  # gpu_check.json is rewritten, not added; faiss none
+    while True:
+        data = _tar(export_dir, snapshots)
+        if len(range(0, len(data), PART_BYTES)) <= room or not snapshots:
+            break
+        shutil.rmtree(snapshots.pop())
+    parts = []
     for k in range(0, len(data), PART_BYTES):
         part = out / f"model.tar.part-{k // PART_BYTES:02d}"
         part.write_bytes(data[k:k + PART_BYTES])
         parts.append(part.name)
     return parts
+
+
+def _tar(export_dir: Path, snapshots: list[Path]) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        t.add(export_dir / "model", arcname="model",
+              filter=lambda m: None if m.name.endswith("/pretraining.safetensors") else m)
+        for d in snapshots:
+            t.add(d, arcname=f"snapshots/{d.name}")
+    return buf.getvalue()
 
 
 def faiss_gpu() -> dict:

@@ -31,7 +31,8 @@ SPEC = REPO / "data_specs" / "gpu-check.yaml"
 
 
 def unpack(out: Path, dest: Path) -> Path:
-    """model.tar.part-* -> dest/model (the parts are one tar cut for the device tool's file size limit)."""
+    """model.tar.part-* -> dest/model and dest/snapshots/ (the parts are one tar cut for the device tool's
+    file size limit); returns dest/model."""
     parts = sorted(out.glob("model.tar.part-*"))
     if not parts:
         sys.exit(f"gpu_results: {out} holds no model.tar.part-*: the check exported no model (see gpu_check.json)")
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
         sys.exit(f"gpu_results: evaluate failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     evaluate_dir = Path(json.loads(done.stdout)["stages"]["evaluate"]["output_dir"])
     scores = read_scores(evaluate_dir)
+    curve = snapshot_curve(check, model.parent / "snapshots", cmd, scores, Path(args.spec))
     command = args.device_command or " ".join(check.get("argv", ["?"])[1:])
     commit = args.commit or ((check.get("bundle") or {}).get("git") or harness.git_state())["commit"]
     run = {"commit": commit, "device_command": command, "evaluated": harness.environment(), "check": check,
@@ -103,11 +105,40 @@ def main(argv: list[str] | None = None) -> dict:
                                      for m, tasks in scores["models"].items()},
                         # what each score is read against beyond the peers: the layer, every layer, the majority
                         "details": {m: {t: {k: r[k] for k in ("layer", "by_layer", "majority_baseline") if k in r}
-                                        for t, r in tasks.items()} for m, tasks in scores["models"].items()}}}
+                                        for t, r in tasks.items()} for m, tasks in scores["models"].items()},
+                        **({"curve": curve} if curve else {})}}
     path = Path(args.results) / f"{RESULT}.json"
     path.write_text(json.dumps(merge(path, run), indent=1) + "\n")
     print(json.dumps(run["evaluate"]["averages"], indent=1))
     return run
+
+
+def snapshot_curve(check: dict, snapshots: Path, cmd: list[str], scores: dict, spec_file: Path) -> dict | None:
+    """The returned snapshots (pretrain.snapshot_tokens; bf16 weights) evaluated on the retrieval tasks, then
+    xylent.tasks.evaluate.curve's curve with the final model and the peers of the main evaluation."""
+    from xylent.spec import load_spec
+    from xylent.tasks.evaluate.curve import KINDS, learning_curve
+
+    found = sorted(((json.loads((d / "config.json").read_text())["snapshot"], d) for d in snapshots.glob("tokens-*")),
+                   key=lambda x: x[0]["tokens"])
+    if not found:
+        return None
+    sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set" and not cmd[i + 1].startswith("evaluate.")]
+    spec = load_spec(spec_file, sets)
+    tasks = [t.model_dump(mode="json", exclude_defaults=True) for t in spec.evaluate.tasks if t.kind in KINDS]
+    names = {f"{TRAINED} at {info['tokens']} tokens": (info, d) for info, d in found}
+    refs = [{"name": n, "kind": "xylent", "path": str(d)} for n, (_, d) in names.items()]
+    drop = {i for i, a in enumerate(cmd) if a.startswith("evaluate.models=")}
+    snap_cmd = [a for i, a in enumerate(cmd) if i not in drop and i + 1 not in drop]
+    snap_cmd += ["--set", f"evaluate.models={json.dumps(refs)}", "--set", f"evaluate.tasks={json.dumps(tasks)}"]
+    done = subprocess.run(snap_cmd, cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"gpu_results: evaluating the snapshots failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    snap_scores = read_scores(Path(json.loads(done.stdout)["stages"]["evaluate"]["output_dir"]))
+    learn = check["learning"]
+    final = {"step": learn["checkpoint_step"], "tokens": int(learn["metrics"]["tokens_total"])}
+    models = {("pipeline" if m == TRAINED else m): r for m, r in scores["models"].items()}
+    return learning_curve([(names[n][0], r) for n, r in snap_scores["models"].items()], final, models)
 
 
 # ---------------------------------------------------------------- docs/records/benchmarks.md (benchmarks/render.py)
@@ -206,6 +237,11 @@ def markdown(result: dict) -> str:
         width = max(len(row) for row in layers) - 2
         out += ["Retrieval at every hidden-state index (0 = the embeddings):", "",
                 harness.table(["model", "task", *map(str, range(width))], layers), ""]
+    for i, r in enumerate(runs):
+        if r["evaluate"].get("curve"):
+            from xylent.tasks.evaluate.curve import section
+
+            out += [f"{_label(i, r)}, learning against tokens:", "", *section(r["evaluate"]["curve"])[2:]]
     out += [f"- {_label(i, r)}: the GPU-trained encoder is "
             f"{_verdict(r['evaluate'])}." for i, r in enumerate(runs)]
     faiss = runs[-1]["check"].get("faiss") or {}

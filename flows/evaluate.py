@@ -56,6 +56,32 @@ def evaluate_model_task(name: str, model, spec, pipeline_dir: Path, data_dirs: d
                           on_batch=progress.advance, finetuning=ft)
 
 
+@task(name="evaluate-snapshot", task_run_name="evaluate the snapshot at {tokens} tokens", cache_policy=NO_CACHE)
+def evaluate_snapshot_task(tokens: int, path: Path, spec, data_dirs: dict, preds: Path):
+    """A pretraining snapshot (xylent.tasks.evaluate.curve) on the retrieval tasks."""
+    from xylent.tasks.evaluate.run import CURVE_KINDS, evaluate_model, load_ref
+
+    cfg = spec.evaluate
+    enc = load_ref({"kind": "xylent", "name": f"pipeline at {tokens} tokens", "path": str(path)})
+    return evaluate_model(enc, [t for t in cfg.tasks if t.kind in CURVE_KINDS], data_dirs, preds,
+                          batch_size=cfg.batch_size, max_length=cfg.max_length)
+
+
+def _learning_curve(ctx: StageContext, scores: dict, data_dirs: dict) -> None:
+    """scores["curve"] and its MLflow series, when pretraining left snapshots and a retrieval task reads them."""
+    from xylent.tasks.evaluate import run
+
+    snaps = run.snapshots(ctx.upstream["pretrain"])
+    if not (snaps and "pipeline" in scores["models"] and any(t.kind in run.CURVE_KINDS
+                                                             for t in ctx.spec.evaluate.tasks)):
+        return
+    points = [(info, evaluate_snapshot_task.submit(info["tokens"], path, ctx.spec, data_dirs,
+                                                   ctx.out / "curve" / path.name).result()) for info, path in snaps]
+    scores["curve"] = run.learning_curve(points, run.final_point(ctx.upstream["pretrain"]), scores["models"])
+    for tokens, metrics in run.mlflow_series(scores["curve"]):
+        ctx.tracker.log_metrics(ctx.run_id, metrics, step=tokens)
+
+
 def _model_params(model) -> dict:
     if isinstance(model, str):
         return {"model": model, "kind": {"pipeline": "xylent"}.get(model, model)}
@@ -123,6 +149,7 @@ def evaluate(ctx: StageContext) -> StageOutcome:
             scores["models"][name] = result
     finally:
         progress.close()
+    _learning_curve(ctx, scores, inputs.data_dirs)
     results = run.write_results(ctx.out, scores)
     if "pipeline" in scores["models"]:
         warnings += _tag_registered_version(ctx, {**run.headline_tags(scores), "eval.output": ctx.fingerprint})

@@ -51,8 +51,9 @@ def consolidate_zero(checkpoint_root: Path, tag: str) -> dict[str, torch.Tensor]
     return {k: v.detach().float().contiguous() for k, v in sd.items()}
 
 
-def export(model_dir: Path, full_state: dict[str, torch.Tensor], encoder_state: dict[str, torch.Tensor],
+def export(model_dir: Path, full_state: dict[str, torch.Tensor] | None, encoder_state: dict[str, torch.Tensor],
            cfg: EncoderConfig, tokenizer_dir: Path, meta: dict) -> None:
+    """``full_state`` None: the encoder alone (a snapshot: nothing starts from its pretraining weights)."""
     from safetensors.torch import save_file
 
     model_dir.mkdir(parents=True, exist_ok=True)
@@ -60,11 +61,12 @@ def export(model_dir: Path, full_state: dict[str, torch.Tensor], encoder_state: 
     # every name its own copy: safetensors refuses tensors that share memory, and a model whose modules share a
     # weight under several names (transformers' ELECTRA: one word matrix, three names) must load back strictly
     stored, unaliased = set(), {}
-    for k, v in full_state.items():
+    for k, v in (full_state or {}).items():
         ptr = v.untyped_storage().data_ptr()
         unaliased[k] = v.clone() if ptr in stored else v
         stored.add(ptr)
-    save_file(unaliased, str(model_dir / "pretraining.safetensors"), metadata={"format": FORMAT})
+    if full_state is not None:
+        save_file(unaliased, str(model_dir / "pretraining.safetensors"), metadata={"format": FORMAT})
     for name in ("spm.model", "spm.vocab"):
         shutil.copy2(tokenizer_dir / name, model_dir / name)
     (model_dir / "config.json").write_text(json.dumps({

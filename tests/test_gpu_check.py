@@ -42,7 +42,8 @@ def test_the_bundle_builds_and_the_check_runs_end_to_end_on_cpu(demo_run, tmp_pa
 
     env = {**os.environ, "PYTHON": sys.executable, "XYLENT_GPU_BUNDLE": str(bundle)}
     run = subprocess.run([str(ROOT / "benchmarks" / "gpu_check.sh"), str(out), "--toy", "--minutes", "0.3",
-                          "--set", "pretrain.steps=100000"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          "--set", "pretrain.steps=100000", "--set", "pretrain.snapshot_tokens=[1]"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     result = json.loads((out / "gpu_check.json").read_text())
@@ -62,6 +63,17 @@ def test_the_bundle_builds_and_the_check_runs_end_to_end_on_cpu(demo_run, tmp_pa
     with tarfile.open(joined) as t:
         names = set(t.getnames())
     assert {"model/config.json", "model/model.safetensors", "model/spm.model"} <= names
+    (tag, info), = learn["snapshots"].items()  # the snapshot at the first logging boundary: the curve's first point
+    assert info["step"] == 1 and info["counts"] == [1] and learn["snapshots_left_behind"] == []
+    assert {f"snapshots/{tag}/model.safetensors", f"snapshots/{tag}/config.json"} <= names
+    with tarfile.open(joined) as t:
+        t.extract(f"snapshots/{tag}/model.safetensors", tmp_path / "x", filter="data")
+    from safetensors.torch import load_file
+
+    import torch
+
+    assert {v.dtype for v in load_file(tmp_path / "x" / "snapshots" / tag / "model.safetensors").values()} == \
+        {torch.bfloat16}, "the snapshots travel in bf16"
     assert "model/pretraining.safetensors" not in names, "the encoder only: half the bytes"
     scratch = re.search(r"(/\S*xylent-gpu-check-[^/\s]+)/", (out / "learn.log").read_text()).group(1)
     assert not Path(scratch).exists(), "its checkpoints' scratch folder is removed"

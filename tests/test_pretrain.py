@@ -26,6 +26,7 @@ from cost_guard import costs
 
 from xylent.models.training.optim import param_groups, warmup_linear_decay
 from xylent.models.training.run_config import TrainConfig
+from xylent.models.training.snapshots import STATE as SNAPSHOT_STATE
 from xylent.models.training.run_config import task_plan
 
 pytestmark = pytest.mark.demo_data  # reads the session demo only (pyproject.toml's markers)
@@ -34,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "data_specs" / "demo.yaml"
 # short runs: a checkpoint at EVERY steps to kill or resume after, and STEPS - EVERY more steps to compare
 STEPS, EVERY = 20, 5
+SNAPSHOTS = [1, 20_000, 10**12]  # at the first logging boundary, one part-way, one the run never reaches
 SMALL = ["--set", f"pretrain.steps={STEPS}", "--set", f"pretrain.checkpoint_every={EVERY}",
          "--set", "pretrain.batch_size=32", "--set", "pretrain.trtd_max_tokens=2048",
          "--set", "pretrain.warmup_steps=5", "--set", "pretrain.log_every=5", "--set", "model.dropout=0.0",
@@ -118,6 +120,7 @@ def _assert_bit_identical(out: Path, ws: Path, ref_out: Path, ref_ws: Path) -> d
     for f in files:
         got = dict(_leaves(torch.load(ck / f, map_location="cpu", weights_only=False)))
         want = dict(_leaves(torch.load(ref / f, map_location="cpu", weights_only=False)))
+        want = {k: v for k, v in want.items() if not k.endswith(f"/{SNAPSHOT_STATE}")}  # the reference's count
         assert sorted(got) == sorted(want), f
         differ = [k for k in want if not _same_bits(got[k], want[k])]
         assert not differ, f"{f}: {differ[:10]}"
@@ -184,7 +187,8 @@ def _kill_launcher_after_first_checkpoint(ws: Path, *extra: str, ranks: int = 2)
 @pytest.fixture(scope="module")
 @costs(deepspeed=1)
 def two_ranks(demo_run, tmp_path_factory, prefect_server):
-    """The reference run: 2 CPU ranks, ZeRO-2, STEPS uninterrupted steps."""
+    """The reference run: 2 CPU ranks, ZeRO-2, STEPS uninterrupted steps, with snapshots at SNAPSHOTS tokens
+    (which change no bit of the run: the resumed run below, without them, is compared with it bit for bit)."""
     _, demo_ws = demo_run
     from xylent.cli import main
 
@@ -195,7 +199,8 @@ def two_ranks(demo_run, tmp_path_factory, prefect_server):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         rc = main(["run", "pretrain", "--spec", str(DEMO), "--workspace", str(ws), "--json", *SMALL,
-                   "--set", "pretrain.ranks=2", "--set", "pretrain.zero_stage=2"])
+                   "--set", "pretrain.ranks=2", "--set", "pretrain.zero_stage=2",
+                   "--set", f"pretrain.snapshot_tokens={json.dumps(SNAPSHOTS)}"])
     assert rc == 0
     res = json.loads(buf.getvalue())["stages"]["pretrain"]
     return res, Path(res["output_dir"]), ws
@@ -213,13 +218,103 @@ def test_a_run_records_its_token_embeddings_health_at_random_init_and_every_chec
     assert "final.embeddings/top_pc_share" in json.loads((out / "_manifest.json").read_text())["metrics"]
 
 
+def test_snapshots_are_taken_at_the_first_logging_boundary_past_each_token_count_and_exported(two_ranks):
+    """pretrain.snapshot_tokens (issue 63, item 4): each count's snapshot at the first log_every boundary at or
+    past it, at the run's token count there (metrics.jsonl's, summed), consolidated from ZeRO-2's partitions on
+    2 ranks and exported as an encoder evaluate loads; a count the run never reaches is reported, not invented."""
+    import torch
+    from safetensors.torch import load_file
+
+    from xylent.models import load_pretrained
+
+    _, out, _ = two_ranks
+    seen, cumulative = 0, {}
+    for r in _metrics(out):
+        seen += int(r["tokens"])  # whole counts, logged as floats
+        cumulative[r["step"]] = seen
+    boundary = {n: min(s for s in cumulative if s % EVERY == 0 and cumulative[s] >= n) for n in SNAPSHOTS[:2]}
+    want = {f"tokens-{cumulative[s]:015d}": {"step": s, "tokens": cumulative[s], "counts": [n]}
+            for n, s in boundary.items()}
+    assert boundary[1] == EVERY and EVERY < boundary[20_000] <= STEPS, boundary
+    manifest = json.loads((out / "_manifest.json").read_text())
+    assert manifest["snapshots"] == want
+    final = load_file(out / "model" / "model.safetensors")
+    for tag, info in want.items():
+        snap = out / "snapshots" / tag
+        assert json.loads((snap / "config.json").read_text())["snapshot"] == info
+        assert not (snap / "pretraining.safetensors").exists(), "an encoder only"
+        weights = load_file(snap / "model.safetensors")
+        assert sorted(weights) == sorted(final)
+        if info["step"] < STEPS:
+            assert any(not torch.equal(weights[k], final[k]) for k in final), f"{tag} is the final model"
+        enc = load_pretrained(snap)
+        assert enc.config.to_dict() == load_pretrained(out / "model").config.to_dict()
+    assert "not reached by the run's end: 1,000,000,000,000" in (out / "report.md").read_text()
+
+
+@pytest.mark.costs(cli=1)
+def test_evaluate_draws_retrieval_against_tokens_from_the_snapshots(run_cli, two_ranks):
+    """Issue 63, item 4: the evaluate stage scores each snapshot on the retrieval tasks (here one, 4 languages),
+    then the final model, beside the peers' flat lines: scores.json's curve, the scorecard's table, its plot and
+    an MLflow series whose step is the token count. A snapshot's point is what evaluating it alone gives."""
+    from mlflow import MlflowClient
+
+    from xylent.tasks.evaluate.model_eval import evaluate_model
+    from xylent.tasks.evaluate.run import load_ref
+
+    _, out, ws = two_ranks
+    task = {"name": "django-holdout", "kind": "tatoeba", "format": "holdout", "source": "django",
+            "languages": ["de", "fr", "ru", "zh"]}
+    rc, stdout, err = run_cli("run", "evaluate", "--spec", DEMO, "--workspace", ws, "--json", *SMALL,
+                              "--set", "pretrain.ranks=2", "--set", "pretrain.zero_stage=2",
+                              "--set", f"pretrain.snapshot_tokens={json.dumps(SNAPSHOTS)}",
+                              "--set", "evaluate.models=[pipeline, random-init]",
+                              "--set", f"evaluate.tasks={json.dumps([task])}")
+    assert rc == 0, err[-3000:]
+    res = json.loads(stdout)["stages"]
+    assert res["pretrain"]["cached"], "the reference run's pretraining, with its snapshots"
+    ev = Path(res["evaluate"]["output_dir"])
+    scores = json.loads((ev / "scores.json").read_text())
+    snaps = json.loads((out / "_manifest.json").read_text())["snapshots"]
+    points = scores["curve"]["points"]
+    final_tokens = int(sum(r["tokens"] for r in _metrics(out)))
+    assert [p["tokens"] for p in points] == sorted({*(i["tokens"] for i in snaps.values()), final_tokens})
+    assert [p["step"] for p in points][-1] == STEPS
+    final = scores["models"]["pipeline"]["django-holdout"]
+    assert points[-1]["tasks"]["django-holdout"] == {"avg": final["avg"], "stripped": final["stripped"]["avg"],
+                                                     "layer": final["layer"]}
+    peer = scores["models"]["random-init"]["django-holdout"]
+    assert scores["curve"]["peers"] == {"random-init": {"django-holdout": {
+        "avg": peer["avg"], "stripped": peer["stripped"]["avg"], "layer": peer["layer"]}}}
+    first_tag = min(snaps, key=lambda t: snaps[t]["tokens"])
+    from xylent.spec import load_spec
+
+    spec = load_spec(DEMO, [f"evaluate.tasks={json.dumps([task])}"])
+    data = ev / "data" / "django-holdout"  # as the stage wrote it, its gold order under labels/
+    alone = evaluate_model(load_ref({"kind": "xylent", "name": "alone", "path": str(out / "snapshots" / first_tag)}),
+                           spec.evaluate.tasks, {"django-holdout": (data, data / "labels")},
+                           ev.parent / "_alone", batch_size=spec.evaluate.batch_size,
+                           max_length=spec.evaluate.max_length)["django-holdout"]
+    assert points[0]["tasks"]["django-holdout"]["avg"] == alone["avg"]
+    assert points[0]["tasks"]["django-holdout"]["stripped"] == alone["stripped"]["avg"]
+    card = (ev / "scorecard.md").read_text()
+    assert "## Learning against tokens" in card and f"{points[0]['tokens']:,}" in card
+    assert (ev / "learning_curve.png").stat().st_size > 0
+    history = MlflowClient(f"sqlite:///{ws}/mlflow.db").get_metric_history(res["evaluate"]["mlflow_run_id"],
+                                                                          "eval/django-holdout/curve/stripped")
+    assert sorted((m.step, m.value) for m in history) == [(p["tokens"], p["tasks"]["django-holdout"]["stripped"])
+                                                          for p in points]
+
+
 @pytest.mark.costs(deepspeed=1)
 def test_two_cpu_ranks_with_zero2_match_one_rank_with_the_same_global_batch(run_cli, demo_run, two_ranks, tmp_path):
     _, demo_ws = demo_run
     res2, out2, _ = two_ranks
     res1, out1 = _pretrain(run_cli, linked_data(demo_ws, tmp_path / "one"), "--set", "pretrain.ranks=1",
-                           "--set", "pretrain.zero_stage=2")
+                           "--set", "pretrain.zero_stage=2", "--set", f"pretrain.snapshot_tokens={json.dumps(SNAPSHOTS)}")
     assert res1["fingerprint"] == res2["fingerprint"], "ranks are how a run is launched, not what it computes"
+    snaps = [json.loads((out / "_manifest.json").read_text())["snapshots"] for out in (out1, out2)]
+    assert snaps[0] == snaps[1], "the same snapshots on one rank as on two: the count is the global batch's"
     m1, m2 = _metrics(out1), _metrics(out2)
     assert [r["step"] for r in m1] == list(range(1, STEPS + 1)) == [r["step"] for r in m2]
     assert [r["tokens"] for r in m1] == [r["tokens"] for r in m2], "the same global batches"

@@ -133,6 +133,8 @@ def test_a_renamed_field_is_read_under_its_old_name_reported_and_fingerprinted_a
 
 @pytest.mark.parametrize("override, message", [
     ("pretrain.betas=[0.9,1.0]", "each must be in [0, 1)"),
+    ("pretrain.snapshot_tokens=[4000,4000]", "each larger than the one before"),
+    ("pretrain.snapshot_tokens=[0]", "token counts above 0"),
     ("name=team/run", "'xylent-team/run', which MLflow refuses"),
     ("pretrain.register_name=enc:v1", "'enc:v1', which MLflow refuses"),
     ("=5", "no field named before '='"),

@@ -70,6 +70,7 @@ class TrainConfig:
     # checkpoints and what starts the run
     checkpoint_every: int
     keep_checkpoints: int
+    snapshot_tokens: list[int]  # the encoder exported again at these token counts (xylent.models.training.snapshots)
     init_from: str | None       # a safetensors file of every weight to start from (the audit's init: pretrain)
     dro: DroConfig | None       # the audit's adversary; None in a plain pretrain run
     # how it is observed
@@ -104,7 +105,7 @@ class TrainConfig:
 # when the spec sets them (else the model size's defaults), seed from the spec's top level
 SPEC_KNOBS = ("objective", "batch_kinds", "batch_schedule", "trtd_ratio", "trtd_max_tokens", "mask_prob", "disc_weight",
               "steps", "batch_size", "grad_accum", "warmup_steps", "betas", "eps", "weight_decay", "precision",
-              "compile", "checkpoint_every", "keep_checkpoints", "log_every", "system_metrics",
+              "compile", "checkpoint_every", "keep_checkpoints", "snapshot_tokens", "log_every", "system_metrics",
               "system_metrics_interval", "peak_tflops")
 
 

@@ -75,6 +75,7 @@ from xylent.models.training.optim import (  # noqa: E402
     flops_per_token, lr_lambdas, make_optimizer, peak_tflops, warmup_linear_decay)
 from xylent.models.training.rank import restore_rng, save_rng, watch_parent  # noqa: E402
 from xylent.models.training.run_config import TrainConfig, task_plan  # noqa: E402
+from xylent.models.training.snapshots import Snapshots  # noqa: E402
 from xylent.models.stats import Norms  # noqa: E402
 from xylent.models.training.step_inputs import StepInputs, micro_batches, on_device  # noqa: E402
 from xylent.models.training.step_metrics import Interval  # noqa: E402
@@ -329,6 +330,9 @@ def train(cfg: TrainConfig) -> None:
                 engine.module.host_counts, pin=cuda))
         return {**out, **audit.batches(a, b)}
 
+    snapshots = Snapshots(cfg.snapshot_tokens, ckroot, device) if cfg.snapshot_tokens else None
+    if snapshots is not None and done:
+        snapshots.restore(client)
     iters = None
     seq_len = loaders[cfg.batch_kinds[0]].seq_len
     fpt = flops_per_token(enc, seq_len, cfg.objective, cfg.mask_prob)
@@ -385,6 +389,8 @@ def train(cfg: TrainConfig) -> None:
             if micro == len(plan) - 1:
                 engine.module.after_step()  # e.g. InfoXLM's momentum encoder follows the updated weights
             sums[task] = sums.get(task, 0) + reduced  # on the device: read once per logging interval
+            if snapshots is not None:
+                snapshots.add(reduced)
             gauges.update(st.extra)
         audit.end(step)
         done_step = step + 1
@@ -405,8 +411,12 @@ def train(cfg: TrainConfig) -> None:
                 interval.restart()
         if step == start:
             phase("first_step")
+        if snapshots is not None and (done_step % cfg.log_every == 0 or checkpoint):
+            snapshots.take_if_due(engine, done_step, rank)
+            interval.restart()
         if checkpoint:
-            extra = {"unigram_counts": unigram.counts.cpu(), **audit.state()}
+            extra = {"unigram_counts": unigram.counts.cpu(), **audit.state(),
+                     **(snapshots.state() if snapshots is not None else {})}
             state = engine.module.objective_state()
             if state is not None:
                 extra["objective"] = state

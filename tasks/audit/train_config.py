@@ -98,6 +98,7 @@ def audit_train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_i
     cfg.steps = a.steps or p.steps
     cfg.warmup_steps = min(cfg.warmup_steps, max(0, cfg.steps - 1))
     cfg.checkpoint_every = min(cfg.checkpoint_every, cfg.steps)
+    cfg.snapshot_tokens = []  # a learning curve is pretraining's; the audit's model is its last step
     if cfg.objective_options.get("freeze_body_steps"):  # VECO's two-phase start is pretraining's, not the audit's
         cfg.objective_options = {**cfg.objective_options, "freeze_body_steps": 0}
     first = first_trtd_step(cfg)

@@ -86,6 +86,17 @@ def _file_order(data: Path, lang: str, gold_file: Path | None, tgt: list[str]) -
 STRIPPED_MIN_PAIRS = 2  # fewer pairs left after stripping: that language has no stripped score
 
 
+def _every_layer(emb: Embedder, src: list[str], tgt: list[str], every: list[int], layer: int):
+    """(acc@1 of each layer, the used layer's whole result, its xx and en vectors)."""
+    xs, ys = emb.layers(src, every), emb.layers(tgt, every)
+    accuracy, used = {}, None
+    for i in every:
+        r = tatoeba_accuracy(lambda texts, i=i: iter([xs[i] if texts is src else ys[i]]), src, tgt)
+        accuracy[i] = r["accuracy"]
+        used = r if i == layer else used
+    return accuracy, used, xs[layer], ys[layer]
+
+
 def _tatoeba(emb: Embedder, task, data: Path, labels: Path | None, preds: Path) -> dict:
     """Every layer's acc@1 on the task's pairs as they are and on their stripped variant
     (:mod:`xylent.tasks.evaluate.surface`), with the surface-overlap share beside them."""
@@ -97,26 +108,22 @@ def _tatoeba(emb: Embedder, task, data: Path, labels: Path | None, preds: Path) 
         gold_file = _labels_file(labels, lang)
         src, tgt = read_tatoeba(data, lang, gold_file)
         to_file = _file_order(data, lang, gold_file, tgt)
-        xs, ys = emb.layers(src, every), emb.layers(tgt, every)
+        accuracy, r, x, y = _every_layer(emb, src, tgt, every, layer)
         for i in every:
-            r = tatoeba_accuracy(lambda texts, i=i: iter([xs[i] if texts is src else ys[i]]), src, tgt)
-            by_layer[i].append(r["accuracy"])
-            if i == layer:
-                langs[lang] = {"accuracy": r["accuracy"], "accuracy_en_to_xx": r["accuracy_en_to_xx"], "n": r["n"]}
-                diag[lang] = diagnostics(xs[i], ys[i], src, tgt)
-                en_to_xx.append(r["accuracy_en_to_xx"])
-                write_predictions(preds, SUBMISSION_TASK["tatoeba"], lang, [to_file[p] for p in r["predictions"]])
+            by_layer[i].append(accuracy[i])
+        langs[lang] = {"accuracy": r["accuracy"], "accuracy_en_to_xx": r["accuracy_en_to_xx"], "n": r["n"]}
+        diag[lang] = diagnostics(x, y, src, tgt)
+        en_to_xx.append(r["accuracy_en_to_xx"])
+        write_predictions(preds, SUBMISSION_TASK["tatoeba"], lang, [to_file[p] for p in r["predictions"]])
         overlap[lang] = surface_overlap(src, tgt)
         s_src, s_tgt, dropped = stripped_pairs(src, tgt)
         if len(s_src) < STRIPPED_MIN_PAIRS:
             continue
-        sxs, sys_ = emb.layers(s_src, every), emb.layers(s_tgt, every)
+        accuracy, r, _, _ = _every_layer(emb, s_src, s_tgt, every, layer)
         for i in every:
-            r = tatoeba_accuracy(lambda texts, i=i: iter([sxs[i] if texts is s_src else sys_[i]]), s_src, s_tgt)
-            stripped_by_layer[i].append(r["accuracy"])
-            if i == layer:
-                stripped[lang] = {"accuracy": r["accuracy"], "accuracy_en_to_xx": r["accuracy_en_to_xx"],
-                                  "n": r["n"], "dropped": dropped}
+            stripped_by_layer[i].append(accuracy[i])
+        stripped[lang] = {"accuracy": r["accuracy"], "accuracy_en_to_xx": r["accuracy_en_to_xx"], "n": r["n"],
+                          "dropped": dropped}
     out = {"kind": "tatoeba", "layer": layer, "languages": langs,
            "avg": float(np.mean([v["accuracy"] for v in langs.values()])),
            "diagnostics": {k: float(np.mean([v[k] for v in diag.values()])) for k in DIAGNOSTICS},

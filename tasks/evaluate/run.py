@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from xylent.tasks.evaluate.curve import KINDS as CURVE_KINDS
+from xylent.tasks.evaluate.curve import final_point, learning_curve, mlflow_series, snapshots
 from xylent.tasks.evaluate.data import probe_warnings
 from xylent.tasks.evaluate.encoders import check_layers, load_ref
 from xylent.tasks.evaluate.finetune.task import TaskData
@@ -82,5 +84,6 @@ def write_results(out: Path, scores: dict) -> StageResults:
                         summary="Average score per task (0–100; details in scorecard.md):\n\n" + summary)
 
 
-__all__ = ["FINETUNED", "FineTuning", "StageResults", "TaskInputs", "check_layers", "evaluate_model", "headline_tags",
-           "load_ref", "mlflow_metrics", "new_scores", "read_tasks", "sentences_to_embed", "write_results"]
+__all__ = ["CURVE_KINDS", "FINETUNED", "FineTuning", "StageResults", "TaskInputs", "check_layers", "evaluate_model",
+           "final_point", "headline_tags", "learning_curve", "load_ref", "mlflow_metrics", "mlflow_series",
+           "new_scores", "read_tasks", "sentences_to_embed", "snapshots", "write_results"]

@@ -13,7 +13,7 @@ import matplotlib
 import numpy as np
 import yaml
 
-from xylent.tasks.evaluate import paper_refs
+from xylent.tasks.evaluate import curve, paper_refs
 from xylent.tasks.evaluate.contract import write_scores
 from xylent.markdown import markdown_table, score
 
@@ -263,6 +263,8 @@ def render(scores: dict) -> str:
                       ", ".join(f"{m} {score(v)}" for m, v in gaps.items()) + ".", ""]
         protocol = (t.get("finetune") or {}).get("protocol") or "zero-shot"
         lines += paper_refs.task_section(name, t.get("xtreme_task"), metric, protocol, scores)
+    if scores.get("curve"):
+        lines += curve.section(scores["curve"])
     refs = scores.get("references") or []
     if refs:
         cols = sorted({f"{task} {metric}" for r in refs for task, ms in r["scores"].items() for metric in ms})
@@ -298,9 +300,34 @@ def plot_languages(scores: dict, task: str, path: Path) -> None:
     ax.set_xlabel(metric)
     ax.set_title(f"{task}: {metric} per language")
     ax.legend(fontsize=8)
+    _save(fig, path)
+
+
+def _save(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_curve(curve_: dict, path: Path) -> None:
+    """Retrieval against tokens (xylent.tasks.evaluate.curve): per task, the pipeline stripped (solid) and as
+    given (dotted), each peer's stripped number a dashed line."""
+    tasks = sorted({t for p in curve_["points"] for t in p["tasks"]})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.5 * len(tasks), 3.2), squeeze=False)
+    xs = [p["tokens"] for p in curve_["points"]]
+    for ax, t in zip(axes[0], tasks):
+        for key, style, label in (("stripped", "-", "stripped"), ("avg", ":", "as given")):
+            ax.plot(xs, [p["tasks"][t][key] for p in curve_["points"]], style, marker="o", color="C0",
+                    label=f"pipeline ({label})")
+        for i, (m, r) in enumerate(curve_["peers"].items(), 1):
+            if (r.get(t) or {}).get("stripped") is not None:
+                ax.axhline(r[t]["stripped"], ls="--", color=f"C{i}", label=f"{m} (stripped)")
+        ax.set_xscale("log")
+        ax.set_xlabel("tokens trained on")
+        ax.set_ylabel("average acc@1")
+        ax.set_title(f"{t}: retrieval against tokens")
+        ax.legend(fontsize=7)
+    _save(fig, path)
 
 
 def plot_layers(scores: dict, task: str, path: Path) -> None:
@@ -317,9 +344,7 @@ def plot_layers(scores: dict, task: str, path: Path) -> None:
     ax.set_ylabel("average acc@1")
     ax.set_title(f"{task}: retrieval by layer")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_transfer_gaps(scores: dict, path: Path) -> bool:
@@ -339,9 +364,7 @@ def plot_transfer_gaps(scores: dict, path: Path) -> bool:
     ax.set_ylabel("gap (points)")
     ax.set_title("transfer gap per model (lower is better)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
     return True
 
 
@@ -353,3 +376,5 @@ def write_scorecard(out: Path, scores: dict) -> None:
         if any("by_layer" in r[task] for r in scores["models"].values()):
             plot_layers(scores, task, out / f"{task}_layers.png")
     plot_transfer_gaps(scores, out / "transfer_gap.png")
+    if scores.get("curve"):
+        plot_curve(scores["curve"], out / "learning_curve.png")

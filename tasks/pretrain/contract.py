@@ -7,6 +7,8 @@
     embedding_health.jsonl  the token embeddings' health at step 0 and each checkpoint (xylent.models.embedding_health;
                            none under ZeRO-3)
     init_report.json       with ``pretrain.init``: what the warm start matched (:mod:`xylent.tasks.pretrain.init_source`)
+    snapshots/tokens-N/    with ``pretrain.snapshot_tokens``: the encoder at N tokens, as model/ but for
+                           pretraining.safetensors; config.json's ``snapshot`` holds its step and tokens
 
 Checkpoints stay outside it, in ``<ws>/pretrain/_checkpoints/<fingerprint>/``.
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 from xylent.models.embedding_health import FILE as HEALTH_FILE  # noqa: F401  (the ranks write it, this stage copies it)
 
 MODEL_DIR = "model"
+SNAPSHOTS_DIR = "snapshots"
 METRICS_FILE = "metrics.jsonl"
 RUN_FILES = ("train.json", METRICS_FILE, "train.log")
 

@@ -17,7 +17,7 @@ from xylent.errors import XylentError
 from xylent.markdown import markdown_table
 from xylent.redact import redact_text
 
-from xylent.tasks.pretrain.contract import HEALTH_FILE, MODEL_DIR, RUN_FILES, read_metrics
+from xylent.tasks.pretrain.contract import HEALTH_FILE, MODEL_DIR, RUN_FILES, SNAPSHOTS_DIR, read_metrics
 from xylent.tasks.pretrain.plots import loss_curves
 from xylent.data.shards import read_index
 
@@ -55,15 +55,16 @@ def backfill(client, run_id: str, rows: list[dict], until_step: int) -> None:
         client.log_batch(run_id, metrics=earlier[i: i + 1000])
 
 
-def consolidated_model(cfg: TrainConfig):
-    """(every fp32 weight, the encoder's weights, its config, parameter count) of the last checkpoint."""
+def consolidated_model(cfg: TrainConfig, tag_dir: Path | None = None):
+    """(every fp32 weight, the encoder's weights, its config, parameter count) of a checkpoint: the
+    last one, or ``tag_dir`` (a snapshot's)."""
     from xylent.models.config import EncoderConfig
     from xylent.models.objectives import build_model
     from xylent.models.pretrained import consolidate_zero as fp32_weights
     from xylent.models.training.trainer import complete_checkpoints
 
-    last = complete_checkpoints(Path(cfg.checkpoint_dir))[-1]
-    full = fp32_weights(Path(cfg.checkpoint_dir), last.name)
+    tag_dir = tag_dir or complete_checkpoints(Path(cfg.checkpoint_dir))[-1]
+    full = fp32_weights(tag_dir.parent, tag_dir.name)
     enc_cfg = EncoderConfig(**cfg.model)
     model = build_model(cfg.objective, enc_cfg, cfg.disc_weight, cfg.mask_prob, cfg.objective_options)
     model.load_state_dict(full, strict=True)  # proves the checkpoint is the whole model
@@ -84,6 +85,31 @@ def export_run(cfg: TrainConfig, ckdir: Path, upstream: dict[str, Path], out: Pa
     rows = read_metrics(Path(cfg.metrics_file))
     loss_curves(rows, out / "loss_curves.png")
     return rows, enc_state, enc_cfg, n_params
+
+
+def export_snapshots(cfg: TrainConfig, upstream: dict[str, Path], out: Path, meta: dict) -> dict[str, dict]:
+    """Each complete snapshot (``pretrain.snapshot_tokens``) as an encoder of its own under
+    ``snapshots/<tag>/`` (model.safetensors, config.json with ``snapshot``: step and tokens, the
+    tokenizer; no pretraining weights): tag -> its step and tokens."""
+    from xylent.models.pretrained import export
+    from xylent.models.training.snapshots import complete_snapshots, snapshot_info
+
+    found = {}
+    for tag_dir in complete_snapshots(Path(cfg.checkpoint_dir)):
+        info = snapshot_info(tag_dir)
+        _, enc_state, enc_cfg, _ = consolidated_model(cfg, tag_dir)
+        export(out / SNAPSHOTS_DIR / tag_dir.name, None, enc_state, enc_cfg, upstream["vocab"],
+               {**meta, "seq_len": read_index(upstream["shards"])["seq_len"], "snapshot": info})
+        found[tag_dir.name] = info
+    return found
+
+
+def snapshot_line(asked: list[int], taken: dict[str, dict]) -> str:
+    """The report's line on the snapshots: which counts were asked for and where each was taken."""
+    at = ", ".join(f"{i['tokens']:,} tokens (step {i['step']})" for i in taken.values()) or "none"
+    missed = [n for n in asked if not any(n in i["counts"] for i in taken.values())]
+    return (f"Snapshots (pretrain.snapshot_tokens, for evaluate's learning curve): {at}"
+            + (f"; not reached by the run's end: {', '.join(f'{n:,}' for n in missed)}" if missed else "") + ".")
 
 
 @dataclass

@@ -30,9 +30,10 @@ def publish(spec: Spec, cfg: TrainConfig, init: dict | None, resumed_from_step: 
             upstream: dict[str, Path], out: Path, tracker, run_id: str, fingerprint: str) -> StageOutcome:
     p = spec.pretrain
     name = pub.model_name(spec)
-    done = pub.export_and_register(cfg, ckdir, upstream, out, {
-        "objective": p.objective, "steps": p.steps, "fingerprint": fingerprint, "registered_model": name,
-        **({"init": init["source"]} if init else {})}, tracker, run_id, resumed_from_step, step=p.steps)
+    meta = {"objective": p.objective, "steps": p.steps, "fingerprint": fingerprint, "registered_model": name,
+            **({"init": init["source"]} if init else {})}
+    done = pub.export_and_register(cfg, ckdir, upstream, out, meta, tracker, run_id, resumed_from_step, step=p.steps)
+    snapshots = pub.export_snapshots(cfg, upstream, out, meta) if cfg.snapshot_tokens else {}
     metrics = done.metrics
     summary = pub.summary(metrics, p, cfg, done.encoder, f"{name} v{done.version}", done.model_uri,
                           resumed_from_step)
@@ -45,8 +46,11 @@ def publish(spec: Spec, cfg: TrainConfig, init: dict | None, resumed_from_step: 
         tracker.log_artifact(run_id, out / REPORT_FILE)
         metrics.update(init_metrics(init))
         summary += "\n\n" + init_summary(init)
+    if cfg.snapshot_tokens:
+        summary += "\n\n" + pub.snapshot_line(cfg.snapshot_tokens, snapshots)
     (out / "report.md").write_text(summary)
     table = [{k: (round(v, 5) if isinstance(v, float) else v) for k, v in r.items()} for r in done.rows[-200:]]
     return StageOutcome(metrics=metrics, table=table, summary=summary,
                         manifest={"checkpoints": str(ckdir), "registered_model": name, "model_uri": done.model_uri,
-                                  "registered_version": done.version, "resumed_from_step": resumed_from_step})
+                                  "registered_version": done.version, "resumed_from_step": resumed_from_step,
+                                  **({"snapshots": snapshots} if cfg.snapshot_tokens else {})})

@@ -85,6 +85,17 @@ CLAIMS: dict[str, dict] = {
         "code": [*_LEARNING, "tasks/evaluate/", "data_specs/demo.yaml", "data_specs/recipes/base.yaml",
                  "data_specs/recipes/infoxlm.yaml", "data_specs/recipes/infoxlm-en-x.yaml"],
     },
+    "learning-curve": {
+        "what": "held-out retrieval against tokens at demo scale (issue 63, item 4): xylent's ELECTRA, transformers' "
+                "ELECTRA and InfoXLM, each one run with snapshots (pretrain.snapshot_tokens) scored by the evaluate "
+                "stage at every count reached; every recipe gives its whole curve and learns; the curves, stripped and "
+                "as given, recorded beside random-init and the bag of subwords",
+        "test": "tests/acceptance/test_learning_curve.py",
+        "fast_form": "tests/test_pretrain.py::test_evaluate_draws_retrieval_against_tokens_from_the_snapshots",
+        "code": [*_LEARNING, "tasks/evaluate/", "data_specs/demo.yaml", "data_specs/recipes/base.yaml",
+                 "data_specs/recipes/electra.yaml", "data_specs/recipes/transformers-electra.yaml",
+                 "data_specs/recipes/infoxlm.yaml"],
+    },
     "planted-audit": {
         "what": "the DRO audit on a corpus with planted defects ranks them as XY-LENT §6.6 reads them, on three "
                 "seeds with the default pair loss: the copy and the hub down, the shuffled pair on top above every "

@@ -173,6 +173,9 @@ class PretrainConfig(Strict):
         default="auto", description="torch.compile the encoders (one graph each); auto: on CUDA only")
     checkpoint_every: int = Field(default=1000, gt=0)
     keep_checkpoints: int = Field(default=2, gt=0)
+    snapshot_tokens: list[int] = Field(
+        default_factory=list, description="token counts at which the encoder is also exported (snapshots/), "
+        "each at the first logging boundary at or past it; evaluate scores retrieval on each: a learning curve")
     # how to run, not what: left out of the fingerprint, so a restart may change them and still resume
     ranks: int = Field(default=1, gt=0, description="local ranks (GPUs; CPU processes without a GPU)")
     hostfile: str | None = Field(default=None, description="DeepSpeed hostfile for several nodes")
@@ -190,7 +193,7 @@ class PretrainConfig(Strict):
     OPERATIONAL: ClassVar[tuple[str, ...]] = ("ranks", "hostfile", "master_port", "log_every", "system_metrics",
                                               "system_metrics_interval", "peak_tflops", "register_name", "compile")
     # the objectives' sections came after the first outputs: at their defaults they leave fingerprints alone
-    ADDED_LATER: ClassVar[tuple[str, ...]] = (*with_section(), "init")
+    ADDED_LATER: ClassVar[tuple[str, ...]] = (*with_section(), "init", "snapshot_tokens")
     # "tasks" read as the stage package, evaluate.tasks and Prefect's tasks (2026-12-06); the old names still work
     RENAMED: ClassVar[dict[str, str]] = {"batch_kinds": "tasks", "batch_schedule": "task_schedule"}
 
@@ -216,6 +219,14 @@ class PretrainConfig(Strict):
     def _betas(cls, v):
         if not all(0 <= b < 1 for b in v):  # Adam's moment decays: a rank would die on the first step
             raise ValueError(f"betas {list(v)}: each must be in [0, 1) (Adam's decay rates; the papers: [0.9, 0.98])")
+        return v
+
+    @field_validator("snapshot_tokens")
+    @classmethod
+    def _snapshot_tokens(cls, v):
+        if any(n <= 0 for n in v) or any(b <= a for a, b in zip(v, v[1:])):
+            raise ValueError(f"snapshot_tokens {v}: token counts above 0, each larger than the one before "
+                             "(e.g. [1000000, 4000000, 16000000])")
         return v
 
     @field_validator("register_name")
