@@ -117,7 +117,7 @@ def learning(bundle: Path, out: Path, minutes: float, toy: bool, overrides: list
     """The real trainer, time-boxed; the last complete checkpoint exported into OUT."""
     import torch
 
-    from xylent.models.training.trainer import complete_checkpoints
+    from xylent.models.training.checkpoints import complete_checkpoints
     from xylent.tasks.pretrain import contract, publish
     from xylent.tasks.pretrain.train_json import train_config
     from xylent.errors import XylentError

@@ -30,8 +30,11 @@ def audit(ctx: StageContext) -> StageOutcome:
 
     ckdir = checkpoint_dir(ctx)
     cfg = run.configure(ctx.spec, ctx.upstream, ckdir, ctx.run_id, ctx.tracker.uri, shards_source(ctx))
-    resumed = run_training(ctx, cfg, ckdir).resumed_from_step
+    result, set_aside = run_training(ctx, cfg, ckdir)
+    resumed = result.resumed_from_step
     state, done = run.export(ctx.spec, cfg, resumed, ckdir, ctx.upstream, ctx.out, ctx.tracker, ctx.run_id,
                              ctx.fingerprint)
     evidence = evidence_task.submit(ctx.upstream["dedup"], state["pairs"], ctx.spec).result()
-    return run.assemble(state, evidence, done, ctx.spec, resumed, ckdir, ctx.upstream, ctx.out)
+    outcome = run.assemble(state, evidence, done, ctx.spec, resumed, ckdir, ctx.upstream, ctx.out)
+    outcome.warnings[:0] = set_aside
+    return outcome

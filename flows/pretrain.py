@@ -24,6 +24,8 @@ def pretrain(ctx: StageContext) -> StageOutcome:
 
     ckdir = checkpoint_dir(ctx)
     cfg, init = run.configure(ctx.spec, ctx.ws, ctx.upstream, ckdir, ctx.run_id, ctx.tracker.uri, shards_source(ctx))
-    result = run_training(ctx, cfg, ckdir)
-    return run.publish(ctx.spec, cfg, init, result.resumed_from_step, ckdir, ctx.upstream, ctx.out, ctx.tracker,
-                       ctx.run_id, ctx.fingerprint)
+    result, set_aside = run_training(ctx, cfg, ckdir)
+    outcome = run.publish(ctx.spec, cfg, init, result.resumed_from_step, ckdir, ctx.upstream, ctx.out, ctx.tracker,
+                          ctx.run_id, ctx.fingerprint)
+    outcome.warnings[:0] = set_aside
+    return outcome

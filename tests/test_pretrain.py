@@ -36,6 +36,7 @@ DEMO = ROOT / "data_specs" / "demo.yaml"
 # short runs: a checkpoint at EVERY steps to kill or resume after, and STEPS - EVERY more steps to compare
 STEPS, EVERY = 20, 5
 SNAPSHOTS = [1, 20_000, 10**12]  # at the first logging boundary, one part-way, one the run never reaches
+WITH_SNAPSHOTS = ["--set", f"pretrain.snapshot_tokens={json.dumps(SNAPSHOTS)}"]
 SMALL = ["--set", f"pretrain.steps={STEPS}", "--set", f"pretrain.checkpoint_every={EVERY}",
          "--set", "pretrain.batch_size=32", "--set", "pretrain.trtd_max_tokens=2048",
          "--set", "pretrain.warmup_steps=5", "--set", "pretrain.log_every=5", "--set", "model.dropout=0.0",
@@ -415,7 +416,7 @@ def launcher_killed(demo_run, tmp_path_factory, prefect_server):
     import shutil
 
     ws = linked_data(demo_run[1], tmp_path_factory.mktemp("pt") / "launcher")
-    record = _kill_launcher_after_first_checkpoint(ws, "--set", "pretrain.zero_stage=2")
+    record = _kill_launcher_after_first_checkpoint(ws, "--set", "pretrain.zero_stage=2", *WITH_SNAPSHOTS)
     snapshot = ws.parent / "checkpoints-as-left"
     shutil.copytree(ws / "pretrain" / "_checkpoints", snapshot, symlinks=True)
     return ws, snapshot, record
@@ -428,14 +429,33 @@ def test_a_killed_launcher_leaves_no_rank_and_the_rerun_is_bit_identical(run_cli
     assert record["ranks"] == 2, "both ranks were training when the launcher was killed"
     assert record["survivors"] == [], f"ranks outlived the killed launcher: {record['survivors']}"
     assert record["at_kill"]["checkpoints"][-1] == f"step-{EVERY:08d}"
-    resumable = int(record["after"]["checkpoints"][-1].split("-")[1])
+    # the newest complete checkpoint damaged after the kill (one byte of its model states): set aside, reported,
+    # and the run resumes from the one before it, or from step 0 when there is none (issue 64, 0c)
+    kept = record["after"]["checkpoints"]
+    newest = next(ws.glob(f"pretrain/_checkpoints/*/deepspeed/{kept[-1]}"))
+    states = newest / "mp_rank_00_model_states.pt"
+    data = bytearray(states.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    states.write_bytes(bytes(data))
+    resumable = int(kept[-2].split("-")[1]) if len(kept) > 1 else 0
 
-    res, out = _pretrain(run_cli, ws, "--set", "pretrain.ranks=2", "--set", "pretrain.zero_stage=2")
+    rc, stdout, err = run_cli("run", "pretrain", "--spec", DEMO, "--workspace", ws, "--json", *SMALL,
+                              "--set", "pretrain.ranks=2", "--set", "pretrain.zero_stage=2", *WITH_SNAPSHOTS)
+    assert rc == 0, err[-3000:]
+    res = json.loads(stdout)["stages"]["pretrain"]
+    out = Path(res["output_dir"])
     assert res["fingerprint"] == json.loads((ref_out / "_manifest.json").read_text())["fingerprint"]
+    assert f"the checkpoint {kept[-1]} is damaged (mp_rank_00_model_states.pt changed since it was written" in err
+    assert (newest.parent / f"damaged-{kept[-1]}" / "mp_rank_00_model_states.pt").read_bytes() == bytes(data), \
+        "set aside as it was, not deleted"
     manifest = json.loads((out / "_manifest.json").read_text())
-    assert manifest["resumed_from_step"] == resumable >= EVERY, "resumed from the newest complete checkpoint"
-    assert f"resumed from {_final_checkpoint(ws).parent}/step-{resumable:08d} at step {resumable}" in \
-        (out / "train.log").read_text()
+    assert any(f"{kept[-1]} is damaged" in w for w in manifest["warnings"])
+    assert manifest["resumed_from_step"] == resumable, "resumed from the checkpoint before the damaged one"
+    if resumable:
+        assert f"resumed from {_final_checkpoint(ws).parent}/step-{resumable:08d} at step {resumable}" in \
+            (out / "train.log").read_text()
+    ref_snapshots = json.loads((ref_out / "_manifest.json").read_text())["snapshots"]
+    assert manifest["snapshots"] == ref_snapshots, "the resumed run's token count goes on from its checkpoint"
     assert [r["step"] for r in _metrics(out)] == list(range(1, STEPS + 1)), "no step lost, none twice"
     from mlflow import MlflowClient
 
@@ -472,7 +492,7 @@ def _assert_like_the_reference_on_other_ranks(out: Path, ref_out: Path, resumed:
     assert rel_w < 3e-3, f"the same weights, relatively: {rel_w:.2e}"
 
 
-def _rerun_on_one_rank(run_cli, demo_ws: Path, checkpoints: Path, ws: Path, zero_stage: int):
+def _rerun_on_one_rank(run_cli, demo_ws: Path, checkpoints: Path, ws: Path, zero_stage: int, *extra: str):
     import shutil
 
     linked_data(demo_ws, ws)
@@ -480,7 +500,7 @@ def _rerun_on_one_rank(run_cli, demo_ws: Path, checkpoints: Path, ws: Path, zero
     shutil.copytree(checkpoints, ws / "pretrain" / "_checkpoints", symlinks=True)
     assert _complete_checkpoints(ws)
     return run_cli("run", "pretrain", "--spec", DEMO, "--workspace", ws, "--json", *SMALL,
-                   "--set", "pretrain.ranks=1", "--set", f"pretrain.zero_stage={zero_stage}")
+                   "--set", "pretrain.ranks=1", "--set", f"pretrain.zero_stage={zero_stage}", *extra)
 
 
 def _tree_digest(root: Path) -> dict[str, str]:
@@ -499,7 +519,7 @@ def test_a_zero2_run_killed_on_two_ranks_is_refused_on_one_and_left_as_it_was(ru
     the message says, bit for bit: test_a_killed_launcher_leaves_no_rank_and_the_rerun_is_bit_identical.)"""
     _, snapshot, record = launcher_killed
     ws = tmp_path / "one"
-    rc, out, err = _rerun_on_one_rank(run_cli, Path(demo_run[1]), snapshot, ws, 2)
+    rc, out, err = _rerun_on_one_rank(run_cli, Path(demo_run[1]), snapshot, ws, 2, *WITH_SNAPSHOTS)
     assert rc == 2, err[-3000:]
     assert "was saved by 2 rank(s) with ZeRO-2 and this run has 1" in err
     assert "resume on 2 rank(s) (pretrain.ranks=2" in err and "--force" in err

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 import threading
 from pathlib import Path
 
@@ -27,7 +28,7 @@ def train_ranks(cmd: list[str], log_file: str, steps: int, checkpoints: str, loc
                 stage: str = "pretrain"):
     from prefect import get_run_logger
 
-    from xylent.models.training.trainer import complete_checkpoints
+    from xylent.models.training.checkpoints import complete_checkpoints
     from xylent.launch import launch
 
     logger = get_run_logger()
@@ -80,7 +81,8 @@ def checkpoint_dir(ctx: StageContext) -> Path:
 
 
 def run_training(ctx: StageContext, cfg: TrainConfig, ckdir: Path):
-    """Write train.json, launch the ranks (pretrain.ranks / hostfile) and wait for them."""
+    """Write train.json, launch the ranks (pretrain.ranks / hostfile) and wait for them; (the launch's
+    result, the damaged checkpoints set aside before it: the stage's warnings)."""
     from xylent.tasks.pretrain.train_json import check_resumable
     from xylent.launch import deepspeed_command, world_size
 
@@ -88,9 +90,11 @@ def run_training(ctx: StageContext, cfg: TrainConfig, ckdir: Path):
     cfg.save(ckdir / "train.json")
     hostfile = str(ctx.spec.resolve_path(p.hostfile)) if p.hostfile else None
     cmd = deepspeed_command(ckdir / "train.json", ranks=p.ranks, hostfile=hostfile, master_port=p.master_port)
-    check_resumable(cfg, world_size(p.ranks, hostfile))  # after the command: it checks the hostfile exists
+    set_aside = check_resumable(cfg, world_size(p.ranks, hostfile))  # after the command: it checks the hostfile
+    for note in set_aside:
+        print(f"xylent: warning: {ctx.stage}: {note}", file=sys.stderr, flush=True)
     return train_ranks.submit(cmd, str(ckdir / "train.log"), cfg.steps, cfg.checkpoint_dir,
-                              None if hostfile else p.ranks, ctx.stage).result()
+                              None if hostfile else p.ranks, ctx.stage).result(), set_aside
 
 
 def shards_source(ctx: StageContext) -> str | None:

@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 
 from xylent.models.stats import Stats
+from xylent.models.training.checkpoints import COMPLETE  # a snapshot's: {"step", "tokens", "counts"}, by rank 0
 
 DIR = "snapshots"      # under the run's DeepSpeed checkpoint folder, beside its step-* tags
-COMPLETE = "COMPLETE"  # {"step", "tokens", "counts"}: written last, by rank 0
 STATE = "snapshot_tokens_seen"  # the count so far, in each checkpoint's client state (a resumed run goes on from it)
 
 

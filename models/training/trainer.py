@@ -74,6 +74,8 @@ from xylent.models.objectives import build_model  # noqa: E402
 from xylent.models.training.optim import (  # noqa: E402
     flops_per_token, lr_lambdas, make_optimizer, peak_tflops, warmup_linear_decay)
 from xylent.models.training.rank import restore_rng, save_rng, watch_parent  # noqa: E402
+from xylent.models.training.checkpoints import (  # noqa: E402
+    COMPLETE, complete_checkpoints, file_records, refuse_other_world_size)
 from xylent.models.training.run_config import TrainConfig, task_plan  # noqa: E402
 from xylent.models.training.snapshots import Snapshots  # noqa: E402
 from xylent.models.stats import Norms  # noqa: E402
@@ -83,46 +85,10 @@ from xylent.data.loader import TrainingLoader  # noqa: E402  (the shard contract
 
 phase("xylent_modules_imported")
 
-COMPLETE = "COMPLETE"
-
-
-def complete_checkpoints(root: Path) -> list[Path]:
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.glob("step-*") if (p / COMPLETE).exists())
-
-
 def gradient_norm(module: torch.nn.Module) -> torch.Tensor | None:
     """Global L2 norm of the (already all-reduced) gradients, before clipping: on the device, unread."""
     norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
     return torch.linalg.vector_norm(torch.stack(norms)) if norms else None
-
-
-def checkpoint_info(tag_dir: Path) -> dict:
-    """What a checkpoint's COMPLETE marker records: step, time, world_size, zero_stage."""
-    try:
-        return json.loads((Path(tag_dir) / COMPLETE).read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
-def resume_problem(tag_dir: Path, world: int, zero_stage: int) -> str | None:
-    """Why a checkpoint cannot be resumed on ``world`` ranks, or None.
-
-    DeepSpeed saves ZeRO 1-3 optimizer state partitioned by rank and cannot
-    re-partition it for another data-parallel size; ZeRO-0 state is whole."""
-    info = checkpoint_info(tag_dir)
-    saved = info.get("world_size")
-    if saved is None or saved == world or (zero_stage == 0 and info.get("zero_stage", 0) == 0):
-        return None
-    return (f"the checkpoint at step {info.get('step')} was saved by {saved} rank(s) with ZeRO-{info.get('zero_stage')} "
-            f"and this run has {world}: DeepSpeed cannot re-partition ZeRO optimizer state for another world size")
-
-
-def refuse_other_world_size(tag_dir: Path, world: int, zero_stage: int) -> None:
-    why = resume_problem(tag_dir, world, zero_stage)
-    if why:
-        raise SystemExit(f"xylent: {why}; resume with the same number of ranks, or train again with --force")
 
 
 def ds_config(cfg: TrainConfig, bf16: bool, world: int) -> dict:
@@ -439,8 +405,10 @@ def save_checkpoint(engine, cfg: TrainConfig, root: Path, step: int, loader_stat
     save_rng(root / tag / f"rng-rank{rank}.pt", cuda)
     dist.barrier()
     if rank == 0:
+        # every file's size and sha256: a checkpoint damaged later is found before a rerun trusts it
         (root / tag / COMPLETE).write_text(json.dumps({"step": step, "time": time.time(), "world_size": world,
-                                                       "zero_stage": cfg.zero_stage}))
+                                                       "zero_stage": cfg.zero_stage,
+                                                       "files": file_records(root / tag)}))
         for old in complete_checkpoints(root)[:-cfg.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
         print(f"xylent: checkpoint {root / tag}", flush=True)

@@ -61,7 +61,7 @@ def consolidated_model(cfg: TrainConfig, tag_dir: Path | None = None):
     from xylent.models.config import EncoderConfig
     from xylent.models.objectives import build_model
     from xylent.models.pretrained import consolidate_zero as fp32_weights
-    from xylent.models.training.trainer import complete_checkpoints
+    from xylent.models.training.checkpoints import complete_checkpoints
 
     tag_dir = tag_dir or complete_checkpoints(Path(cfg.checkpoint_dir))[-1]
     full = fp32_weights(tag_dir.parent, tag_dir.name)

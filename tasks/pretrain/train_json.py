@@ -90,16 +90,19 @@ def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str
         mlflow_run_id=run_id)
 
 
-def check_resumable(cfg: TrainConfig, world: int) -> None:
-    """Refuse, before anything starts, to resume a ZeRO 1-3 checkpoint on another world size."""
-    from xylent.models.training.trainer import checkpoint_info, complete_checkpoints, resume_problem
+def check_resumable(cfg: TrainConfig, world: int) -> list[str]:
+    """Before anything starts: set a damaged newest checkpoint aside (the ranks resume from the one
+    before it; what was set aside is returned, for the stage's warnings), and refuse to resume a
+    ZeRO 1-3 checkpoint on another world size."""
+    from xylent.models.training.checkpoints import checkpoint_info, resume_problem, usable_checkpoints
 
-    done = complete_checkpoints(Path(cfg.checkpoint_dir))
+    done, notes = usable_checkpoints(Path(cfg.checkpoint_dir))
     if not done:
-        return
+        return notes
     why = resume_problem(done[-1], world, cfg.zero_stage)
     if why:
         saved = checkpoint_info(done[-1])["world_size"]
         raise XylentError(why, where=str(done[-1]),
                           fix=f"resume on {saved} rank(s) (pretrain.ranks={saved}, or the same hostfile), or start "
                               "again with --force; to change the world size mid-run, train with pretrain.zero_stage=0")
+    return notes
