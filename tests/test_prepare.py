@@ -233,3 +233,42 @@ def test_output_is_deterministic(tmp_path):
     assert files == [(x["path"], x["sha256"]) for x in m2["files"]]
     parts = [x for x in m1["files"] if x["path"].startswith("mono/lang=de/")]
     assert parts and sum(x["rows"] for x in parts) == 1001, "not two empty outputs"
+
+
+def _tar_gz() -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        data = "".join(f"Satz {i}\n" for i in range(50)).encode()
+        info = tarfile.TarInfo("de.txt")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    return gzip.compress(buf.getvalue())
+
+
+@pytest.mark.parametrize("fmt, data, said", [
+    ("text", "".join(f"Привет, мир {i}\n" for i in range(50)).encode("utf-16"), "UTF-16 (its byte order mark"),
+    ("text", "".join(f"Größe, naïve café {i}\n" for i in range(50)).encode("latin-1"), "50 of the first 50 lines"),
+    ("text", gzip.compress(b"hello\n" * 50), "declared text, but the file is gzip-compressed (declare format: text-gz)"),
+    ("text-gz", _tar_gz(), "the text-gz file holds a tar archive"),
+    ("text", b"\xef\xbb\xbf\n  <!DOCTYPE html><html><body>Not found</body></html>\n", "an HTML page"),
+    ("text", "".join(f"Hallo Welt {i}\n" for i in range(50)).encode("utf-16-le"), "UTF-16 without a byte order mark"),
+], ids=["utf-16", "latin-1", "gzip-as-text", "tar-in-gz", "html", "utf-16-no-bom"])
+def test_a_text_source_whose_bytes_say_it_is_something_else_is_refused_by_name(tmp_path, fmt, data, said):
+    """Issue 64, 0b: read as UTF-8 these put garbage rows in (UTF-16 Russian, a tar header, an HTML error page) or
+    lose most of their rows silently (Latin-1); their first bytes say what they are."""
+    f = tmp_path / "de.txt"
+    f.write_bytes(data)
+    with pytest.raises(XylentError, match="") as err:
+        run(tmp_path, [record(f, fmt, lang="de")])
+    assert said in err.value.render() and str(f) in err.value.render(), err.value.render()
+
+
+def test_rows_with_no_visible_character_are_blank_lines_not_sentences(tmp_path):
+    f = tmp_path / "de.txt"
+    f.write_text("Erster Satz.\n\u200b\u200b\n\u2800 \u2800\nZweiter\u200bSatz.\n\u3164\n")
+    unit, manifest = run(tmp_path, [record(f, "text", lang="de")])
+    assert mono(unit, "de")["text"].to_list() == ["Erster Satz.", "Zweiter\u200bSatz."]
+    assert manifest["stats"][0]["blank"] == 3 and manifest["stats"][0]["rows_out"] == 2

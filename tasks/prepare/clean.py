@@ -2,7 +2,9 @@
 
 Per segment: decode UTF-8 (invalid lines are counted and dropped), Unicode
 normalisation (NFC by default), tabs/newlines to spaces, other control and
-non-characters removed, surrounding whitespace trimmed.
+non-characters removed, surrounding whitespace trimmed, and a row with no visible
+character left (spaces, zero-width and format characters, the braille and Hangul
+blanks) emptied: it is a blank line, counted as one and never a sentence.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from xylent.spec import PrepareConfig
 # C0/C1 controls (tab, CR, LF handled separately), BOM and the two non-characters.
 _CONTROL = r"[\x{00}-\x{08}\x{0B}\x{0C}\x{0E}-\x{1F}\x{7F}-\x{9F}\x{FEFF}\x{FFFE}\x{FFFF}]"
 _ANY_CONTROL = r"[\x{00}-\x{1F}\x{7F}-\x{9F}\x{FEFF}\x{FFFE}\x{FFFF}]"
+# a row of these only shows nothing: separators and spaces, format characters (zero-width, bidi marks, tags), the
+# braille blank and the Hangul fillers
+_INVISIBLE_ROW = r"^[\p{Z}\p{Cf}\x{2800}\x{3164}\x{115F}\x{1160}\x{FFA0}]+$"
 
 
 def decode_lines(lines: list[bytes]) -> tuple[list[str | None], int]:
@@ -70,6 +75,9 @@ def clean_array(arr: pa.Array, cfg: PrepareConfig) -> pa.Array:
             arr = pc.utf8_trim_whitespace(pc.replace_with_mask(arr, dirty, sub))
     if cfg.normalization != "none":
         arr = _normalize(arr, cfg.normalization)
+    invisible = pc.match_substring_regex(arr, pattern=_INVISIBLE_ROW)
+    if pc.any(invisible).as_py():
+        arr = pc.if_else(invisible, pa.scalar("", arr.type), arr)
     return arr
 
 

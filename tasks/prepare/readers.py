@@ -49,6 +49,61 @@ def _read_error(exc: BaseException, where: str, fmt: str) -> XylentError:
     )
 
 
+SNIFF_BYTES = 64 << 10  # what the evidence is read from: the head of the (decompressed) text
+MAX_NON_UTF8 = 0.1      # a head with more of its lines not UTF-8 is in another encoding, not damaged here and there
+_MAGIC = {b"\x1f\x8b": "gzip-compressed (declare format: text-gz)",
+          b"\xfd7zXZ\x00": "xz-compressed (declare format: text-xz)",
+          b"PK\x03\x04": "a zip archive (unpack it, or declare the source's moses-zip format)",
+          b"BZh": "bzip2-compressed (decompress it: xylent reads text, text-gz and text-xz)"}
+
+
+def sniff_text(path: Path, fmt: str, where: str) -> None:
+    """Refuse, naming the file, a text source whose first bytes say it is something else: compressed
+    or an archive in another format than declared, UTF-16 (a BOM, or NULs), a tar archive, an HTML page
+    (a server's error page saved as the corpus), or text in a legacy encoding (most lines not UTF-8).
+    Read as UTF-8 such files would put garbage rows into the corpus, or lose most of their rows, silently."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+    for magic, what in _MAGIC.items():
+        if raw.startswith(magic) and not (fmt == "text-gz" and magic == b"\x1f\x8b"
+                                          or fmt == "text-xz" and magic == b"\xfd7zXZ\x00"):
+            raise XylentError(f"declared {fmt}, but the file is {what}", where=where,
+                              fix="correct the source's format in the spec (or its file)")
+    head = b""
+    try:
+        with _open(path, fmt) as f:
+            while len(head) < SNIFF_BYTES and (chunk := f.read1(SNIFF_BYTES - len(head))):
+                head += chunk
+    except (OSError, EOFError, lzma.LZMAError, zlib.error):
+        pass  # a damaged or cut stream: the reader reports it, with what it could read; the head is what we have
+    fix = "convert it to UTF-8 text, one sentence per line (e.g. iconv -f <its encoding> -t UTF-8), or fix the URL"
+    if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise XylentError("the text is UTF-16 (its byte order mark says so), not UTF-8", where=where, fix=fix)
+    if head[257:262] == b"ustar":
+        raise XylentError(f"the {fmt} file holds a tar archive, not text", where=where,
+                          fix="unpack the archive and point the source at the text file inside")
+    if head.count(b"\x00") > len(head) // 100:
+        raise XylentError(f"{head.count(0)} of the first {len(head)} bytes are NUL: binary data, or UTF-16 "
+                          "without a byte order mark", where=where, fix=fix)
+    start = head.removeprefix(b"\xef\xbb\xbf").lstrip().lower()
+    if start.startswith((b"<!doctype html", b"<html")):
+        raise XylentError("the file is an HTML page (a server's error or login page saved as the corpus?), "
+                          "not text", where=where, fix="check the URL in a browser; fetch again with --force")
+    lines = head.split(b"\n")[:-1] or head.split(b"\n")  # the last may be cut mid-character
+    bad = sum(1 for ln in lines if not _utf8(ln))
+    if len(lines) >= 10 and bad > MAX_NON_UTF8 * len(lines):
+        raise XylentError(f"{bad} of the first {len(lines)} lines are not UTF-8: the file is in another encoding "
+                          "(Latin-1, Windows-1252, ...)", where=where, fix=fix)
+
+
+def _utf8(line: bytes) -> bool:
+    try:
+        line.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
 def line_cap(max_chars: int) -> int:
     """Bytes beyond which a line cannot survive ``max_chars`` (UTF-8 spends at
     most 4 bytes a character): readers keep only this much of a longer line, so
@@ -67,6 +122,7 @@ def iter_line_blocks(
     that grows past it across blocks is cut to that length (it stays one line,
     later dropped as too long) and the rest of it is skipped as it streams by.
     """
+    sniff_text(path, fmt, where)
     q: queue.Queue = queue.Queue(maxsize=3)
     stop = threading.Event()
 
