@@ -931,3 +931,20 @@ def test_a_lock_file_that_is_a_folder_is_one_clear_error(tmp_path):
         with Workspace(tmp_path / "ws").lock():
             pass
     assert "remove that folder" in err.value.render()
+
+
+def test_a_url_whose_file_name_is_too_long_for_the_file_system_is_saved_under_a_short_one(tmp_path, http_corpus,
+                                                                                         run_cli):
+    """Issue 64, item 3: a 300-byte file name in the URL was `OSError: File name too long` (exit 1, a bug); the
+    file is saved under its name's start, a hash of the whole name and its suffixes, and read as any other."""
+    name = "corpus-" + "a" * 300 + ".txt"
+    http_corpus.files[f"/long/{name}"] = "".join(f"line {i}\n" for i in range(20)).encode()
+    spec = write_spec(tmp_path / "spec.yaml", {
+        "name": "long", "languages": ["en"], "workspace": str(tmp_path / "ws"),
+        "sources": [{"name": "web", "kind": "url", "url": f"{http_corpus.base}/long/{name}", "format": "text",
+                     "lang": "en"}]})
+    rc, out, err = run_cli("run", "prepare", "--spec", spec, "--json")
+    assert rc == 0, err[-3000:]
+    saved = [p for p in (tmp_path / "ws").glob("download/*/web/*") if not p.name.startswith(".")]
+    assert len(saved) == 1 and saved[0].name.startswith("corpus-aaa") and saved[0].name.endswith(".txt")
+    assert len(saved[0].name.encode()) <= 200 and saved[0].read_bytes() == http_corpus.files[f"/long/{name}"]

@@ -52,6 +52,24 @@ def check_relative(name: str, where: str) -> str:
     return name
 
 
+MAX_NAME_BYTES = 200  # file systems allow 255 bytes a name; the partial file adds ".part.json" and the like
+
+
+def short_name(name: str) -> str:
+    """A URL's file name as a file system takes it: one too long (a name past 255 bytes is an OSError on
+    every common file system) keeps its start and its suffixes, with a hash of the whole name between, so
+    two long names never land on one file."""
+    if len(name.encode()) <= MAX_NAME_BYTES:
+        return name
+    import hashlib
+
+    stem, dot, suffix = name.partition(".")
+    suffix = dot + suffix if len(suffix.encode()) <= 40 else ""
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    head = stem.encode()[:MAX_NAME_BYTES - len(suffix.encode()) - 17].decode(errors="ignore")
+    return f"{head}-{digest}{suffix}"
+
+
 def opus_list_pairs(api_url: str, corpus: str, version: str, *, timeout: float = 60.0) -> list[str]:
     """Ask the OPUS API which moses files a corpus version has; return pair names."""
     params = {"corpus": corpus, "version": version, "preprocessing": "moses"}
@@ -168,7 +186,7 @@ def plan_source(spec: Spec, source) -> list[FetchItem]:
         return plan_gettext(spec, source)
     if source.kind == "url":
         # the path's last part: a query (a presigned URL's signature) is no part of a file name
-        name = urlsplit(source.url).path.rstrip("/").rsplit("/", 1)[-1] or "data"
+        name = short_name(urlsplit(source.url).path.rstrip("/").rsplit("/", 1)[-1] or "data")
         return [
             FetchItem(source=source.name, format=source.format, filename=name, url=source.url,
                       lang=source.lang, pair=source.pair,
