@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import sys
 import threading
 from pathlib import Path
 
@@ -90,9 +89,8 @@ def run_training(ctx: StageContext, cfg: TrainConfig, ckdir: Path):
     cfg.save(ckdir / "train.json")
     hostfile = str(ctx.spec.resolve_path(p.hostfile)) if p.hostfile else None
     cmd = deepspeed_command(ckdir / "train.json", ranks=p.ranks, hostfile=hostfile, master_port=p.master_port)
-    set_aside = check_resumable(cfg, world_size(p.ranks, hostfile))  # after the command: it checks the hostfile
-    for note in set_aside:
-        print(f"xylent: warning: {ctx.stage}: {note}", file=sys.stderr, flush=True)
+    # after the command: it checks the hostfile. What was set aside is the stage's warning (console, manifest, MLflow)
+    set_aside = check_resumable(cfg, world_size(p.ranks, hostfile))
     return train_ranks.submit(cmd, str(ckdir / "train.log"), cfg.steps, cfg.checkpoint_dir,
                               None if hostfile else p.ranks, ctx.stage).result(), set_aside
 
