@@ -7,6 +7,7 @@ are read member by member in lockstep.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import lzma
@@ -70,12 +71,10 @@ def sniff_text(path: Path, fmt: str, where: str) -> None:
             raise XylentError(f"declared {fmt}, but the file is {what}", where=where,
                               fix="correct the source's format in the spec (or its file)")
     head = b""
-    try:
-        with _open(path, fmt) as f:
-            while len(head) < SNIFF_BYTES and (chunk := f.read1(SNIFF_BYTES - len(head))):
-                head += chunk
-    except (OSError, EOFError, lzma.LZMAError, zlib.error):
-        pass  # a damaged or cut stream: the reader reports it, with what it could read; the head is what we have
+    # a damaged or cut stream: the reader reports it, with what it could read; the head is what we have
+    with contextlib.suppress(OSError, EOFError, lzma.LZMAError, zlib.error), _open(path, fmt) as f:
+        while len(head) < SNIFF_BYTES and (chunk := f.read1(SNIFF_BYTES - len(head))):
+            head += chunk
     fix = "convert it to UTF-8 text, one sentence per line (e.g. iconv -f <its encoding> -t UTF-8), or fix the URL"
     if head.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise XylentError("the text is UTF-16 (its byte order mark says so), not UTF-8", where=where, fix=fix)

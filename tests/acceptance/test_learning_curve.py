@@ -11,15 +11,13 @@ finding (docs/recipes.md)."""
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, linked_data
 from tests.acceptance.claims import record
 from tests.acceptance.test_demo_learns import DISCRIMINATOR_VS_BASE, GENERATOR_VS_UNIGRAM
+from tests.acceptance.test_reference_peer import evaluate_recipe
 
 RECIPES = ("electra", "transformers-electra", "infoxlm")
 TASKS = ("django-holdout", "allauth")
@@ -52,13 +50,8 @@ def test_each_recipe_draws_its_retrieval_against_tokens_beside_the_peers(run_cli
     start = time.monotonic()
     figures, failed = {}, []
     for recipe in RECIPES:
-        ws = linked_data(demo_ws, tmp_path / recipe)
-        rc, out, err = run_cli("run", "evaluate", "--spec", ROOT / "data_specs" / "recipes" / f"{recipe}.yaml",
-                               "--workspace", ws, "--json", "--set", f"pretrain.snapshot_tokens={SNAPSHOTS}")
-        assert rc == 0, err[-3000:]
-        stages = json.loads(out)["stages"]
-        scores = json.loads((Path(stages["evaluate"]["output_dir"]) / "scores.json").read_text())
-        manifest = json.loads((Path(stages["pretrain"]["output_dir"]) / "_manifest.json").read_text())
+        scores, manifest = evaluate_recipe(run_cli, demo_ws, tmp_path / recipe, recipe,
+                                           f"pretrain.snapshot_tokens={SNAPSHOTS}")
         curve = scores.get("curve") or {"points": [], "peers": {}}
         points = curve["points"]
         reached = [n for n in SNAPSHOTS if n <= (points[-1]["tokens"] if points else 0)]
