@@ -354,6 +354,39 @@ def test_the_cli_starts_its_temporary_server_before_importing_prefect_only_when_
     assert not _no_api_configured(), "a broken profiles file: Prefect says what is wrong with it"
 
 
+def test_the_temporary_server_keeps_its_shutdown_noise_off_the_terminal_and_says_why_it_failed(capfd):
+    """Stopping the server cancels its services mid-query, and they print tracebacks then: not
+    after a command that succeeded (a CI run saw one under load).  A server that fails on its
+    own says why, in the error."""
+    import time
+
+    from xylent.flows.kit.processes import _TemporaryServer
+
+    def server(script: str) -> _TemporaryServer:
+        out = object.__new__(_TemporaryServer)  # its own program, in place of uvicorn's
+        out._args, out._env = [sys.executable, "-c", script], dict(os.environ)
+        out._spawn()
+        return out
+
+    noisy = server("import signal, sys, time\n"
+                   "def bye(*_):\n"
+                   "    sys.stderr.write('Traceback (most recent call last):\\nasyncio.exceptions.CancelledError\\n')\n"
+                   "    sys.exit(0)\n"
+                   "signal.signal(signal.SIGTERM, bye)\n"
+                   "print('ready', file=sys.stderr, flush=True)\n"
+                   "time.sleep(60)\n")
+    while "ready" not in noisy.said():
+        time.sleep(0.05)
+    noisy.stop()
+    noisy.stop()  # again, at exit: quiet
+    assert "Traceback" not in capfd.readouterr().err
+
+    broken = server("import sys; sys.stderr.write('sqlite3.OperationalError: database is locked'); sys.exit(1)")
+    with pytest.raises(RuntimeError, match=r"exited with code 1; it said:\nsqlite3.OperationalError: database is locked"):
+        broken.wait()
+    broken.stop()
+
+
 def test_hub_centric_bitexts_fail_sinkhorn_clearly_and_fall_back(run_cli, loopback):
     spec, ws, _ = loopback
     rc, _, err = run_cli("run", "sampling", "--spec", spec, "--workspace", ws, "--set", "sampling.pair_method=sinkhorn")

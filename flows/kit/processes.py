@@ -193,7 +193,11 @@ def _profiles() -> dict | None:
 
 class _TemporaryServer:
     """Prefect's temporary server (no UI, ephemeral services), stopped when this process
-    exits; a watchdog stops it after a kill -9."""
+    exits; a watchdog stops it after a kill -9.
+
+    Its stderr goes to an unnamed file, not the user's terminal: stopping it cancels its
+    background services mid-query, and the tracebacks they print then would follow a command
+    that succeeded.  The file's tail is in the error when the server fails on its own."""
 
     def __init__(self):
         import importlib.util
@@ -212,8 +216,11 @@ class _TemporaryServer:
         atexit.register(self.stop)
 
     def _spawn(self) -> None:
+        import tempfile
+
         self.port = _free_port()
-        self.process = subprocess.Popen([*self._args, "--port", str(self.port)], env=self._env)
+        self.log = tempfile.TemporaryFile()  # unnamed: nothing is left behind, even after a kill -9
+        self.process = subprocess.Popen([*self._args, "--port", str(self.port)], env=self._env, stderr=self.log)
         import psutil
 
         from xylent.process_identity import started
@@ -241,7 +248,8 @@ class _TemporaryServer:
                 self._spawn()             # CLI's server migrating the shared database): another, with its own time
                 deadline = time.monotonic() + PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
             elif self.process.poll() is not None:
-                raise RuntimeError(f"the temporary Prefect server exited with code {self.process.returncode}")
+                raise RuntimeError(f"the temporary Prefect server exited with code {self.process.returncode}; "
+                                   f"it said:\n{self.said()}")
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=5) as r:
                     if r.status == 200:
@@ -249,7 +257,8 @@ class _TemporaryServer:
             except (urllib.error.URLError, OSError):
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"timed out while waiting for the temporary Prefect server at {self.api_url}")
+                raise RuntimeError(f"timed out while waiting for the temporary Prefect server at {self.api_url}; "
+                                   f"it said:\n{self.said()}")
             time.sleep(0.05)
         os.environ["PREFECT_API_URL"] = self.api_url  # inherited by pool workers: one server, not one each
         if ui_unset:
@@ -260,13 +269,26 @@ class _TemporaryServer:
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/api"
 
+    def said(self, limit: int = 4000) -> str:
+        """The tail of what the server wrote to stderr (read without moving the file's offset,
+        which the server shares)."""
+        size = os.fstat(self.log.fileno()).st_size
+        start = max(0, size - limit)
+        return os.pread(self.log.fileno(), size - start, start).decode("utf-8", "replace").strip() or "(nothing)"
+
     def stop(self) -> None:
+        if self.log.closed:  # stopped already (a wrong guess, then at exit)
+            return
+        if self.process.poll() not in (None, 0, 3):  # it failed on its own, after it answered: say why
+            print(f"the temporary Prefect server had stopped with code {self.process.returncode}; it said:\n"
+                  f"{self.said()}", file=sys.stderr)
         self.process.terminate()
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        self.log.close()
 
 
 def _free_port() -> int:
