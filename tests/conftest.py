@@ -69,6 +69,9 @@ class Corpus:
         self.no_length: set[str] = set()  # paths sent without Content-Length, the body ended by closing
         self.ignore_ranges: set[str] = set()  # paths always answered 200 with the whole file
         self.slow: dict[str, int] = {}  # path -> trickle the body at this many bytes a second
+        # path -> "answer": accept, never answer; "body": send the headers (with a length), never the body
+        self.silent: dict[str, str] = {}
+        self.released = threading.Event()  # set at teardown: a silent handler's thread ends
         self.lock = threading.Lock()
 
     def count(self, path: str) -> int:
@@ -91,6 +94,9 @@ def _handler(corpus: Corpus):
                     corpus.fail_first[url.path] = fails - 1
             if fails:
                 return self._send(500, b"boom")
+            if corpus.silent.get(url.path) == "answer":
+                corpus.released.wait(600)
+                return None
             if url.path in corpus.redirects:
                 return self._send(302, b"", extra={"Location": corpus.redirects[url.path]})
             if url.path == "/opusapi/":
@@ -132,6 +138,10 @@ def _handler(corpus: Corpus):
             for k, v in extra.items():
                 self.send_header(k, v)
             self.end_headers()
+            if corpus.silent.get(url.path) == "body":
+                self.wfile.flush()
+                corpus.released.wait(600)
+                return None
             if drop is not None:
                 self.wfile.write(chunk[:drop])
                 self.wfile.flush()
@@ -177,6 +187,7 @@ def http_corpus():
     thread.start()
     corpus.base = f"http://127.0.0.1:{server.server_address[1]}"
     yield corpus
+    corpus.released.set()
     server.shutdown()
     server.server_close()
 

@@ -205,3 +205,50 @@ def test_size_caps_stop_an_endless_or_oversized_file_and_a_nearly_full_disk(http
     from xylent.spec.download import DownloadConfig
 
     assert DownloadConfig().max_file_bytes == 1 << 38 and DownloadConfig().min_free_bytes == 1 << 30, "on by default"
+
+
+@pytest.mark.parametrize("mode", ["answer", "body"])
+def test_a_silent_server_is_abandoned_after_two_silent_attempts_not_every_retry(http_corpus, tmp_path, mode):
+    """A server that accepts and never answers, or sends a length and never the body (issue 64):
+    abandoned after download.silent_attempts timeouts, with a message that says so."""
+    import time
+
+    http_corpus.files["/quiet.bin"] = BODY  # its length is announced in "body" mode
+    http_corpus.silent["/quiet.bin"] = mode
+    started = time.monotonic()
+    with pytest.raises(XylentError, match="sent nothing for 2 attempts in a row, 0.5 s each") as err:
+        _fetch(http_corpus.base + "/quiet.bin", tmp_path, timeout_s=0.5, retries=5)
+    assert time.monotonic() - started < 3
+    assert http_corpus.count("/quiet.bin") == 2, "not retries + 1 attempts"
+    assert "another mirror" in err.value.render()
+
+
+def test_the_default_timeouts_abandon_a_silent_server_well_under_a_minute():
+    from xylent.spec.download import DownloadConfig
+
+    cfg = DownloadConfig()
+    worst = cfg.silent_attempts * cfg.timeout_s + sum(cfg.backoff_s * 2 ** k for k in range(cfg.silent_attempts - 1))
+    assert worst <= 35, worst
+
+
+@pytest.mark.parametrize("mode", ["answer", "body"])
+def test_a_stop_request_ends_a_read_blocked_on_a_silent_server_at_once(http_corpus, tmp_path, mode):
+    """SIGTERM's stop request (``xylent.interrupt``) reaches a download waiting on a server that sends
+    nothing: it ends in well under a second, not at the read's timeout."""
+    import threading
+    import time
+
+    from xylent import interrupt
+
+    http_corpus.files["/quiet.bin"] = BODY  # its length is announced in "body" mode
+    http_corpus.silent["/quiet.bin"] = mode
+    timer = threading.Timer(0.5, interrupt.request)
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _fetch(http_corpus.base + "/quiet.bin", tmp_path, timeout_s=30)
+    finally:
+        timer.cancel()
+        interrupt.clear()
+    assert time.monotonic() - started < 2

@@ -7,9 +7,12 @@ its final place only after the size and checksum have been checked.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
+import socket
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -24,7 +27,57 @@ _PERMANENT = {400, 401, 403, 404, 405, 410, 451}
 
 
 class _Retry(Exception):
-    """A transient failure (dropped connection, 5xx, 429): the fetch is tried again."""
+    """A transient failure (dropped connection, 5xx, 429): the fetch is tried again.  ``silent``:
+    the server sent no byte of the file in the attempt (a timeout before it did)."""
+
+    def __init__(self, message: str, *, silent: bool = False):
+        super().__init__(message)
+        self.silent = silent
+
+
+def _until_stopped(call: Callable[[], requests.Response]) -> requests.Response:
+    """``call()`` (a request waiting for the server's answer) in a thread of its own, so a stop
+    request ends the wait at once, not at the timeout: a silent server once kept a SIGTERMed run
+    alive for minutes.  The thread, abandoned then, ends at its own timeout."""
+    box: dict = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["value"] = call()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="download-request", daemon=True).start()
+    while not done.wait(0.2):
+        interrupt.check()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+@contextlib.contextmanager
+def _stop_unblocks(resp: requests.Response):
+    """While the body streams, a stop request shuts the connection down, so a read blocked on a
+    server that went silent returns at once and the loop's ``interrupt.check()`` ends the download."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.2):
+            if interrupt.requested():
+                sock = getattr(resp.raw.connection, "sock", None)
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                return
+
+    threading.Thread(target=watch, name="download-stop", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 def _load_meta(meta_path: Path) -> dict:
@@ -99,7 +152,8 @@ def _confirm_end(session: requests.Session, url: str, have: int, etag: str | Non
                 return False
             return None
     except (requests.ConnectionError, requests.Timeout) as exc:
-        raise _Retry(f"connection failed while checking the end of the file: {exc}") from None
+        raise _Retry(f"connection failed while checking the end of the file: {exc}",
+                     silent=isinstance(exc, requests.Timeout)) from None
 
 
 def _stream_http(
@@ -129,7 +183,7 @@ def _stream_http(
         if have and meta.get("etag"):
             headers["If-Range"] = meta["etag"]
     try:
-        resp = session.get(url, headers=headers, stream=True, timeout=limits.timeout(timeout))
+        resp = _until_stopped(lambda: session.get(url, headers=headers, stream=True, timeout=limits.timeout(timeout)))
     except requests.TooManyRedirects:
         raise XylentError("the server redirects in a loop (more than 30 redirects)", where=url,
                           fix="open the URL in a browser to see where it leads, and put the final URL in the spec"
@@ -139,9 +193,12 @@ def _stream_http(
         raise XylentError(f"the server redirects to a URL that cannot be fetched over HTTP(S): {exc}", where=url,
                           fix="open the URL in a browser to see where it leads, and put a http(s):// or file:// "
                               "URL of the file in the spec") from None
-    except (requests.ConnectionError, requests.Timeout) as exc:
+    except requests.Timeout as exc:
+        raise _Retry(f"the server sent no answer within download.timeout_s = {timeout:g} s: {exc}",
+                     silent=True) from None
+    except requests.ConnectionError as exc:
         raise _Retry(f"connection failed: {exc}") from None
-    with resp:
+    with resp, _stop_unblocks(resp):
         status = resp.status_code
         if status == 416 and have:
             return meta  # asked for bytes past the end: what we have is the whole file
@@ -205,8 +262,13 @@ def _stream_http(
                     limits.check(have + got, total)
                     interrupt.check()  # Ctrl-C / SIGTERM: the .part stays for a resume, nothing is published
         except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError, requests.Timeout,
-                urllib3.exceptions.HTTPError) as exc:
+                urllib3.exceptions.HTTPError, OSError) as exc:
+            interrupt.check()  # the stop request shut the connection down: not the server's failure
+            if _timed_out(exc):
+                raise _Retry(f"the server went silent for download.timeout_s = {timeout:g} s after "
+                             f"{have + got:,} bytes", silent=not got) from None
             raise _Retry(f"connection dropped after {have + got} bytes: {exc}") from None
+        interrupt.check()  # a shut-down connection also reads as the body's end
         if expected is not None and got < expected and not (max_bytes is not None and have + got >= max_bytes):
             raise _Retry(f"connection dropped after {have + got} bytes")
     if unsized and not (max_bytes is not None and have + got >= max_bytes):
@@ -216,6 +278,18 @@ def _stream_http(
         meta["length_verified"] = bool(whole)
         meta_path.write_text(json.dumps(meta))
     return meta
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether a read failed on the socket's timeout (wrapped by urllib3 or requests, or bare)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (TimeoutError, socket.timeout, requests.Timeout, urllib3.exceptions.TimeoutError)):
+            return True
+        exc = exc.__cause__ or exc.__context__ or (exc.args[0] if exc.args and isinstance(exc.args[0], BaseException)
+                                                  else None)
+    return False
 
 
 def _stream_fsspec(url: str, part: Path, *, max_bytes: int | None, chunk: int, on_bytes, limits: _Limits) -> dict:
@@ -277,7 +351,8 @@ def fetch(
     max_bytes: int | None = None,
     retries: int = 5,
     backoff_s: float = 0.5,
-    timeout_s: float = 60.0,
+    timeout_s: float = 15.0,
+    silent_attempts: int = 2,
     total_timeout_s: float | None = None,
     max_file_bytes: int | None = None,
     min_free_bytes: int = 0,
@@ -285,6 +360,9 @@ def fetch(
     on_bytes: Callable[[int], None] = lambda n: None,
 ) -> dict:
     """Fetch ``url`` into ``part`` (resuming what is there) and verify it.
+
+    A server that sends no byte of the file for ``silent_attempts`` attempts in a row (each
+    ``timeout_s`` long) is abandoned before ``retries`` is spent: it is not going to answer.
 
     Returns ``{"url", "bytes", "sha256", "etag", "truncated"}``, and
     ``length_verified`` when the server sent no length (False: nothing could
@@ -295,7 +373,7 @@ def fetch(
     meta_path = part.with_name(part.name + ".json")
     is_http = url.startswith(("http://", "https://"))
     session = requests.Session() if is_http else None
-    attempt = 0
+    attempt = silent = 0
     limits = _Limits(total_timeout_s, url, max_file_bytes=max_file_bytes, min_free_bytes=min_free_bytes,
                        folder=part.parent)
     while True:
@@ -311,6 +389,15 @@ def fetch(
             break
         except _Retry as exc:
             attempt += 1
+            silent = silent + 1 if exc.silent else 0
+            if is_http and silent >= silent_attempts and attempt <= retries:
+                raise XylentError(
+                    f"the server sent nothing for {silent} attempts in a row, {timeout_s:g} s each: {exc}",
+                    where=url,
+                    fix="check that the server is up (open the URL in a browser) or use another mirror; raise "
+                        "download.timeout_s or download.silent_attempts for a server that is slow to start; the "
+                        "bytes already fetched are kept and the next run resumes from them",
+                ) from None
             if attempt > retries:
                 raise XylentError(
                     f"download failed after {retries + 1} attempts: {exc}",
@@ -318,7 +405,11 @@ def fetch(
                     fix="check the network and the server; rerunning resumes from the bytes already fetched",
                 ) from None
             limits.check(part.stat().st_size if part.exists() else 0)
-            time.sleep(backoff_s * 2 ** (attempt - 1))
+            wait = min(backoff_s * 2 ** min(attempt - 1, 30), 300.0)  # doubling, but never past five minutes
+            deadline = time.monotonic() + wait
+            while (left := deadline - time.monotonic()) > 0:  # a stop request ends the wait too
+                interrupt.check()
+                time.sleep(min(left, 0.2))
     if not part.exists():
         part.touch()
     got = part.stat().st_size

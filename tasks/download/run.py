@@ -59,6 +59,7 @@ def materialise(item: FetchItem, ws: Workspace, cfg: DownloadConfig, on_bytes=la
             got = fetch(
                 item.url, part, sha256=item.sha256, size=item.size, max_bytes=item.max_bytes,
                 retries=cfg.retries, backoff_s=cfg.backoff_s, timeout_s=cfg.timeout_s,
+                silent_attempts=cfg.silent_attempts,
                 total_timeout_s=cfg.total_timeout_s, max_file_bytes=cfg.max_file_bytes,
                 min_free_bytes=cfg.min_free_bytes, chunk_bytes=cfg.chunk_bytes, on_bytes=on_bytes,
             )
