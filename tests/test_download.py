@@ -252,3 +252,31 @@ def test_a_stop_request_ends_a_read_blocked_on_a_silent_server_at_once(http_corp
         timer.cancel()
         interrupt.clear()
     assert time.monotonic() - started < 2
+
+
+def test_an_answer_with_two_different_lengths_is_refused_by_name_not_retried(tmp_path):
+    """Issue 64: two Content-Length headers that disagree ended in "internal error (a bug)"."""
+    import socket
+    import threading
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    answered = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                answered.append(1)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\nhello!!")
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        with pytest.raises(XylentError, match="breaks HTTP: Content-Length contained multiple unmatching values") as err:
+            _fetch(f"http://127.0.0.1:{srv.getsockname()[1]}/x.txt", tmp_path)
+    finally:
+        srv.close()
+    assert "another mirror" in err.value.render() and len(answered) == 1, "a broken answer is not retried"

@@ -135,6 +135,37 @@ def test_truncated_zip_is_an_error(tmp_path):
         run(tmp_path, [record(f, "moses-zip", pair="en-sw")])
 
 
+def _zip_headers_say(data: bytes, *, flags: int = 0, method: int | None = None) -> bytes:
+    """The archive with every local and central header's flag bits OR-ed with ``flags`` and its
+    method set to ``method``: what an encrypted or a Deflate64 archive declares (Python writes neither)."""
+    import struct
+
+    out = bytearray(data)
+    for sig, flag_at in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        at = out.find(sig)
+        while at >= 0:
+            (bits,) = struct.unpack_from("<H", out, at + flag_at)
+            struct.pack_into("<H", out, at + flag_at, bits | flags)
+            if method is not None:
+                struct.pack_into("<H", out, at + flag_at + 2, method)
+            at = out.find(sig, at + 4)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("case", ["password", "deflate64"])
+def test_a_zip_python_cannot_read_is_refused_by_name_with_what_to_do(tmp_path, case):
+    """Issue 64: a password-protected moses zip, or one packed with Deflate64 (Windows' Explorer
+    packs large files so), failed with "internal error (a bug)"."""
+    data = moses_zip("C", "en", "sw", ["a"] * 10, ["b"] * 10)
+    data = _zip_headers_say(data, flags=0x1) if case == "password" else _zip_headers_say(data, method=9)
+    f = tmp_path / "en-sw.txt.zip"
+    f.write_bytes(data)
+    with pytest.raises(XylentError, match="password-protected" if case == "password" else
+                       "compressed with Deflate64 .zip method 9., which Python cannot read") as err:
+        run(tmp_path, [record(f, "moses-zip", pair="en-sw")])
+    assert "repack it with plain Deflate" in err.value.render() and str(f) in err.value.render()
+
+
 def test_tsv_and_parquet_bitext(tmp_path):
     tsv = tmp_path / "p.tsv"
     tsv.write_text("eins\tone\nzwei\ttwo\nkaputt\n")

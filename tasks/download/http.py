@@ -193,6 +193,10 @@ def _stream_http(
         raise XylentError(f"the server redirects to a URL that cannot be fetched over HTTP(S): {exc}", where=url,
                           fix="open the URL in a browser to see where it leads, and put a http(s):// or file:// "
                               "URL of the file in the spec") from None
+    except requests.exceptions.InvalidHeader as exc:  # two Content-Lengths, a header that breaks HTTP: no retry mends it
+        raise XylentError(f"the server's answer breaks HTTP: {exc}", where=url,
+                          fix="the server (or a proxy on the way) is misconfigured: use another mirror, or fetch the "
+                              "file by other means and point a local source (kind: local) at it") from None
     except requests.Timeout as exc:
         raise _Retry(f"the server sent no answer within download.timeout_s = {timeout:g} s: {exc}",
                      silent=True) from None

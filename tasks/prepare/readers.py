@@ -251,6 +251,7 @@ def open_moses_zip(path: Path, lang_a: str, lang_b: str, *, where: str, max_memb
                 fix="check the pair in the spec: the archive does not hold this language",
             )
         found[lang] = cands[0]
+        _readable_member(zf, zf.getinfo(cands[0]), where=where)
         size = zf.getinfo(cands[0]).file_size  # zipfile stops reading past it: it cannot lie upwards
         if max_member_bytes is not None and size > max_member_bytes:
             zf.close()
@@ -259,6 +260,27 @@ def open_moses_zip(path: Path, lang_a: str, lang_b: str, *, where: str, max_memb
                               fix="raise prepare.max_member_bytes if the archive is what you expect (or unset it), "
                               "else drop this source")
     return zf, found[lang_a], found[lang_b]
+
+
+_ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "Deflate", zipfile.ZIP_BZIP2: "bzip2",
+                zipfile.ZIP_LZMA: "LZMA"}
+_ZIP_METHOD_NAMES = {9: "Deflate64", 93: "Zstandard", 95: "XZ", 96: "JPEG", 97: "WavPack", 98: "PPMd", 99: "AES"}
+
+
+def _readable_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, *, where: str) -> None:
+    """Refuse, by name, a member Python's zipfile cannot read (it would fail deep in prepare)."""
+    repack = ("unpack it with 7-Zip or your archiver and repack it with plain Deflate (`zip -9 out.zip *`), "
+              "then point a local source (kind: local, format: moses-zip) at the new file")
+    if info.flag_bits & 0x1 or info.compress_type == 99:
+        zf.close()
+        raise XylentError(f"the zip member {info.filename} is password-protected (encrypted)", where=where,
+                          fix=f"{repack}; a corpus that needs a password cannot be read unattended")
+    if info.compress_type not in _ZIP_METHODS:
+        zf.close()
+        method = _ZIP_METHOD_NAMES.get(info.compress_type, "an unknown method")
+        raise XylentError(f"the zip member {info.filename} is compressed with {method} (zip method "
+                          f"{info.compress_type}), which Python cannot read", where=where,
+                          fix=f"{repack} (readable: {', '.join(_ZIP_METHODS.values())})")
 
 
 def _capped_line(reader, cap: int | None) -> bytes:
