@@ -948,3 +948,79 @@ def test_a_url_whose_file_name_is_too_long_for_the_file_system_is_saved_under_a_
     saved = [p for p in (tmp_path / "ws").glob("download/*/web/*") if not p.name.startswith(".")]
     assert len(saved) == 1 and saved[0].name.startswith("corpus-aaa") and saved[0].name.endswith(".txt")
     assert len(saved[0].name.encode()) <= 200 and saved[0].read_bytes() == http_corpus.files[f"/long/{name}"]
+
+
+def _environment_mistakes(tmp: Path) -> list[tuple[str, dict, str]]:
+    """(what, environment changes, the setting the error must name): each variable a run reads from
+    its environment, set to what goes wrong on real machines.  (Root writes through a folder's mode
+    bits, so "read-only" is a read-only file system: /sys.)"""
+    a_file = tmp / "a-file"
+    a_file.write_text("not a folder\n")
+    dead = "http://127.0.0.1:9"  # the discard port: nothing listens there
+    return [
+        ("HOME missing", {"HOME": str(tmp / "missing")}, "HOME"),
+        ("HOME a file", {"HOME": str(a_file)}, "HOME"),
+        ("HOME read-only", {"HOME": "/sys"}, "HOME"),
+        ("PREFECT_HOME a file", {"PREFECT_HOME": str(a_file)}, "PREFECT_HOME"),
+        ("PREFECT_HOME read-only", {"PREFECT_HOME": "/sys/xylent-prefect"}, "PREFECT_HOME"),
+        ("PREFECT_HOME under a file", {"PREFECT_HOME": str(a_file / "prefect")}, "PREFECT_HOME"),
+        ("PREFECT_API_URL unreachable", {"PREFECT_API_URL": f"{dead}/api"}, "PREFECT_API_URL"),
+        ("PREFECT_API_URL bad scheme", {"PREFECT_API_URL": "prefect.example:4200/api"}, "PREFECT_API_URL"),
+        ("MLFLOW_TRACKING_URI unreachable", {"MLFLOW_TRACKING_URI": dead}, "MLFLOW_TRACKING_URI"),
+        ("MLFLOW_TRACKING_URI bad scheme", {"MLFLOW_TRACKING_URI": "mlflow://host"}, "MLFLOW_TRACKING_URI"),
+        ("MLFLOW_TRACKING_URI read-only", {"MLFLOW_TRACKING_URI": "sqlite:////sys/mlflow.db"}, "MLFLOW_TRACKING_URI"),
+        ("MLFLOW_TRACKING_URI under a file", {"MLFLOW_TRACKING_URI": f"sqlite:///{a_file}/mlflow.db"},
+         "MLFLOW_TRACKING_URI"),
+        ("MLFLOW_TRACKING_URI a file store", {"MLFLOW_TRACKING_URI": str(tmp / "mlruns")}, "MLFLOW_TRACKING_URI"),
+        ("TMPDIR missing", {"TMPDIR": str(tmp / "missing")}, "TMPDIR"),
+        ("TMPDIR a file", {"TMPDIR": str(a_file)}, "TMPDIR"),
+        ("TMPDIR read-only", {"TMPDIR": "/sys"}, "TMPDIR"),
+    ]
+
+
+@pytest.mark.costs(cli=16)  # one short CLI per row: each ends within a second or two
+def test_every_environment_mistake_is_exit_2_naming_the_setting_within_seconds(tmp_path):
+    """Issue 64, item 4: the class, not the instance.  Every row exits 2 before any stage runs,
+    names the variable in the error, and takes seconds (a read-only HOME once stalled the run
+    for 300 s; a dead MLflow server was retried for 258 s)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_TRACKING"))}
+    base["PREFECT_HOME"] = str(tmp_path / "prefect-home")  # the test's own, unless a row says otherwise
+    wrong = []
+    for what, changes, setting in _environment_mistakes(tmp_path):
+        env = {**base, **changes}
+        if "HOME" in changes:
+            env.pop("PREFECT_HOME")  # ~/.prefect is what HOME decides
+        ws = tmp_path / "ws" / what.replace(" ", "-")
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "xylent.cli", "run", "download", "--spec", str(DEMO),
+                               "--workspace", str(ws)], env=env, capture_output=True, text=True, timeout=120,
+                              cwd=tmp_path)
+        took = time.monotonic() - started
+        said = proc.stderr.strip().splitlines()
+        if proc.returncode != 2 or setting not in proc.stderr or "Traceback" in proc.stderr or took > 15:
+            wrong.append(f"{what}: exit {proc.returncode} after {took:.1f} s: {said[-6:]}")
+        elif (ws / "download").exists():
+            wrong.append(f"{what}: a stage ran before the mistake was found")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("kind", ["dask", "ray"])
+def test_a_cluster_address_nobody_listens_on_is_named_within_seconds(kind):
+    """Issue 64: a Dask address nobody listens on took 30 s and ended in a bare OSError."""
+    import time
+
+    from xylent.errors import XylentError
+    from xylent.flows.kit.runners import shared_cluster
+    from xylent.spec.runtime import RunnerConfig
+
+    started = time.monotonic()
+    with pytest.raises(XylentError, match=f"no {'Dask scheduler' if kind == 'dask' else 'Ray cluster'} answers at "
+                                          "127.0.0.1:9") as err:
+        with shared_cluster(RunnerConfig(kind=kind, address="127.0.0.1:9")):
+            pass
+    assert time.monotonic() - started < 5 and "runner.address" in err.value.render()

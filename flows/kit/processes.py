@@ -168,6 +168,20 @@ def _no_api_configured() -> bool:
     return str(flag).strip().lower() in ("1", "true", "t", "yes", "y", "on")
 
 
+def configured_api_url() -> tuple[str, str] | None:
+    """The Prefect API this process's Prefect will use, as read without importing Prefect, and
+    where it is set: ``$PREFECT_API_URL`` or the active profile's.  None when neither names one."""
+    if url := os.environ.get("PREFECT_API_URL"):
+        return url, "PREFECT_API_URL"
+    profiles = _profiles()
+    if profiles is None:
+        return None
+    name = os.environ.get("PREFECT_PROFILE") or profiles["active"]
+    if url := (profiles["profiles"].get(name) or {}).get("PREFECT_API_URL"):
+        return url, f"PREFECT_API_URL of the active Prefect profile {name!r}"
+    return None
+
+
 def _profiles() -> dict | None:
     """Prefect's shipped profiles with the user's file over them (``active`` and
     ``profiles``); None when the user's file cannot be read as TOML."""

@@ -34,6 +34,9 @@ def shared_cluster(cfg: RunnerConfig) -> Iterator[str | None]:
 
 def _start_dask(cfg: RunnerConfig, stack: contextlib.ExitStack) -> str:
     if cfg.address:
+        from xylent.flows.kit.preflight import check_address
+
+        check_address(cfg.address, "Dask scheduler")
         return cfg.address
     _require("dask", "prefect_dask")
     from distributed import LocalCluster
@@ -52,6 +55,9 @@ def _start_ray(cfg: RunnerConfig, stack: contextlib.ExitStack) -> str:
         _read_ray_auth_afresh()
         with _ray_auth_notice_muted():
             if cfg.address:
+                from xylent.flows.kit.preflight import check_address
+
+                check_address(cfg.address, "Ray cluster")
                 _join_ray(ray, cfg.address)
             else:
                 # "local": a private instance, never a cluster `ray start` left on this machine (its
