@@ -1024,3 +1024,54 @@ def test_a_cluster_address_nobody_listens_on_is_named_within_seconds(kind):
         with shared_cluster(RunnerConfig(kind=kind, address="127.0.0.1:9")):
             pass
     assert time.monotonic() - started < 5 and "runner.address" in err.value.render()
+
+
+def _workspace_damage(ws: Path) -> list[tuple[str, Path]]:
+    """(what, the entry named) for each top-level workspace entry made into what it must not be: a
+    folder's place taken by a file or a link to nothing, a file's by a folder or a link to nothing,
+    the MLflow database by other bytes."""
+    from xylent.flows.registry import STAGE_NAMES
+
+    rows = []
+    for name in (*STAGE_NAMES, "logs", "mlartifacts", ".xylent.lock", "mlflow.db"):
+        folder = name in (*STAGE_NAMES, "logs", "mlartifacts")
+        for damage in ("a file" if folder else "a folder", "a link to nothing"):
+            rows.append((f"{name} {damage}", ws / f"{name}--{damage.replace(' ', '-')}", name, damage))
+    rows.append(("mlflow.db not a database", ws / "mlflow.db--junk", "mlflow.db", "junk"))
+    out = []
+    for what, root, name, damage in rows:
+        root.mkdir(parents=True)
+        path = root / name
+        if damage == "a file":
+            path.write_text("junk\n")
+        elif damage == "a folder":
+            path.mkdir()
+        elif damage == "junk":
+            path.write_bytes(b"<html>not a database</html>\n")
+        else:
+            path.symlink_to(root / "gone" / name)
+        out.append((what, path))
+    return out
+
+
+@pytest.mark.costs(cli=27)  # one short CLI per row, each refused before any stage runs
+def test_every_damaged_workspace_entry_is_exit_2_naming_it_within_seconds(tmp_path):
+    """Issue 64, item 4, its second table: each top-level entry of a workspace replaced by a file, a
+    folder or a link to nothing (a stage's folder a file was FileExistsError, "internal error"; a
+    damaged mlflow.db a bug; a dangling one two minutes and "read-only file system")."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_TRACKING"))}
+    wrong = []
+    for what, path in _workspace_damage(tmp_path / "ws"):
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "xylent.cli", "run", "download", "--spec", str(DEMO),
+                               "--workspace", str(path.parent)], env=env, capture_output=True, text=True,
+                              timeout=120)
+        took = time.monotonic() - started
+        if proc.returncode != 2 or str(path) not in proc.stderr or "move it away" not in proc.stderr or took > 15:
+            wrong.append(f"{what}: exit {proc.returncode} after {took:.1f} s: {proc.stderr.strip().splitlines()[-4:]}")
+    assert not wrong, "\n".join(wrong)

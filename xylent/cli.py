@@ -216,10 +216,12 @@ def _run(args) -> dict:
     spec = load_spec(args.spec, args.overrides)
     root = workspace_for(spec, args.workspace).root  # a bad spec stops here
     store = tracking_uri_for(root, spec.tracking.tracking_uri)  # and a workspace its store cannot live in
-    from xylent.flows.kit.preflight import check_run_environment
+    from xylent.flows.kit.preflight import check_run_environment, check_workspace
 
-    check_run_environment(store, "spec field tracking.tracking_uri" if spec.tracking.tracking_uri else
-                          "$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else None)
+    where = ("spec field tracking.tracking_uri" if spec.tracking.tracking_uri else
+             "$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else None)
+    check_workspace(Path(root), tuple(STAGE_NAMES), own_store=where is None)
+    check_run_environment(store, where)
     server_ready = start_prefect_server()
     # while the server starts: the flow, and MLflow's store that every stage's tracker opens
     if target == "pipeline":

@@ -125,3 +125,37 @@ def check_address(address: str, what: str) -> None:
                           where="spec field runner.address",
                           fix=f"start the {what} (or check the address it printed and that this machine reaches "
                               "it), or leave runner.address unset: xylent then starts a cluster of its own") from None
+
+
+def check_workspace(root: Path, stages: tuple[str, ...], *, own_store: bool) -> None:
+    """The workspace's top-level entries are what they must be before a run touches them: a stage's
+    folder, ``logs`` and ``mlartifacts`` folders (a file there, or a link to nothing, ended in
+    "internal error (a bug)"), ``.xylent.lock`` a file, ``mlflow.db`` (when the store is the
+    workspace's own) an SQLite database (a damaged one read as a bug, a link to nothing stalled two
+    minutes and blamed a read-only disk).  A link to a folder elsewhere is fine: that is how a stage
+    lives on a bigger disk."""
+    folders = (*stages, "logs", "mlartifacts")
+    files = (".xylent.lock", *(("mlflow.db",) if own_store else ()))
+    for name in (*folders, *files):
+        path = root / name
+        if not os.path.lexists(path):
+            continue
+        away = f"move it away (mv {path} {path}.broken) and run again"
+        if path.is_symlink() and not path.exists():
+            raise XylentError(f"the workspace's {name} is a link to {os.readlink(path)}, which does not exist",
+                              where=str(path), fix=f"mount or restore what it points at, or {away}: xylent makes "
+                                                   "a new one")
+        if name in folders and not path.is_dir():
+            raise XylentError(f"the workspace's {name} is a file where a folder belongs", where=str(path),
+                              fix=f"{away}: xylent makes the folder" + (" and builds the stage again"
+                                                                        if name in stages else ""))
+        if name in files and path.is_dir():
+            raise XylentError(f"the workspace's {name} is a folder where a file belongs", where=str(path),
+                              fix=f"{away}: xylent makes the file")
+        if name == "mlflow.db":
+            with open(path, "rb") as f:
+                head = f.read(16)
+            if head and head != b"SQLite format 3\x00":
+                raise XylentError(f"the workspace's {name} is not an SQLite database (it starts with {head[:8]!r})",
+                                  where=str(path), fix=f"restore it from a backup, or {away}: xylent starts a new "
+                                                       "MLflow store (the runs the old one held are not in it)")
