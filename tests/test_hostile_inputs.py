@@ -978,32 +978,31 @@ def _environment_mistakes(tmp: Path) -> list[tuple[str, dict, str]]:
     ]
 
 
-@pytest.mark.costs(cli=16)  # one short CLI per row: each ends within a second or two
-def test_every_environment_mistake_is_exit_2_naming_the_setting_within_seconds(tmp_path):
+def test_every_environment_mistake_is_exit_2_naming_the_setting_within_seconds(tmp_path, run_cli, monkeypatch):
     """Issue 64, item 4: the class, not the instance.  Every row exits 2 before any stage runs,
     names the variable in the error, and takes seconds (a read-only HOME once stalled the run
-    for 300 s; a dead MLflow server was retried for 258 s)."""
+    for 300 s; a dead MLflow server was retried for 258 s).  The real CLI in this process, with
+    the row's variables set in this process's environment."""
     import os
-    import subprocess
-    import sys
     import time
 
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_TRACKING"))}
-    base["PREFECT_HOME"] = str(tmp_path / "prefect-home")  # the test's own, unless a row says otherwise
+    for key in [k for k in os.environ if k.startswith(("PREFECT_API", "MLFLOW_TRACKING"))]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect-home"))  # the test's own, unless a row says otherwise
+    monkeypatch.chdir(tmp_path)
     wrong = []
     for what, changes, setting in _environment_mistakes(tmp_path):
-        env = {**base, **changes}
-        if "HOME" in changes:
-            env.pop("PREFECT_HOME")  # ~/.prefect is what HOME decides
-        ws = tmp_path / "ws" / what.replace(" ", "-")
-        started = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "xylent.cli", "run", "download", "--spec", str(DEMO),
-                               "--workspace", str(ws)], env=env, capture_output=True, text=True, timeout=120,
-                              cwd=tmp_path)
-        took = time.monotonic() - started
-        said = proc.stderr.strip().splitlines()
-        if proc.returncode != 2 or setting not in proc.stderr or "Traceback" in proc.stderr or took > 15:
-            wrong.append(f"{what}: exit {proc.returncode} after {took:.1f} s: {said[-6:]}")
+        with monkeypatch.context() as row:
+            if "HOME" in changes:
+                row.delenv("PREFECT_HOME")  # ~/.prefect is what HOME decides
+            for key, value in changes.items():
+                row.setenv(key, value)
+            ws = tmp_path / "ws" / what.replace(" ", "-")
+            started = time.monotonic()
+            rc, _, err = run_cli("run", "download", "--spec", DEMO, "--workspace", ws)
+            took = time.monotonic() - started
+        if rc != 2 or setting not in err or "Traceback" in err or took > 10:
+            wrong.append(f"{what}: exit {rc} after {took:.1f} s: {err.strip().splitlines()[-6:]}")
         elif (ws / "download").exists():
             wrong.append(f"{what}: a stage ran before the mistake was found")
     assert not wrong, "\n".join(wrong)
@@ -1054,24 +1053,17 @@ def _workspace_damage(ws: Path) -> list[tuple[str, Path]]:
     return out
 
 
-@pytest.mark.costs(cli=27)  # one short CLI per row, each refused before any stage runs
-def test_every_damaged_workspace_entry_is_exit_2_naming_it_within_seconds(tmp_path):
+def test_every_damaged_workspace_entry_is_exit_2_naming_it_within_seconds(tmp_path, run_cli):
     """Issue 64, item 4, its second table: each top-level entry of a workspace replaced by a file, a
     folder or a link to nothing (a stage's folder a file was FileExistsError, "internal error"; a
     damaged mlflow.db a bug; a dangling one two minutes and "read-only file system")."""
-    import os
-    import subprocess
-    import sys
     import time
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_API", "MLFLOW_TRACKING"))}
     wrong = []
     for what, path in _workspace_damage(tmp_path / "ws"):
         started = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "xylent.cli", "run", "download", "--spec", str(DEMO),
-                               "--workspace", str(path.parent)], env=env, capture_output=True, text=True,
-                              timeout=120)
+        rc, _, err = run_cli("run", "download", "--spec", DEMO, "--workspace", path.parent)
         took = time.monotonic() - started
-        if proc.returncode != 2 or str(path) not in proc.stderr or "move it away" not in proc.stderr or took > 15:
-            wrong.append(f"{what}: exit {proc.returncode} after {took:.1f} s: {proc.stderr.strip().splitlines()[-4:]}")
+        if rc != 2 or str(path) not in err or "move it away" not in err or took > 10:
+            wrong.append(f"{what}: exit {rc} after {took:.1f} s: {err.strip().splitlines()[-4:]}")
     assert not wrong, "\n".join(wrong)
