@@ -172,3 +172,17 @@ def test_a_build_lock_left_by_a_killed_build_is_cleared_and_a_live_builds_kept(t
         stop.set()
         writer.join()
     assert elsewhere.exists() and said[-1].startswith(f"xylent: left the build lock {elsewhere}"), said
+
+
+def test_an_attention_tensor_larger_than_the_machine_is_refused_before_any_rank_starts():
+    """Issue 64: shards.seq_len 100000 asked CPU ranks for an 80 GB tensor; the rank died minutes in
+    and the advice was to run the same command again."""
+    from xylent.models.config import preset
+    from xylent.tasks.pretrain.train_json import _attention_fits
+
+    enc = preset("small", vocab_size=1000, specials={}, max_position=100_002)
+    _attention_fits(enc, 512, 16, hostfile=None)  # the demo's shape fits any machine
+    with pytest.raises(XylentError, match=r"one layer's attention would take .* GiB on each CPU rank") as err:
+        _attention_fits(enc, 100_000, 16, hostfile=None)
+    assert "shards.seq_len" in err.value.render() and "pretrain.batch_size" in err.value.render()
+    _attention_fits(enc, 100_000, 16, hostfile="hosts.txt")  # other machines' memory: not known here

@@ -30,6 +30,27 @@ def encoder_config(spec: Spec, vocab_size: int, seq_len: int, specials: dict[str
     return preset(spec.model.size, vocab_size=vocab_size, specials=dict(specials), **over)
 
 
+def _attention_fits(enc: EncoderConfig, seq_len: int, rows: int, *, hostfile: str | None) -> None:
+    """CPU ranks on this machine build each layer's attention as a rows × heads × L × L tensor
+    (the materialised path): one that outgrows the machine's memory would kill a rank minutes
+    in, with "run the same command again" as advice (``shards.seq_len`` 100000 asked for 80 GB).
+    GPU ranks take FlexAttention, which never builds it; other hosts' memory is not known here."""
+    from xylent.launch import gpu_available
+
+    if hostfile or gpu_available():
+        return
+    import psutil
+
+    need = rows * enc.heads * seq_len * seq_len * 4  # fp32 scores of one layer, one micro-batch, one rank
+    have = psutil.virtual_memory().total
+    if need > have:
+        raise XylentError(f"one layer's attention would take {need / 2**30:,.1f} GiB on each CPU rank ({rows} rows × "
+                          f"{enc.heads} heads × {seq_len}² fp32), more than this machine's {have / 2**30:,.1f} GiB",
+                          where="spec fields shards.seq_len and pretrain.batch_size",
+                          fix="lower shards.seq_len (the papers use 512) or pretrain.batch_size (per rank: batch_size "
+                              "/ ranks), or train on GPUs, whose attention never builds this tensor")
+
+
 def deepspeed_config(spec: Spec) -> tuple[Path, int]:
     """(the DeepSpeed JSON to use, its ZeRO stage).  Without ``pretrain.deepspeed_config``
     ``zero_stage`` picks tasks/pretrain/deepspeed/zero<N>.json; with it, the stage is the file's
@@ -69,6 +90,7 @@ def train_config(spec: Spec, upstream: dict[str, Path], ckdir: Path, run_id: str
                               where=str(upstream["shards"]), fix=f"drop {t!r} from pretrain.batch_kinds or add sources")
     tokenizer, specials = tokenizer_and_specials(upstream["vocab"])
     enc = encoder_config(spec, tokenizer.get_piece_size(), index["seq_len"], specials)
+    _attention_fits(enc, index["seq_len"], p.batch_size // p.ranks, hostfile=p.hostfile)
     layer = p.infoxlm.layer
     if p.objective == "infoxlm" and layer is not None and layer > enc.layers:
         raise XylentError(f"pretrain.infoxlm.layer is {layer} but the model has {enc.layers} layers",
