@@ -280,3 +280,15 @@ def test_an_answer_with_two_different_lengths_is_refused_by_name_not_retried(tmp
     finally:
         srv.close()
     assert "another mirror" in err.value.render() and len(answered) == 1, "a broken answer is not retried"
+
+
+def test_a_gettext_package_that_is_missing_or_a_single_module_is_named_for_what_it_is():
+    """Issue 64: a module without catalogs (six.py) was reported "not installed"."""
+    from xylent.tasks.download.plan import _catalog_dirs
+
+    with pytest.raises(XylentError, match="'no_such_package_xy' is not installed"):
+        _catalog_dirs("no_such_package_xy")
+    with pytest.raises(XylentError, match=r"'bisect' is a single Python module .*bisect.py.*, not a package: it ships no "
+                                          "gettext catalogs"):
+        _catalog_dirs("bisect")  # a module of the standard library, present everywhere
+    assert (_catalog_dirs("django") / "conf" / "locale").is_dir()

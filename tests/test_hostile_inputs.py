@@ -722,9 +722,20 @@ def test_kill_9_of_the_cli_under_the_processes_runner_leaves_no_process_behind(t
 
 def test_a_failed_run_leaves_no_pickled_exception_outside_the_workspace(run_cli, tmp_path):
     """Prefect writes every failed flow's exception into its result storage (~/.prefect/storage):
-    a CLI run points that at a folder that ends with the run."""
+    a CLI run points that at a folder that ends with the run, and removes those of runs killed
+    with -9 (issue 64)."""
     from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
 
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its number names no process now
+    killed = Path(tempfile.mkdtemp(prefix=f"xylent-prefect-results-{gone.pid}-"))  # a run's after a kill -9
+    (killed / "exception.pickle").write_bytes(b"x")
+    alive = Path(tempfile.mkdtemp(prefix=f"xylent-prefect-results-{os.getppid()}-"))  # a run still going
     storage = tmp_path / "prefect-storage"  # where Prefect's default would have put it
     spec = write_spec(tmp_path / "spec.yaml", {"name": "pickle", "languages": ["en"], "sources": [
         {"name": "loc", "kind": "local", "format": "text", "lang": "en", "path": str(tmp_path / "missing.txt")}]})
@@ -732,6 +743,9 @@ def test_a_failed_run_leaves_no_pickled_exception_outside_the_workspace(run_cli,
         rc, _, err = run_cli("run", "download", "--spec", spec, "--workspace", tmp_path / "ws")
     assert rc == 2 and "local file not found" in err
     assert not storage.exists() or not any(storage.iterdir()), sorted(storage.iterdir())
+    assert not killed.exists(), "the next run removes the result folder a killed run left"
+    assert alive.exists(), "never a running one's"
+    alive.rmdir()
 
 
 @pytest.mark.costs(cli=1)

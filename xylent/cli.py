@@ -239,9 +239,11 @@ def _run(args) -> dict:
     from prefect.settings import PREFECT_LOCAL_STORAGE_PATH, temporary_settings
 
     # Prefect pickles every failed flow's exception into its result storage (~/.prefect/storage by default),
-    # outside the workspace and never cleaned: a CLI run's go to a folder that ends with the run
+    # outside the workspace and never cleaned: a CLI run's go to a folder that ends with the run (or, after a
+    # kill -9, with the next run)
+    _remove_results_of_dead_runs()
     with run_log(root, target) as log, tags("xylent", "cli"), \
-            tempfile.TemporaryDirectory(prefix="xylent-prefect-results-") as results, \
+            tempfile.TemporaryDirectory(prefix=f"{_RESULTS_PREFIX}{os.getpid()}-") as results, \
             temporary_settings({PREFECT_LOCAL_STORAGE_PATH: results}):  # a CLI run: found by its tag
         try:
             result = run(**kwargs, **({"until": args.until} if target == "pipeline" else {}))
@@ -251,6 +253,21 @@ def _run(args) -> dict:
                     exc.xylent_log_file = str(log)
             raise
     return {**result, "log_file": str(log) if log is not None and log.exists() else None}
+
+
+_RESULTS_PREFIX = "xylent-prefect-results-"
+
+
+def _remove_results_of_dead_runs() -> None:
+    """The result folders of CLI runs killed with -9 (named by their process, which is gone)."""
+    import shutil
+
+    import psutil
+
+    for folder in Path(tempfile.gettempdir()).glob(f"{_RESULTS_PREFIX}*"):
+        pid = folder.name.removeprefix(_RESULTS_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _print_summary(result: dict, *, ran: bool) -> None:

@@ -32,7 +32,7 @@ def source_identity(spec: Spec, source) -> dict[str, Any]:
                 raise XylentError(
                     f"source {source.name!r}: Python package {pkg!r} is not installed",
                     where="spec field sources[].package",
-                    fix=f"install it (for the demo: pip install -e '.[demo]', which brings {pkg})",
+                    fix=f"install it (pip install {pkg}); the demo's packages come with pip install -e '.[demo]'",
                 ) from None
     return d
 

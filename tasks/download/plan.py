@@ -95,11 +95,18 @@ def opus_list_pairs(api_url: str, corpus: str, version: str, *, timeout: float =
 
 def _catalog_dirs(package: str) -> Path:
     spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
+    if spec is None:
         raise XylentError(
             f"Python package {package!r} is not installed",
             where="spec field sources[].package",
-            fix=f"install it (for the demo: pip install -e '.[demo]', which brings {package})",
+            fix=f"install it (pip install {package}); the demo's packages come with pip install -e '.[demo]'",
+        )
+    if not spec.submodule_search_locations:  # a single module (six.py): no folder to hold catalogs
+        raise XylentError(
+            f"{package!r} is a single Python module ({spec.origin}), not a package: it ships no gettext catalogs "
+            "(locale/<lang>/LC_MESSAGES/*.po)",
+            where="spec field sources[].package",
+            fix="name a package that ships translations (django, django-allauth's allauth, ...)",
         )
     return Path(list(spec.submodule_search_locations)[0])
 
