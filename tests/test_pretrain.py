@@ -635,7 +635,7 @@ def test_mlm_ablation_with_zero3_mixed_tasks_and_accumulation_exports_a_loadable
     _, demo_ws = demo_run
     ws = linked_data(demo_ws, tmp_path / "mlm")
     mlm = ["--set", "pretrain.objective=mlm", "--set", "pretrain.zero_stage=3", "--set", "pretrain.batch_schedule=mix",
-           "--set", "pretrain.steps=20", "--set", "pretrain.grad_accum=2"]
+           "--set", "pretrain.steps=12", "--set", "pretrain.grad_accum=2"]
     res, out = _pretrain(run_cli, ws, *mlm)
     rows = _metrics(out)
     assert all("mrtd/generator_loss" in r and "trtd/generator_loss" in r for r in rows), "mix: both tasks every step"
