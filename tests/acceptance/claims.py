@@ -85,6 +85,15 @@ CLAIMS: dict[str, dict] = {
         "code": [*_LEARNING, "tasks/evaluate/", "data_specs/demo.yaml", "data_specs/recipes/base.yaml",
                  "data_specs/recipes/infoxlm.yaml", "data_specs/recipes/infoxlm-en-x.yaml"],
     },
+    "trtd-vs-mrtd-electra": {
+        "what": "XLM-E's ablation: ELECTRA on MRTD and TRTD against ELECTRA on MRTD only, seeds 0 1 2, paired "
+                "differences with their intervals on the stripped and the as-given retrieval tasks (xylent compare "
+                "--seeds), recorded whichever way they go",
+        "test": "tests/acceptance/test_trtd_vs_mrtd.py",
+        "fast_form": "tests/test_compare.py (the paired interval and its verdict; every recipe loads)",
+        "code": [*_LEARNING, "tasks/evaluate/", "data_specs/demo.yaml", "data_specs/recipes/base.yaml",
+                 "data_specs/recipes/electra.yaml", "data_specs/recipes/electra-mrtd-only.yaml"],
+    },
     "learning-curve": {
         "what": "held-out retrieval against tokens at demo scale (issue 63, item 4): xylent's ELECTRA, transformers' "
                 "ELECTRA and InfoXLM, each one run with snapshots (pretrain.snapshot_tokens) scored by the evaluate "

@@ -17,33 +17,41 @@ from conftest import ROOT, linked_data
 from tests.acceptance.claims import record
 
 SEEDS = (0, 1, 2)
-RECIPES = ("infoxlm", "infoxlm-en-x")
 TASKS = ("django-holdout stripped", "allauth stripped", "django-holdout", "allauth", "django-topics")
+
+
+def paired_over_seeds(run_cli, demo_ws, folder, recipes: tuple[str, str]) -> dict:
+    """Both recipes evaluated at every seed on one workspace, then ``xylent compare --seeds`` with the
+    claim "first - second": each difference (and each recipe against the trivial peers) as a figure,
+    with its interval, its seeds up and down, and its verdict."""
+    ws = linked_data(demo_ws, folder)  # seed 0's data stages are the demo's; seeds 1, 2 build their own
+    specs = [ROOT / "data_specs" / "recipes" / f"{r}.yaml" for r in recipes]
+    for seed in SEEDS:
+        for spec in specs:
+            rc, _, err = run_cli("run", "evaluate", "--spec", spec, "--workspace", ws, "--set", f"seed={seed}")
+            assert rc == 0, err[-3000:]
+    first, second = recipes
+    rc, out, err = run_cli("compare", *[a for s in specs for a in ("--spec", s)], "--workspace", ws,
+                           "--seeds", *map(str, SEEDS), "--claim", f"{first}:{second}", "--json")
+    assert rc == 0, err[-3000:]
+    differences = json.loads(out)["differences"]
+    figures = {}
+    for task in TASKS:
+        for claim in (f"{first} - {second}", f"{first} - random-init", f"{first} - bag-of-subwords",
+                      f"{second} - random-init"):
+            d = differences[task].get(claim)
+            assert d is not None and d["seeds"] == len(SEEDS), (task, claim, sorted(differences[task]))
+            assert d["verdict"].startswith(("shown", "not shown")), d
+            figures[f"{task}: {claim}"] = (f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}], seeds "
+                                           f"{d['seeds_up']}↑ {d['seeds_down']}↓: {d['verdict']}")
+    return figures
 
 
 @pytest.mark.costs(deepspeed=6)  # each recipe's pretraining at each seed
 def test_xy_against_en_x_bitext_with_infoxlm_over_three_seeds(run_cli, demo_full, tmp_path):
     _, demo_ws, _ = demo_full
     start = time.monotonic()
-    ws = linked_data(demo_ws, tmp_path / "xy")  # seed 0's data stages are the demo's; seeds 1, 2 build their own
-    specs = [ROOT / "data_specs" / "recipes" / f"{r}.yaml" for r in RECIPES]
-    for seed in SEEDS:
-        for spec in specs:
-            rc, _, err = run_cli("run", "evaluate", "--spec", spec, "--workspace", ws, "--set", f"seed={seed}")
-            assert rc == 0, err[-3000:]
-    rc, out, err = run_cli("compare", *[a for s in specs for a in ("--spec", s)], "--workspace", ws,
-                           "--seeds", *map(str, SEEDS), "--claim", "infoxlm:infoxlm-en-x", "--json")
-    assert rc == 0, err[-3000:]
-    differences = json.loads(out)["differences"]
-    figures = {}
-    for task in TASKS:
-        for claim in ("infoxlm - infoxlm-en-x", "infoxlm - random-init", "infoxlm - bag-of-subwords",
-                      "infoxlm-en-x - random-init"):
-            d = differences[task].get(claim)
-            assert d is not None and d["seeds"] == len(SEEDS), (task, claim, sorted(differences[task]))
-            assert d["verdict"].startswith(("shown", "not shown")), d
-            figures[f"{task}: {claim}"] = (f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}], seeds "
-                                           f"{d['seeds_up']}↑ {d['seeds_down']}↓: {d['verdict']}")
+    figures = paired_over_seeds(run_cli, demo_ws, tmp_path / "xy", ("infoxlm", "infoxlm-en-x"))
     record("xy-vs-enx-infoxlm", figures,
            {"every run": "trains and is evaluated at seeds 0 1 2", "differences": "recorded with their verdicts"},
            seconds=time.monotonic() - start)
