@@ -8,19 +8,12 @@ not held: what the translation pairs add, whichever way it goes (docs/recipes.md
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from tests.acceptance.claims import record
-from tests.acceptance.test_xy_vs_enx import paired_over_seeds
+from tests.acceptance.test_xy_vs_enx import measure_paired_over_seeds
 
 
 @pytest.mark.costs(deepspeed=6)  # each recipe's pretraining at each seed
 def test_trtd_against_mrtd_only_with_electra_over_three_seeds(run_cli, demo_full, tmp_path):
-    _, demo_ws, _ = demo_full
-    start = time.monotonic()
-    figures = paired_over_seeds(run_cli, demo_ws, tmp_path / "trtd", ("electra", "electra-mrtd-only"))
-    record("trtd-vs-mrtd-electra", figures,
-           {"every run": "trains and is evaluated at seeds 0 1 2", "differences": "recorded with their verdicts"},
-           seconds=time.monotonic() - start)
+    measure_paired_over_seeds("trtd-vs-mrtd-electra", run_cli, demo_full, tmp_path / "trtd",
+                              ("electra", "electra-mrtd-only"))

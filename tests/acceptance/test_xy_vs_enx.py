@@ -20,10 +20,12 @@ SEEDS = (0, 1, 2)
 TASKS = ("django-holdout stripped", "allauth stripped", "django-holdout", "allauth", "django-topics")
 
 
-def paired_over_seeds(run_cli, demo_ws, folder, recipes: tuple[str, str]) -> dict:
+def measure_paired_over_seeds(claim: str, run_cli, demo_full, folder, recipes: tuple[str, str]) -> None:
     """Both recipes evaluated at every seed on one workspace, then ``xylent compare --seeds`` with the
-    claim "first - second": each difference (and each recipe against the trivial peers) as a figure,
-    with its interval, its seeds up and down, and its verdict."""
+    claim "first - second": each difference (and each recipe against the trivial peers) recorded as
+    ``claim``'s figures, with its interval, its seeds up and down, and its verdict."""
+    _, demo_ws, _ = demo_full
+    start = time.monotonic()
     ws = linked_data(demo_ws, folder)  # seed 0's data stages are the demo's; seeds 1, 2 build their own
     specs = [ROOT / "data_specs" / "recipes" / f"{r}.yaml" for r in recipes]
     for seed in SEEDS:
@@ -37,21 +39,18 @@ def paired_over_seeds(run_cli, demo_ws, folder, recipes: tuple[str, str]) -> dic
     differences = json.loads(out)["differences"]
     figures = {}
     for task in TASKS:
-        for claim in (f"{first} - {second}", f"{first} - random-init", f"{first} - bag-of-subwords",
-                      f"{second} - random-init"):
-            d = differences[task].get(claim)
-            assert d is not None and d["seeds"] == len(SEEDS), (task, claim, sorted(differences[task]))
+        for pair in (f"{first} - {second}", f"{first} - random-init", f"{first} - bag-of-subwords",
+                     f"{second} - random-init"):
+            d = differences[task].get(pair)
+            assert d is not None and d["seeds"] == len(SEEDS), (task, pair, sorted(differences[task]))
             assert d["verdict"].startswith(("shown", "not shown")), d
-            figures[f"{task}: {claim}"] = (f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}], seeds "
-                                           f"{d['seeds_up']}↑ {d['seeds_down']}↓: {d['verdict']}")
-    return figures
+            figures[f"{task}: {pair}"] = (f"{d['mean']:+.1f} [{d['low']:+.1f}, {d['high']:+.1f}], seeds "
+                                          f"{d['seeds_up']}↑ {d['seeds_down']}↓: {d['verdict']}")
+    record(claim, figures,
+           {"every run": "trains and is evaluated at seeds 0 1 2", "differences": "recorded with their verdicts"},
+           seconds=time.monotonic() - start)
 
 
 @pytest.mark.costs(deepspeed=6)  # each recipe's pretraining at each seed
 def test_xy_against_en_x_bitext_with_infoxlm_over_three_seeds(run_cli, demo_full, tmp_path):
-    _, demo_ws, _ = demo_full
-    start = time.monotonic()
-    figures = paired_over_seeds(run_cli, demo_ws, tmp_path / "xy", ("infoxlm", "infoxlm-en-x"))
-    record("xy-vs-enx-infoxlm", figures,
-           {"every run": "trains and is evaluated at seeds 0 1 2", "differences": "recorded with their verdicts"},
-           seconds=time.monotonic() - start)
+    measure_paired_over_seeds("xy-vs-enx-infoxlm", run_cli, demo_full, tmp_path / "xy", ("infoxlm", "infoxlm-en-x"))
