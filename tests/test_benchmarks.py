@@ -21,10 +21,9 @@ import render  # noqa: E402
 # every smoke run: no untimed warm-up round (a smoke run's timings are never read)
 SMOKE = ["--quick", "--warmup", "0"]
 # extra flags of a smoke run: the audit's step overhead trains 2-rank DeepSpeed runs for minutes; fine-tuning
-# at one torch thread count, not each of 1 and all cores; the scaling and throughput sweeps at their two smallest
-# sizes (a slope needs two points; the largest quick size is most of their time)
+# at one torch thread count, not each of 1 and all cores; the throughput sweep at half its quick sizes (a slope
+# needs two points; the larger size is most of its time)
 SMOKE_FLAGS = {"audit": ["--only", "best_response"], "finetune": ["--threads", "1"],
-               "scaling": ["--sizes-mb", "0.1", "0.3", "--languages", "10", "30"],
                "prepare_throughput": ["--sizes-mb", "2", "4"]}
 
 

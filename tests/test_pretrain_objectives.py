@@ -1,5 +1,5 @@
 """Every pretraining objective through the real stage (DeepSpeed ZeRO-2, CPU ranks): a run
-stopped after its checkpoint at step 10 resumes bit for bit, 1 and 2 ranks agree up to float
+stopped after a checkpoint resumes bit for bit, 1 and 2 ranks agree up to float
 rounding, and the exported encoder loads with xylent.models.load_pretrained.  (ELECTRA's own checks are
 in test_pretrain.py, the kill -9 itself with them: what a kill leaves is the same for every
 objective, what the checkpoint must hold is each objective's own.  That the infoxlm recipe
@@ -22,12 +22,13 @@ from tests.test_pretrain import (DEMO, SMALL, _assert_bit_identical, _assert_lik
 
 pytestmark = pytest.mark.demo_data  # reads the session demo only (pyproject.toml's markers)
 
-# 40 steps (test_pretrain's runs are shorter): the queue wraps and the losses have room to fall
-LONG = [*SMALL, "--set", "pretrain.steps=40", "--set", "pretrain.checkpoint_every=10"]
-RESUME_AT = 30  # the last checkpoint but one: the resumed run trains 10 steps on the restored objective state
+# 28 steps (test_pretrain's runs are shorter): the queue wraps and the losses have room to fall
+LONG_STEPS = 28
+LONG = [*SMALL, "--set", f"pretrain.steps={LONG_STEPS}", "--set", "pretrain.checkpoint_every=7"]
+RESUME_AT = 21  # the last checkpoint but one: the resumed run trains 7 steps on the restored objective state
 
 OBJECTIVES = {
-    # a small queue, so it wraps within 40 steps; in-batch negatives, so keys cross ranks inside the loss;
+    # a small queue, so it wraps within the run; in-batch negatives, so keys cross ranks inside the loss;
     # mixup, so pairs merge across ranks (a merged pair's rows can sit on two ranks)
     "infoxlm": ["--set", "pretrain.objective=infoxlm", "--set", "pretrain.infoxlm.queue_size=64",
                 "--set", "pretrain.infoxlm.pool=mean", "--set", "pretrain.infoxlm.in_batch_negatives=true",
@@ -73,7 +74,7 @@ def test_a_run_stopped_after_a_checkpoint_resumes_bit_for_bit(objective_runs):
     res, out, ws = objective_runs["resumed"]
     manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["resumed_from_step"] == RESUME_AT, "from the newest complete checkpoint, not the cut one"
-    assert [r["step"] for r in _metrics(out)] == list(range(1, 41)), "no step lost, none twice"
+    assert [r["step"] for r in _metrics(out)] == list(range(1, LONG_STEPS + 1)), "no step lost, none twice"
     # the checkpoint files compared include the objective's own state (InfoXLM: key encoder and queue)
     _assert_bit_identical(out, ws, ref_out, ref_ws)
 

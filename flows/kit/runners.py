@@ -47,10 +47,6 @@ def _start_dask(cfg: RunnerConfig, stack: contextlib.ExitStack) -> str:
 
 
 def _start_ray(cfg: RunnerConfig, stack: contextlib.ExitStack) -> str:
-    if cfg.address:  # before Ray's import (seconds): a cluster nobody runs is named at once
-        from xylent.flows.kit.preflight import check_address
-
-        check_address(cfg.address, "Ray cluster")
     _require("ray", "prefect_ray")
     import ray
     import ray.exceptions  # noqa: F401  (the join maps its errors)
