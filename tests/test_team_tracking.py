@@ -1,7 +1,7 @@
-"""A team's MLflow: a real `mlflow server --serve-artifacts` on 127.0.0.1 (started by the
-image's entrypoint, infra/docker/entrypoint.sh, as compose starts it), and two
-pretrain runs that differ by one upstream knob, compared as a user would in
-its UI ("show diff only")."""
+"""A team's MLflow: a real `mlflow server --serve-artifacts` (started by the image's
+entrypoint, infra/docker/entrypoint.sh, as compose starts it) on every address of this
+machine, reached by this machine's host name as a team reaches theirs, and two pretrain
+runs that differ by one upstream knob, compared as a user would in its UI ("show diff only")."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from conftest import linked_data
@@ -27,22 +28,31 @@ TINY = ["--set", "pretrain.steps=10", "--set", "pretrain.checkpoint_every=10", "
         "--set", "pretrain.system_metrics=false"]
 
 
+# this machine's name (MLflow's default --allowed-hosts has loopback and private addresses, no
+# names) and its addresses outside loopback (192.0.2.2 here: no private range, so refused by default)
+HOST_NAME = socket.gethostname()
+OUTSIDE_ADDRESSES = [a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                     if a.family == socket.AF_INET and not a.address.startswith("127.")]
+
+
 @pytest.fixture(scope="module")
 @costs(servers=1)
 def mlflow_server(tmp_path_factory):
     """A tracking server that proxies artifacts to its own store (as a team runs it)."""
     root = tmp_path_factory.mktemp("mlflow-server")
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("0.0.0.0", 0))
         port = s.getsockname()[1]
-    # started as the compose file starts it: the image's entrypoint, configured by environment
+    # started as the compose file starts it: the image's entrypoint, configured by environment, with
+    # the names the team reaches it by added (as infra/docker/.env.example shows)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "MLFLOW_HOST": "127.0.0.1", "MLFLOW_PORT": str(port),
+           "MLFLOW_HOST": "0.0.0.0", "MLFLOW_PORT": str(port),
+           "MLFLOW_ALLOWED_HOSTS": ",".join([HOST_NAME, *OUTSIDE_ADDRESSES]),
            "MLFLOW_BACKEND_STORE_URI": f"sqlite:///{root}/store.db",
            "MLFLOW_ARTIFACTS_DESTINATION": str(root / "artifacts")}
     proc = subprocess.Popen([ROOT / "infra" / "docker" / "entrypoint.sh", "mlflow-server"], env=env,
                             stdout=subprocess.DEVNULL, stderr=(root / "server.log").open("w"))
-    uri = f"http://127.0.0.1:{port}"
+    uri = f"http://{HOST_NAME}:{port}"  # the runs below reach it by name, not by loopback
     import requests
 
     deadline = time.time() + 120
@@ -90,17 +100,43 @@ def _client(uri):
     return MlflowClient(uri)
 
 
-def test_the_server_answers_the_compose_name_and_refuses_other_hosts(mlflow_server):
-    """MLflow ≥ 3.x answers 403 to a Host header outside --allowed-hosts (its default is localhost and
-    private IPs), so without the entrypoint's list every container's http://mlflow:5000 call failed."""
+def test_the_server_answers_the_names_a_team_adds_with_any_port_and_refuses_other_hosts(mlflow_server):
+    """MLflow ≥ 3.5 answers 403 to a Host header outside --allowed-hosts, and its list replaces the
+    default: the entrypoint adds MLFLOW_ALLOWED_HOSTS's bare names (each with any port, as the Host
+    header carries it, and as the UI's Origin, which MLflow checks apart on every POST) to the compose
+    name, loopback and private addresses."""
     import requests
 
     uri, _ = mlflow_server
     port = uri.rsplit(":", 1)[1]
-    search = f"{uri}/api/2.0/mlflow/experiments/search?max_results=1"
-    for host in (f"mlflow:{port}", f"localhost:{port}", f"127.0.0.1:{port}"):
-        assert requests.get(search, headers={"Host": host}, timeout=10).status_code == 200, host
-    assert requests.get(search, headers={"Host": f"rebind.example:{port}"}, timeout=10).status_code == 403
+    path = "/api/2.0/mlflow/experiments/search?max_results=1"
+    for address in (HOST_NAME, *OUTSIDE_ADDRESSES, "127.0.0.1", "localhost"):  # reached through each
+        got = requests.get(f"http://{address}:{port}{path}", timeout=10)
+        assert got.status_code == 200, (address, got.status_code, got.text)
+        # the UI's own state-changing call, from a page opened by that name
+        got = requests.post(f"http://{address}:{port}/ajax-api/2.0/mlflow/runs/search", json={"experiment_ids": ["0"]},
+                            headers={"Origin": f"http://{address}:{port}"}, timeout=10)
+        assert got.status_code == 200, (address, got.status_code, got.text)
+    for host in (f"mlflow:{port}", "mlflow", f"10.1.2.3:{port}"):  # the other containers; private addresses
+        assert requests.get(f"http://127.0.0.1:{port}{path}", headers={"Host": host}, timeout=10).status_code == 200
+    # another address of this machine, not on the list
+    assert requests.get(f"http://127.0.0.2:{port}{path}", timeout=10).status_code == 403
+    assert requests.get(f"http://127.0.0.1:{port}{path}", headers={"Host": f"rebind.example:{port}"},
+                        timeout=10).status_code == 403
+
+
+def test_a_host_name_the_server_refuses_is_one_line_naming_the_setting_before_any_stage(mlflow_server, run_cli,
+                                                                                        tmp_path):
+    uri, _ = mlflow_server
+    refused = f"http://127.0.0.2:{uri.rsplit(':', 1)[1]}"
+    started = time.monotonic()
+    rc, out, err = run_cli("run", "download", "--spec", DEMO, "--workspace", tmp_path / "ws",
+                           "--set", f"tracking.tracking_uri={refused}")
+    assert rc == 2 and time.monotonic() - started < 10, err
+    said = [line for line in err.splitlines() if "refuses" in line]
+    assert len(said) == 1 and f"refuses the host name '127.0.0.2:{refused.rsplit(':', 1)[1]}'" in said[0], err
+    assert "tracking.tracking_uri" in err and "MLFLOW_ALLOWED_HOSTS=127.0.0.2" in err and "--allowed-hosts" in err
+    assert "Traceback" not in err and not (tmp_path / "ws" / "download").exists(), err
 
 
 def test_artifacts_and_the_registered_model_live_on_the_server(mlflow_server, two_runs, tmp_path):

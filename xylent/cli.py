@@ -25,7 +25,7 @@ quiet_console(sys.argv)  # before Prefect is imported: its console handler reads
 from xylent.flows.registry import STAGE_NAMES, STAGES  # noqa: E402  (declarations only: no Prefect, no torch)
 from xylent.errors import XylentError, environment_error  # noqa: E402
 from xylent.stage import find_stage, stage_fingerprints, workspace_for  # noqa: E402
-from xylent.tracking import tracking_uri_for  # noqa: E402
+from xylent.tracking import tracking_source, tracking_uri_for  # noqa: E402
 from xylent.workspace import read_manifest  # noqa: E402
 
 
@@ -218,8 +218,7 @@ def _run(args) -> dict:
     store = tracking_uri_for(root, spec.tracking.tracking_uri)  # and a workspace its store cannot live in
     from xylent.flows.kit.preflight import check_run_environment, check_workspace
 
-    where = ("spec field tracking.tracking_uri" if spec.tracking.tracking_uri else
-             "$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else None)
+    where = tracking_source(spec.tracking.tracking_uri)
     check_workspace(Path(root), tuple(STAGE_NAMES), own_store=where is None)
     check_run_environment(store, where)
     server_ready = start_prefect_server()

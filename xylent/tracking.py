@@ -23,10 +23,17 @@ from xylent.redact import redact, redact_text
 STORE_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks", "databricks-uc")
 
 
+def tracking_source(configured: str | None = None) -> str | None:
+    """Which setting names the store: the spec's field, the environment, or None (the workspace's own)."""
+    if configured:
+        return "spec field tracking.tracking_uri"
+    return "$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else None
+
+
 def tracking_uri_for(workspace_root: Path, configured: str | None = None) -> str:
     uri = configured or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
-        return _supported(uri, "spec field tracking.tracking_uri" if configured else "$MLFLOW_TRACKING_URI")
+        return _supported(uri, tracking_source(configured))
     if bad := next((c for c in "%?#" if c in str(workspace_root)), None):
         # SQLAlchemy reads the store's URI as a URL: "?" starts its query, "%41" decodes to "A" (and
         # MLflow makes the folders of the undecoded path): the store would land outside the workspace

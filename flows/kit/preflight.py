@@ -104,12 +104,37 @@ def check_store(uri: str, where: str) -> None:
         answers(f"{uri.rstrip('/')}/health", setting=where, value=uri,
                 fix="start the tracking server (mlflow server ...), correct the URI, or unset it to use the "
                     "workspace's own store")
+        accepts_host(uri, where)
     elif scheme.split("+", 1)[0] == "sqlite":
         path = uri.split(":///", 1)[1] if ":///" in uri else ""
         if path and path != ":memory:":
             writable_folder(str(Path(path).parent), where, create=True, shown=f"{uri} (its folder)",
                             fix="point it at a database file in a folder you can write, or unset it to use the "
                                 "workspace's own store")
+
+
+def accepts_host(uri: str, where: str) -> None:
+    """The tracking server answers the name ``uri`` reaches it by.  MLflow ≥ 3.5 refuses any Host
+    header outside its ``--allowed-hosts`` with 403 (against DNS rebinding), but not on ``/health``:
+    a team's ``http://mlflow-team:5000`` passed the probe above, then failed every call of the run,
+    twice, with advice that never named the setting."""
+    host = urlparse(uri).netloc.rsplit("@", 1)[-1]
+    try:
+        with urllib.request.urlopen(f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/search?max_results=1",
+                                    timeout=PROBE_S):
+            return
+    except urllib.error.HTTPError as exc:
+        if exc.code != 403 or b"Invalid Host header" not in exc.read(4096):
+            return  # authentication and the like: MLflow's own error says it on the first call
+    except (urllib.error.URLError, OSError, ValueError):
+        return  # it answered /health a moment ago: a flaky network is the run's retries' to ride out
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    raise XylentError(f"the MLflow server at {redact_text(uri)} refuses the host name {host!r} (403 Invalid "
+                      "Host header: it is not in the server's --allowed-hosts)", where=where,
+                      fix=f"start the server with the name allowed: MLFLOW_ALLOWED_HOSTS={name} in "
+                          f"infra/docker/.env for the compose stack, or `mlflow server ... --allowed-hosts "
+                          f"'{name},{name}:*,localhost,localhost:*'` (docs/tracking.md); or reach it by an "
+                          "address it allows")
 
 
 def check_address(address: str, what: str) -> None:

@@ -6,8 +6,9 @@
 #   prefect-server            Prefect API + UI on :4200 (PREFECT_API_DATABASE_CONNECTION_URL)
 #   mlflow-server             MLflow tracking server on :5000 proxying artifacts
 #                             (MLFLOW_BACKEND_STORE_URI, MLFLOW_ARTIFACTS_DESTINATION);
-#                             MLFLOW_ALLOWED_HOSTS: the Host headers it answers (MLflow
-#                             refuses any other with 403, against DNS rebinding)
+#                             MLFLOW_ALLOWED_HOSTS: names the team opens it by, added to
+#                             mlflow, loopback and private addresses (MLflow refuses any
+#                             other Host header with 403, against DNS rebinding)
 #   deploy                    register prefect.yaml's deployments (and the work pool), then exit
 #   worker [ARGS]             a process worker on pool $XYLENT_POOL (default xylent)
 #   xylent ARGS | ANY COMMAND run it as given (e.g. `xylent run pipeline --spec ...`)
@@ -46,6 +47,25 @@ need() {
     fi
 }
 
+# hosts, origins: MLflow's --allowed-hosts and --cors-allowed-origins for the names given (a name
+# as name and name:*; name:port and patterns as given); globbing off: 10.* is a pattern, not files
+allowed_hosts() {
+    hosts="" origins=""
+    set -f
+    for name in "$@"; do
+        case "$name" in
+            *\**|*:*[!\]]) forms="$name" ;;
+            "["*"]") forms="$name [[]${name#[}:*" ;;  # fnmatch reads [::1] as a class: MLflow's escape
+            *) forms="$name $name:*" ;;
+        esac
+        for form in $forms; do
+            hosts="${hosts:+$hosts,}$form"
+            origins="${origins:+$origins,}http://$form,https://$form"
+        done
+    done
+    set +f
+}
+
 service="${1:-worker}"
 [ $# -gt 0 ] && shift
 
@@ -56,11 +76,18 @@ case "$service" in
     mlflow-server)
         need MLFLOW_BACKEND_STORE_URI mlflow-server
         need MLFLOW_ARTIFACTS_DESTINATION mlflow-server
-        # the compose service name and loopback by default: MLflow's own default (localhost and private
-        # IPs) refuses http://mlflow:5000, the name every other container uses; add the names a team
-        # opens the UI by (MLFLOW_ALLOWED_HOSTS=mlflow.example.com,...), each name:* for any port
+        # MLflow's --allowed-hosts replaces its default (loopback and private addresses), which refuses
+        # http://mlflow:5000, the name every other container uses; a name given without a port must
+        # match with any port too (the Host header carries it), and the UI's own POSTs carry an Origin
+        # that MLflow checks apart: each name is allowed as name, name:* and http(s)://name[:*]
+        set -f
+        # shellcheck disable=SC2046  # the comma-separated list, split into words on purpose
+        allowed_hosts mlflow localhost 127.0.0.1 "[::1]" 0.0.0.0 "10.*" "192.168.*" \
+            $(for i in $(seq 16 31); do printf '172.%s.* ' "$i"; done) "fc00:*" "fd00:*" \
+            $(echo "${MLFLOW_ALLOWED_HOSTS:-}" | tr ',' ' ')
+        set +f
         exec mlflow server --host "${MLFLOW_HOST:-0.0.0.0}" --port "${MLFLOW_PORT:-5000}" --workers 1 \
-            --allowed-hosts "${MLFLOW_ALLOWED_HOSTS:-mlflow,mlflow:*,localhost,localhost:*,127.0.0.1,127.0.0.1:*}" \
+            --allowed-hosts "$hosts" --cors-allowed-origins "$origins" \
             --backend-store-uri "$MLFLOW_BACKEND_STORE_URI" \
             --artifacts-destination "$MLFLOW_ARTIFACTS_DESTINATION" --serve-artifacts "$@"
         ;;
