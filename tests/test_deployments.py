@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -68,7 +70,6 @@ def test_a_worker_elsewhere_runs_deployments_and_two_runs_on_one_workspace_queue
     """The worker starts in an unrelated folder with its own XYLENT_HOME; two runs of
     the download deployment on one workspace overlap in time, and both complete."""
     import asyncio
-    import time
 
     from prefect.deployments import run_deployment
 
@@ -85,6 +86,9 @@ def test_a_worker_elsewhere_runs_deployments_and_two_runs_on_one_workspace_queue
             {"name": f"web{n}", "kind": "url", "format": "text", "lang": "en", "url": f"{http_corpus.base}/slow/en.txt"}]})
         runs.append(run_deployment("download/download", parameters={"spec_file": str(spec), "workspace": str(ws)},
                                    timeout=0))
+    # a workspace the worker cannot make: the run fails with the error in one line, no traceback
+    bad = run_deployment("download/download", parameters={"spec_file": str(spec), "workspace": "/proc/forbidden"},
+                         timeout=0)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {**os.environ, "PREFECT_API_URL": deployed, "XYLENT_HOME": str(ROOT), "PATH": BIN_PATH,
@@ -94,7 +98,7 @@ def test_a_worker_elsewhere_runs_deployments_and_two_runs_on_one_workspace_queue
     try:
         async def states():
             async with get_client() as client:
-                return [await client.read_flow_run(r.id) for r in runs]
+                return [await client.read_flow_run(r.id) for r in (*runs, bad)]
 
         deadline = time.time() + 400
         while time.time() < deadline:
@@ -105,8 +109,16 @@ def test_a_worker_elsewhere_runs_deployments_and_two_runs_on_one_workspace_queue
     finally:
         worker.terminate()
         worker.wait(30)
-    log = (tmp_path / "worker.log").read_text()[-4000:]
-    assert [r.state.type.value for r in done] == ["COMPLETED", "COMPLETED"], log
+    log = (tmp_path / "worker.log").read_text()
+    *done, refused = done
+    assert [r.state.type.value for r in done] == ["COMPLETED", "COMPLETED"], log[-4000:]
+    assert refused.state.type.value == "FAILED", log[-4000:]
+    message = refused.state.message
+    assert "the workspace cannot be made or written here" in message and "/proc/forbidden" in message, message
+    assert "\n" not in message and "Traceback" not in message, message
+    assert "Traceback" not in log and "ERROR" not in log.replace("ERROR   | Flow run", ""), \
+        "the worker's log has the refused run's error, once, and nothing else at ERROR: " + log[-4000:]
+    assert log.count("the workspace cannot be made or written here") == 1, log[-4000:]
     first, second = sorted(done, key=lambda r: r.start_time)
     assert second.start_time < first.end_time, "they overlapped, so the second had to wait for the workspace"
     assert len(list(ws.glob("download/*/_manifest.json"))) == 2, "each run's output published"
@@ -126,7 +138,7 @@ def test_a_worker_elsewhere_runs_deployments_and_two_runs_on_one_workspace_queue
     assert sum("got the workspace" in text for text in said) == 1, f"the run with a free slot waited for none: {said}"
 
 
-@pytest.mark.costs(cli=3)
+@pytest.mark.costs(cli=4)
 def test_xylent_worker_says_in_one_line_what_is_missing_then_is_prefects_worker(prefect_server, tmp_path):
     """`prefect worker start` without PREFECT_API_URL prints a traceback; `xylent worker` says so in
     one line, names a server that does not answer, and otherwise becomes Prefect's worker. (In
@@ -145,3 +157,22 @@ def test_xylent_worker_says_in_one_line_what_is_missing_then_is_prefects_worker(
     done = worker("--pool", "xylent-once", "--run-once", PREFECT_API_URL=prefect_server)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "xylent-once" in done.stdout + done.stderr, "Prefect's worker ran on the pool it was given"
+
+    # started as a script's background job is (`xylent worker &`: SIGINT ignored), it stops on SIGTERM in
+    # seconds: Prefect's worker stops by sending itself SIGINT, and kept running for minutes
+    log = tmp_path / "background.log"
+    proc = subprocess.Popen([sys.executable, "-m", "xylent.cli", "worker", "--pool", "xylent-stop"], cwd=tmp_path,
+                            env={**bare, "PREFECT_API_URL": prefect_server}, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        deadline = time.monotonic() + 120
+        while "started!" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "started!" in log.read_text(), log.read_text()[-2000:]
+        asked = time.monotonic()
+        proc.terminate()
+        proc.wait(60)
+        assert time.monotonic() - asked < 10, f"stopped {time.monotonic() - asked:.0f} s after SIGTERM"
+    finally:
+        proc.kill()
+    assert "stopped!" in log.read_text(), log.read_text()[-2000:]

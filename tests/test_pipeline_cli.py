@@ -14,6 +14,8 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import cc100_xz, kill_9_when, moses_zip, write_spec
+from xylent.spec import load_spec
+from xylent.workspace import Workspace
 
 SW_DOCS = [["Habari ya asubuhi.", "Leo ni siku nzuri."], ["Watoto wanacheza mpira."]]
 DE_DOCS = [["Guten Morgen.", "Heute ist ein schöner Tag."], ["Kinder spielen Fußball."], ["Ende."]]
@@ -169,9 +171,20 @@ def test_prefect_artifacts_link_the_mlflow_run(run_cli, loopback):
     assert set(by_stage) == {"download", "prepare", "dedup", "vocab", "sampling", "shards"}, \
         "every stage ran as a subflow of this pipeline run"
     assert all(len(runs) == 1 for runs in by_stage.values())
-    spec_name = Path(spec).stem
-    assert by_stage["prepare"][0].name == f"prepare · {spec_name}", "a run's name says what ran on what"
-    assert {"xylent", "cli"} <= set(by_stage["prepare"][0].tags), "a CLI run is found by its tags"
+    spec_name = load_spec(spec).name
+    slug = Workspace(ws).slug
+    assert by_stage["prepare"][0].name == f"prepare {prep['fingerprint'][:8]} {spec_name}", \
+        "a run's name says what ran, its fingerprint, on what spec: as its MLflow run is named"
+    assert {"xylent", "cli", f"spec:{spec_name}", f"workspace:{slug}"} <= set(by_stage["prepare"][0].tags), \
+        "a CLI run is found by its tags, this workspace's runs apart from every other checkout's"
+
+    async def pipeline_flow_run():
+        async with get_client() as client:
+            return await client.read_flow_run(pipeline_run)
+
+    top = asyncio.run(pipeline_flow_run())
+    assert top.name == f"pipeline→shards {res['stages']['shards']['fingerprint'][:8]} {spec_name}", top.name
+    assert "until:shards" in top.tags and "force" not in top.tags, top.tags
     prepare_run = by_stage["prepare"][0].id
     manifest = json.loads((Path(prep["output_dir"]) / "_manifest.json").read_text())
     assert manifest["prefect_flow_run_id"] == str(prepare_run), "the output records the flow run that made it"
@@ -179,12 +192,13 @@ def test_prefect_artifacts_link_the_mlflow_run(run_cli, loopback):
         "prefect.flow_run_id"] == str(prepare_run), "and so does the MLflow run"
 
     progress = {a.key: float(a.data) for a in arts if a.type == "progress"}
-    assert {"download-progress", "prepare-progress"} <= set(progress), progress
+    assert {f"{slug}-download-progress", f"{slug}-prepare-progress"} <= set(progress), progress
     assert set(progress.values()) == {100.0}, f"every stage's progress bar in the UI ends full: {progress}"
     mine = [a for a in arts if a.flow_run_id == prepare_run]
-    keys = sorted(a.key for a in mine)
-    assert keys == ["prepare-mlflow", "prepare-progress", "prepare-stats", "prepare-summary"], keys
-    mine = {a.key: a for a in mine}
+    keys = sorted(a.key.removeprefix(f"{slug}-") for a in mine)
+    assert keys == ["prepare-mlflow", "prepare-progress", "prepare-stats", "prepare-summary"], \
+        "each key is this workspace's: its versions are one workspace's history"
+    mine = {a.key.removeprefix(f"{slug}-"): a for a in mine}
     assert float(mine["prepare-progress"].data) == 100.0, "the progress bar in the UI ends full"
     link = mine["prepare-mlflow"]
     assert link.type == "markdown" and link.data.startswith(f"[MLflow run {run_id}](")
@@ -200,7 +214,7 @@ def test_prefect_artifacts_link_the_mlflow_run(run_cli, loopback):
     assert {r["source"] for r in table} == {"cc100", "ccmatrix", "extra"}
     assert sum(r["rows_out"] for r in table if r["kind"] == "mono") == 7
     stage_of = {fr.id: name for name, runs in by_stage.items() for fr in runs}
-    assert all(a.key.split("-")[0] == stage_of[a.flow_run_id] for a in arts), \
+    assert all(a.key.removeprefix(f"{slug}-").split("-")[0] == stage_of[a.flow_run_id] for a in arts), \
         "every stage's artifacts hang on that stage's own flow run"
     assert {stage_of[a.flow_run_id] for a in arts if a.key.endswith("-mlflow")} == set(by_stage)
 
@@ -209,11 +223,22 @@ def test_prefect_artifacts_link_the_mlflow_run(run_cli, loopback):
     again = run_json(run_cli, "run", "pipeline", "--spec", spec, "--workspace", ws, "--until", "shards")
     pipeline_run = UUID(again["prefect_flow_run_id"])
     by_stage, arts = asyncio.run(read())
-    cached = {a.key: a for a in arts if a.flow_run_id == by_stage["prepare"][0].id}
+    cached = {a.key.removeprefix(f"{slug}-"): a for a in arts if a.flow_run_id == by_stage["prepare"][0].id}
     assert sorted(cached) == ["prepare-mlflow", "prepare-summary"], sorted(cached)
+    assert by_stage["prepare"][0].name == f"cached prepare {prep['fingerprint'][:8]} {spec_name}"
+    assert asyncio.run(pipeline_flow_run()).name.startswith("cached pipeline→shards "), "a cached rerun reads apart"
     text = str(cached["prepare-summary"].data)
     assert "(cached)" in text and prep["output_dir"] in text
     assert cached["prepare-mlflow"].data.endswith(f"/runs/{run_id})"), "the link goes to the run that built it"
+
+    # MLflow's runs read apart the same way: a partial run, a cached rerun, a forced rebuild
+    store = MlflowClient(tracking_uri=f"sqlite:///{ws}/mlflow.db")
+    partial, rerun = (store.get_run(r["mlflow_parent_run_id"]) for r in (res, again))
+    assert partial.info.run_name == top.name and partial.data.tags["xylent.until"] == "shards", partial.info.run_name
+    assert rerun.info.run_name == f"cached {top.name}"
+    forced = run_json(run_cli, "run", "download", "--spec", spec, "--workspace", ws, "--force")
+    parent = store.get_run(forced["mlflow_parent_run_id"])
+    assert parent.info.run_name.startswith("forced download ") and parent.data.tags["xylent.force"] == "true"
 
 
 def test_mlflow_tracking_uri_from_the_environment(run_cli, loopback, tmp_path, monkeypatch):

@@ -190,16 +190,20 @@ def test_two_runs_differ_by_the_changed_upstream_knob_and_nothing_else(mlflow_se
     assert "sampling.temperature" in d, "the stage run of the changed stage shows it too"
     pretrain = client.get_run(runs[1]["pretrain"])
     assert pretrain.data.params["model.hidden"] == "64" and pretrain.data.params["model.layers"] == "2"
-    assert pretrain.info.run_name.startswith("demo:pretrain ") and second["stages"]["pretrain"]["fingerprint"][:8] \
-        in pretrain.info.run_name
+    assert pretrain.info.run_name == f"pretrain {second['stages']['pretrain']['fingerprint'][:8]} demo", \
+        "what it built and its fingerprint first: what a truncated run table keeps"
     assert pretrain.data.tags.get("mlflow.source.git.commit") and pretrain.data.tags["mlflow.source.name"] \
         .endswith("demo.yaml")
     inputs = {d.dataset.name: d.dataset.digest for d in pretrain.inputs.dataset_inputs}
     assert set(inputs) == {"vocab", "sampling", "shards"}
     assert inputs["sampling"] == second["stages"]["sampling"]["fingerprint"][:36]
     parent = client.get_run(second["mlflow_parent_run_id"])
-    assert second["stages"]["pretrain"]["fingerprint"][:8] in parent.info.run_name
+    assert parent.info.run_name == (f"pretrain {second['stages']['pretrain']['fingerprint'][:8]} demo "
+                                    "[sampling.temperature=2.0]"), parent.info.run_name
     assert "sampling.temperature=2.0" in parent.data.params["overrides"]
+    assert parent.data.tags["xylent.set.sampling.temperature"] == "2.0" and parent.data.tags["xylent.force"] == "false"
+    found = client.search_runs([parent.info.experiment_id], "tags.`xylent.set.sampling.temperature` = '2.0'")
+    assert {r.info.run_id for r in found} >= {second["mlflow_parent_run_id"]}, "runs are found by what they changed"
     assert any(k.startswith("pretrain.final.") and k.endswith("discriminator_loss") for k in parent.data.metrics)
 
 
@@ -214,6 +218,6 @@ def test_a_cached_rerun_is_one_run_that_names_the_runs_that_built_it(mlflow_serv
     assert not children, "a fully cached rerun is one run, not a tree of (cached) copies"
     parent = client.get_run(third["mlflow_parent_run_id"])
     assert parent.data.tags["xylent.cached.pretrain"] == cached["mlflow_run_id"], "it names the run that built it"
-    assert parent.info.run_name.endswith(" (cached)") and parent.data.tags["xylent.cached"] == "true"
-    assert not client.get_run(second["mlflow_parent_run_id"]).info.run_name.endswith("(cached)"), "a build reads apart"
+    assert parent.info.run_name.startswith("cached pretrain ") and parent.data.tags["xylent.cached"] == "true"
+    assert not client.get_run(second["mlflow_parent_run_id"]).info.run_name.startswith("cached"), "a build reads apart"
     assert parent.data.metrics, "the parent still shows the headlines"

@@ -33,6 +33,11 @@ class XylentError(Exception):
             parts.append(f"  what to do: {self.fix}")
         return "\n".join(parts)
 
+    def one_line(self) -> str:
+        """The message on one line (a Prefect state's message, a table cell)."""
+        return "; ".join([self.what, *([f"where: {self.where}"] if self.where else []),
+                          *([f"what to do: {self.fix}"] if self.fix else [])])
+
     def __repr__(self) -> str:
         # Prefect logs a failed flow as "Encountered exception during execution: {exc!r}": the
         # message as people read it, lines and all, not a Python string with literal \n in it

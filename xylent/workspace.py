@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -149,6 +150,13 @@ class Workspace:
             raise XylentError(f"the workspace {self.root} cannot be a folder: {taken} is a file", where=str(taken),
                               fix="pass --workspace a folder (new or existing), not a file")
 
+    @property
+    def slug(self) -> str:
+        """A short name no other workspace shares (``ws-3f9a1c``): the folder's name and a hash of
+        where it is, in the letters Prefect allows in a tag and an artifact key."""
+        tail = re.sub(r"[^a-z0-9]+", "-", self.location.rstrip("/").rsplit("/", 1)[-1].lower()).strip("-")
+        return f"{tail[:24].strip('-') or 'ws'}-{hashlib.sha256(self.location.encode()).hexdigest()[:6]}"
+
     def ensure_writable(self) -> None:
         """Create the workspace and prove it takes a file, before anything opens
         it: MLflow's SQLite store retries a read-only database for minutes."""
@@ -159,7 +167,11 @@ class Workspace:
             with tempfile.NamedTemporaryFile(dir=self.root, prefix=".xylent-probe-"):
                 pass
         except OSError as exc:
-            raise (environment_error(exc, str(self.root)) or exc) from None
+            # /proc/x, a path under a file: no errno of a full or read-only disk, still the user's to fix
+            raise environment_error(exc, str(self.root)) or XylentError(
+                f"the workspace cannot be made or written here ({exc.strerror or exc})", where=str(self.root),
+                fix="choose a folder this user can create and write: --workspace on the command line, the "
+                    "workspace parameter of a deployment's run, or workspace: in the spec") from None
         if self.remote is not None:
             self.remote.probe()
 

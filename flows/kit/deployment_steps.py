@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import time
 from pathlib import Path
@@ -46,14 +47,20 @@ def workspace_slot(root: str):
     from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
     from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError  # the public name; sync raises it too
     from prefect.concurrency.sync import concurrency
-    from prefect.exceptions import ObjectAlreadyExists
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     name = "xylent-workspace-" + hashlib.sha256(str(root).encode()).hexdigest()[:16]
     with get_client(sync_client=True) as client:
-        with contextlib.suppress(ObjectAlreadyExists):
-            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+        try:  # read first: creating one that exists makes the server log a traceback of its own
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            with contextlib.suppress(ObjectAlreadyExists):  # another run made it a moment ago
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
     slot = {"occupy": 1, "strict": True, "lease_duration": 60}
     with contextlib.ExitStack() as held:
+        # the acquiring service logs the 423 of a held slot as an ERROR (after this thread saw it): a wait is none
+        held.enter_context(_without(logging.getLogger("prefect._internal.concurrency"),
+                                    "ConcurrencySlotAcquisitionWithLeaseService", "PrefectHTTPStatusError"))
         try:  # one try: the server answers 423 only while another run holds the slot (a slow server never does)
             held.enter_context(concurrency(name, max_retries=0, **slot))
         except ConcurrencySlotAcquisitionError as exc:
@@ -66,3 +73,17 @@ def workspace_slot(root: str):
             held.enter_context(concurrency(name, **slot))
             log.info("got the workspace %s after %.0f s", root, time.monotonic() - started)
         yield
+
+
+@contextlib.contextmanager
+def _without(logger: logging.Logger, *words: str):
+    """``logger`` drops the records whose message has all of ``words``, meanwhile."""
+    def keep(record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not all(w in text for w in words)
+
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)

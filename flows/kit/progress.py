@@ -7,8 +7,18 @@ import logging
 import sys
 import threading
 import time
+from contextvars import ContextVar
 
 log = logging.getLogger("xylent")
+
+# the workspace of the invocation running (its slug): every checkout on a machine shares one Prefect
+# database, and a key's versions must be one workspace's history, not a mix
+KEY_PREFIX: ContextVar[str] = ContextVar("xylent_artifact_key_prefix", default="")
+
+
+def artifact_key(*parts: str) -> str:
+    """``ws-3f9a1c-prepare-summary``: a Prefect artifact key of this workspace's."""
+    return "-".join(p for p in (KEY_PREFIX.get(), *parts) if p)
 
 
 class Progress:
@@ -35,7 +45,8 @@ class Progress:
             from prefect.context import FlowRunContext
 
             if FlowRunContext.get() is not None:
-                self._artifact_id = create_progress_artifact(progress=0.0, key=key, description=title)
+                self._artifact_id = create_progress_artifact(progress=0.0, key=key and artifact_key(key),
+                                                             description=title)
         except Exception as exc:  # the UI's progress is a nicety; never fail a stage for it
             log.debug("no Prefect progress artifact: %s", exc)
 

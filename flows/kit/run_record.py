@@ -11,6 +11,7 @@ import re
 import subprocess
 from pathlib import Path
 
+from xylent.redact import redact_text
 from xylent.spec import Spec
 
 # per stage, the metrics that say how it went at a glance (parent run, closing table)
@@ -57,13 +58,28 @@ def headline_text(stage: str, metrics: dict, short=lambda v: f"{v:.4g}") -> str:
     return "\n".join(lines)
 
 
-def run_name(spec: Spec, target: str, fingerprint: str | None, overrides: list[str] | None = None) -> str:
-    """``demo:pretrain 3f9a1c2e [sampling.temperature=5]``: what ran, on what, changed how."""
-    name = f"{spec.name}:{target}" + (f" {fingerprint[:8]}" if fingerprint else "")
+def run_name(spec: Spec, target: str, fingerprint: str | None, overrides: list[str] | None = None, *,
+             until: str | None = None, force: bool = False, cached: bool = False) -> str:
+    """``cached pipeline→shards 3f9a1c2e demo [sampling.temperature=5]``: what kind of run, what it
+    built and its fingerprint first (what a truncated run table keeps), then the spec and the
+    overrides.  A forced rebuild, a partial run and a cached rerun of the same spec read apart."""
+    flag = "cached " if cached else "forced " if force else ""
+    name = f"{flag}{target}" + (f"→{until}" if until else "") + (f" {fingerprint[:8]}" if fingerprint else "")
+    name += f" {spec.name}"
     if overrides:
-        shown = " ".join(overrides)
+        shown = redact_text(" ".join(overrides))  # a URI's password must not reach a run's name
         name += f" [{shown if len(shown) <= 80 else shown[:77] + '...'}]"
     return name
+
+
+def override_tags(overrides: list[str] | None) -> dict[str, str]:
+    """``--set a.b=v`` as the tag ``xylent.set.a.b = v``: runs are found by what they changed
+    (``tags."xylent.set.pretrain.lr" = '0.001'``)."""
+    out = {}
+    for item in overrides or []:
+        key, _, value = item.partition("=")
+        out[f"xylent.set.{key.strip()}"] = redact_text(value.strip())
+    return out
 
 
 def effective_params(spec: Spec, fingerprint: str, upstream: dict[str, str]) -> dict:

@@ -11,6 +11,7 @@ table, link to the MLflow run).  A stage file gives its declared stage
 from __future__ import annotations
 
 import contextlib
+import functools
 import platform
 import time
 from contextvars import ContextVar
@@ -27,10 +28,13 @@ from prefect.states import Completed, State
 import xylent
 from xylent.flows.kit.deployment_steps import workspace_slot
 from xylent.flows.registry import STAGE_BY_NAME, stage_flow_of
-from xylent.flows.kit.run_record import effective_params, headline, log_spec_file, log_stage_inputs, run_name, source_tags
+from xylent.flows.kit.progress import KEY_PREFIX, artifact_key
+from xylent.flows.kit.run_record import (effective_params, headline, log_spec_file, log_stage_inputs, override_tags,
+                                         run_name, source_tags)
 from xylent.flows.kit.runners import cluster_tags, shared_cluster
 from xylent import interrupt
 from xylent.errors import XylentError, environment_error
+from xylent.redact import redact_text
 from xylent.spec import Spec, load_spec
 from xylent.stage import StageContext, StageDef, StageOutcome, stage_fingerprints, workspace_for
 from xylent.flows.kit.preflight import accepts_host
@@ -78,16 +82,19 @@ class Invocation:
     owns_parent: bool
     fingerprints: dict[str, str]
     stages: dict[str, StageDef]  # every stage this invocation may run, by name
+    name: str = ""  # its runs' name (MLflow's parent run, Prefect's flow run), without "cached"
     results: dict[str, dict] = field(default_factory=dict)
     _slot: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     _parent_token: Any = None
+    _key_token: Any = None
 
     @classmethod
     def open(cls, spec_file: str, workspace: str | None, overrides: list[str] | None, name: str,
-             stages: list[StageDef], until: str | None = None) -> "Invocation":
+             stages: list[StageDef], until: str | None = None, force: bool = False) -> "Invocation":
         """``stages``: the stages this invocation runs (their upstream stages are added);
-        ``until``: the last of them it builds (default: the last one).  Inside another
-        invocation's flow (a stage the pipeline runs) its runs nest under that one's."""
+        ``until``: the last of them it builds (default: the last one), ``force``: whether it
+        rebuilds what is built (both go into its runs' names).  Inside another invocation's flow
+        (a stage the pipeline runs) its runs nest under that one's."""
         spec = load_spec(spec_file, overrides or [])
         ws = workspace_for(spec, workspace)
         ws.ensure_writable()
@@ -110,19 +117,25 @@ class Invocation:
             chain = lineage(stages)
             fingerprints = stage_fingerprints(chain, spec, ws)
             owns = parent_run_id is None
+            last = until or stages[-1].name  # what the invocation builds, named by its fingerprint
+            partial = until if until and until != stages[-1].name else None
+            title = run_name(spec, name, fingerprints.get(last), overrides, until=partial, force=force)
             if owns:
-                last = until or stages[-1].name  # what the invocation builds, named by its fingerprint
                 parent_run_id = tracker.start_run(
-                    run_name(spec, name, fingerprints.get(last), overrides),
+                    title,
                     tags={"xylent.spec": str(Path(spec_file).resolve()), "xylent.target": name,
-                          "xylent.workspace": ws.location, **source_tags(spec_file), **_prefect_tags()},
+                          "xylent.workspace": ws.location, "xylent.force": str(force).lower(),
+                          **({"xylent.until": until} if partial else {}), **override_tags(overrides),
+                          **source_tags(spec_file), **_prefect_tags()},
                     params={"spec": spec.dump(), "overrides": " ".join(overrides or [])},
                 )
                 log_spec_file(tracker, parent_run_id, Path(spec_file))
             inv = cls(spec, spec_file, list(overrides or []), ws, tracker, parent_run_id, owns, fingerprints,
-                      {s.name: s for s in chain}, _slot=slot)
+                      {s.name: s for s in chain}, title, _slot=slot)
             if owns:
                 inv._parent_token = _PARENT_RUN.set((parent_run_id, tracker))
+                inv._key_token = KEY_PREFIX.set(ws.slug)
+            name_flow_run(title, prefect_run_tags(spec, ws, overrides, force=force, until=partial))
             return inv
         except BaseException:
             slot.close()
@@ -133,19 +146,24 @@ class Invocation:
 
     def finish(self, ok: bool) -> None:
         self._slot.close()
+        if ok and self.all_cached():
+            name_flow_run(f"cached {self.name}", ())
         if self._parent_token is not None:
             _PARENT_RUN.reset(self._parent_token)
+            KEY_PREFIX.reset(self._key_token)
         if self.owns_parent:
             if ok:
                 self.tracker.log_metrics(self.parent_run_id, self.headlines())
-                if self.results and all(r.get("cached") for r in self.results.values()):
+                if self.all_cached():
                     # a rerun that found everything built reads as one in the run list, beside a rebuild
-                    name = self.tracker.client.get_run(self.parent_run_id).info.run_name
-                    self.tracker.set_tags(self.parent_run_id, {"mlflow.runName": f"{name} (cached)",
+                    self.tracker.set_tags(self.parent_run_id, {"mlflow.runName": f"cached {self.name}",
                                                                "xylent.cached": "true"})
                 self.tracker.end_run(self.parent_run_id)
             else:
                 self.tracker.end_failed_run(self.parent_run_id, "KILLED" if interrupt.requested() else "FAILED")
+
+    def all_cached(self) -> bool:
+        return bool(self.results) and all(r.get("cached") for r in self.results.values())
 
     def record(self, result: dict) -> None:
         """Take the stages a (sub)flow reports; the first report of a stage is what this run did."""
@@ -218,6 +236,26 @@ def _prefect_tags() -> dict[str, str]:
     return tags
 
 
+def prefect_run_tags(spec: Spec, ws: Workspace, overrides: list[str] | None, *, force: bool,
+                     until: str | None) -> list[str]:
+    """A flow run's tags, for the Prefect UI's tag filter: the spec, the workspace (every checkout on
+    a machine shares one Prefect database), each override, a forced or partial run."""
+    tags = [f"spec:{spec.name}", f"workspace:{ws.slug}",
+            *(f"set:{redact_text(o)}" for o in overrides or [])]
+    return tags + (["force"] if force else []) + ([f"until:{until}"] if until else [])
+
+
+def name_flow_run(name: str, tags) -> None:
+    """Name this flow run as its MLflow run is named (the namer ran before the fingerprints were
+    known) and add ``tags``.  Outside a flow run (library use), nothing."""
+    if flow_run.id is None:
+        return
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(flow_run.id, name=name, tags=sorted({*flow_run.tags, *tags}))
+
+
 def _result(out: Path, manifest: dict, *, cached: bool) -> dict:
     return {"output_dir": str(out), "fingerprint": manifest["fingerprint"], "cached": cached,
             "mlflow_run_id": manifest.get("mlflow_run_id"), "warnings": manifest.get("warnings", [])}
@@ -242,7 +280,7 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
     out = inv.ws.output_dir(stage.name, fp)
     config = stage.spec_slice(inv.spec, inv.ws)
     params = effective_params(inv.spec, fp, inv.upstream_chain(stage))
-    name = run_name(inv.spec, stage.name, fp)
+    name = run_name(inv.spec, stage.name, fp, force=force)
     tags = {"xylent.stage": stage.name, "xylent.fingerprint": fp, "xylent.output_dir": str(out),
             **source_tags(inv.spec_file), **_prefect_tags(), **cluster_tags()}
     with inv.ws.lock():
@@ -306,14 +344,14 @@ def _prefect_artifacts(inv: Invocation, stage: str, fp: str, out: Path, run_id: 
     link = inv.tracker.run_url(run_id)
     view = inv.tracker.how_to_view()
     create_markdown_artifact(
-        key=f"{stage}-summary",
+        key=artifact_key(stage, "summary"),
         markdown=f"# {stage} `{fp}`\n\nOutput: `{out}`\n\nMLflow run: [{run_id}]({link}) ({view})\n\n"
         f"{outcome.summary}",
         description=f"{stage}: summary",
     )
     if outcome.table:
-        create_table_artifact(key=f"{stage}-stats", table=outcome.table, description=f"{stage}: statistics")
-    create_link_artifact(key=f"{stage}-mlflow", link=link, link_text=f"MLflow run {run_id}",
+        create_table_artifact(key=artifact_key(stage, "stats"), table=outcome.table, description=f"{stage}: statistics")
+    create_link_artifact(key=artifact_key(stage, "mlflow"), link=link, link_text=f"MLflow run {run_id}",
                          description=f"{stage}: MLflow run ({view})")
 
 
@@ -322,11 +360,33 @@ def _cached_artifacts(inv: Invocation, stage: str, fp: str, out: Path, built_by:
     if flow_run.id is None:
         return
     link = inv.tracker.run_url(built_by)
-    create_markdown_artifact(key=f"{stage}-summary", description=f"{stage}: cached",
+    create_markdown_artifact(key=artifact_key(stage, "summary"), description=f"{stage}: cached",
                              markdown=f"# {stage} `{fp}` (cached)\n\nOutput: `{out}`, up to date: nothing ran.\n\n"
                              f"Built by MLflow run [{built_by}]({link}) ({inv.tracker.how_to_view()})\n")
-    create_link_artifact(key=f"{stage}-mlflow", link=link, link_text=f"MLflow run {built_by} (built the output)",
+    create_link_artifact(key=artifact_key(stage, "mlflow"), link=link,
+                         link_text=f"MLflow run {built_by} (built the output)",
                          description=f"{stage}: the MLflow run that built the cached output")
+
+
+def one_line_in_deployments(run: Callable) -> Callable:
+    """A flow body whose user error, in a deployment's run, ends the run Failed with the error as
+    its message, logged once, without a traceback (a workspace the worker cannot make was a raw
+    traceback in the worker's log, twice).  From the CLI it propagates: the CLI prints it; inside
+    another invocation's flow it propagates to that one."""
+    @functools.wraps(run)
+    def body(*args, **kwargs):
+        try:
+            return run(*args, **kwargs)
+        except XylentError as exc:
+            from prefect import get_run_logger
+            from prefect.runtime import deployment
+            from prefect.states import Failed
+
+            if deployment.id is None or _PARENT_RUN.get() is not None:
+                raise
+            get_run_logger().error("%s", exc.render())
+            return Failed(message=exc.one_line())
+    return body
 
 
 def flow_run_namer(flow_name: str) -> Callable[[], str]:
@@ -353,7 +413,7 @@ def stage_flow(stage: StageDef):
     def wrap(body: Callable[[StageContext], StageOutcome]):
         def run(spec_file: str, workspace: str | None = None, overrides: list[str] | None = None,
                 force: bool = False) -> Any:
-            inv = Invocation.open(spec_file, workspace, overrides, stage.name, [stage])
+            inv = Invocation.open(spec_file, workspace, overrides, stage.name, [stage], force=force)
             ok = False
             try:
                 state = execute(inv, stage, force)
@@ -366,7 +426,8 @@ def stage_flow(stage: StageDef):
 
         run.__doc__ = f"{stage.description[:1].upper()}{stage.description[1:]}."
         run.__name__ = run.__qualname__ = stage.name
-        stage_run = flow(name=stage.name, log_prints=True, flow_run_name=flow_run_namer(stage.name))(run)
+        stage_run = flow(name=stage.name, log_prints=True,
+                         flow_run_name=flow_run_namer(stage.name))(one_line_in_deployments(run))
         stage_run.stage = stage
         stage_run.body = body
         return stage_run

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import urllib.error
 import urllib.request
@@ -57,4 +58,7 @@ def start_worker(pool: str, prefect_args: list[str]) -> None:
                           fix="make install")
     sys.stdout.flush()
     sys.stderr.flush()
+    # Prefect's worker stops on SIGTERM by sending itself SIGINT; a process started with `&` from a
+    # script (or by nohup) inherits SIGINT ignored, and then kept running for minutes after a stop
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.execv(prefect, [prefect, "worker", "start", "--pool", pool, *prefect_args])

@@ -100,7 +100,9 @@ case "$service" in
             cd "$XYLENT_HOME"
             exec prefect --no-prompt deploy --all "$@"
         fi
-        exec prefect worker start --pool "$XYLENT_POOL" "$@"
+        # xylent's worker: Prefect's, with SIGINT restored (a worker started with SIGINT ignored, as
+        # a shell's background job is, did not stop on SIGTERM)
+        exec xylent worker --pool "$XYLENT_POOL" "$@"
         ;;
     *)
         exec "$service" "$@"
