@@ -8,7 +8,8 @@ AZURITE_VERSION ?= 3.37.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install-check test-fast acceptance replay install lock clean-demo bench benchmarks recipes gpu-bundle
+.PHONY: demo test install-check test-fast acceptance replay install lock clean-demo bench benchmarks recipes gpu-bundle \
+	compose-up compose-up-gpu
 
 # torch by pip (a local file on the CI machines; TORCH_SPEC for GPUs), the rest by uv: seconds instead of
 # minutes, and the torch installed first satisfies every requirement on it.  Bytecode compiled at install, as
@@ -107,6 +108,14 @@ benchmarks: bench
 # then, there, in one command: benchmarks/gpu_check.sh OUT (docs/records/benchmarks.md, "The GPU check")
 gpu-bundle: $(STAMP)
 	$(BIN)/python benchmarks/gpu_bundle.py
+
+# the team stack (infra/README.md), its images built with this checkout's commit, which every run records
+COMPOSE := docker compose -f infra/docker/docker-compose.yml
+compose-up:
+	XYLENT_GIT_COMMIT=$$(git rev-parse HEAD) $(COMPOSE) up -d --build
+
+compose-up-gpu:
+	XYLENT_GIT_COMMIT=$$(git rev-parse HEAD) $(COMPOSE) -f infra/docker/docker-compose.gpu.yml up -d --build
 
 clean-demo:
 	rm -rf workspace

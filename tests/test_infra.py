@@ -7,6 +7,7 @@ it writes, the GPU counts it reads, and what it refuses."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -190,7 +191,7 @@ def test_image_builds_where_a_docker_daemon_runs():
     assert version.returncode == 0 and "run" in version.stdout, version.stderr
 
 
-def test_a_run_without_a_checkout_records_the_commit_the_image_was_built_from(tmp_path, monkeypatch):
+def test_a_run_without_a_checkout_records_the_commit_the_image_was_built_from(tmp_path, monkeypatch, caplog):
     """.git stays out of the image; the commit comes in as a build argument (XYLENT_GIT_COMMIT)."""
     from xylent.flows.kit.run_record import source_tags
 
@@ -202,4 +203,16 @@ def test_a_run_without_a_checkout_records_the_commit_the_image_was_built_from(tm
     away = source_tags(str(spec), repo=tmp_path)  # no .git there
     assert away["mlflow.source.git.commit"] == "0123abcd" * 5 and away["xylent.git_dirty"] == "unknown"
     monkeypatch.setenv("XYLENT_GIT_COMMIT", "unknown")
-    assert "mlflow.source.git.commit" not in source_tags(str(spec), repo=tmp_path)
+    with caplog.at_level(logging.WARNING, logger="xylent"):
+        unknown = source_tags(str(spec), repo=tmp_path)
+        source_tags(str(spec), repo=tmp_path)
+    assert "mlflow.source.git.commit" not in unknown and unknown["xylent.code_version"] == "unknown"
+    said = [r.getMessage() for r in caplog.records if "records no code version" in r.getMessage()]
+    assert len(said) == 1 and "make compose-up" in said[0], "said once, with the command that fills it in"
+    compose = (DOCKER / "docker-compose.yml").read_text()
+    gpu = yaml.safe_load((DOCKER / "docker-compose.gpu.yml").read_text())
+    assert "XYLENT_GIT_COMMIT" in str(gpu["services"]["worker"]["build"]["args"]), "the CUDA image records it too"
+    assert gpu["services"]["worker"]["image"] == "xylent:cuda" and "image: xylent:latest" in compose, \
+        "CPU and CUDA images tagged apart"
+    make = (ROOT / "Makefile").read_text()
+    assert "XYLENT_GIT_COMMIT=$$(git rev-parse HEAD)" in make.split("compose-up:")[1].split("\n\n")[0]

@@ -31,6 +31,13 @@ def test_the_console_shows_no_info_lines_unless_verbose_and_the_table_keeps_path
                                                             "lang": "en", "path": str(tmp_path / "en.txt")}]})
     quiet = _cli("run", "prepare", "--spec", str(spec), PREFECT_LOGGING_LEVEL="INFO")  # the suite's is WARNING
     assert quiet.returncode == 0, quiet.stderr
+    # piped (a CI log, tee): xylent's own line first, then a line as each stage starts and ends
+    lines = quiet.stderr.splitlines()
+    assert lines[0] == f"xylent: run prepare: spec term, workspace {ws}", quiet.stderr
+    fps = {p.parent.parent.name: p.parent.name[:8] for p in ws.glob("*/*/_manifest.json")}
+    for stage in ("download", "prepare"):
+        said = [line for line in lines if line.startswith(f"xylent: {stage} {fps[stage]}: ")]
+        assert said[0].endswith(": building") and said[-1].split(": ")[-1].startswith("done in "), quiet.stderr
     assert "| INFO" not in quiet.stderr and "Creating initial MLflow database" not in quiet.stderr, quiet.stderr
     assert "Warning" not in quiet.stderr and "WARNING" not in quiet.stderr, f"no stray warnings: {quiet.stderr}"
     # the lines the console leaves out are in the run's log file, named below the table
@@ -72,3 +79,26 @@ def test_headline_cells_read_short_with_the_baseline_beside_the_loss():
         "mrtd D 0.367 (base 0.422)", "mrtd G 6.51", "trtd D 0.3301 (base 0.3921)", "trtd G 6.27"]
     assert headline_text("evaluate", {"eval/allauth/avg": 12.6, "eval/allauth/en-de": 3.0}) == "allauth 12.6"
     assert headline_text("dedup", {"bitext.out": 75745.0, "mono.out": 10735.0}, _short) == "bitext 76k\nmono 11k"
+
+
+def test_a_piped_console_gets_a_heartbeat_with_the_newest_bar_during_silent_work(capsys, monkeypatch):
+    """Piped, nothing moves on the screen: after XYLENT_HEARTBEAT_S of silence (10 s by default) a
+    line says how long the stage has worked and what its newest bar counts; a line said resets it."""
+    import time
+
+    from xylent.flows.kit.progress import Progress, console, heartbeat, say
+
+    monkeypatch.setenv("XYLENT_HEARTBEAT_S", "0.2")
+    with console(), heartbeat("dedup 3f9a1c2e"):
+        bar = Progress("dedup", 4, unit="phases")
+        bar.advance(1)
+        time.sleep(0.7)
+        say("something else")
+        bar.close()
+    lines = capsys.readouterr().err.splitlines()
+    beats = [line for line in lines if line.startswith("xylent: dedup 3f9a1c2e: working, ")]
+    assert 1 <= len(beats) <= 4 and all(line.endswith(", dedup 1/4 phases") for line in beats), lines
+    assert lines[-1] == "xylent: something else", "a heartbeat waits for silence"
+    with heartbeat("off"):  # outside the CLI's console (a worker's run): no line at all
+        time.sleep(0.3)
+    assert capsys.readouterr().err == ""

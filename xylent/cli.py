@@ -210,7 +210,6 @@ def _run(args) -> dict:
             raise XylentError("--until only goes with 'pipeline'", fix=f"xylent run pipeline --until {target}")
     elif args.until is not None:  # '' too: an empty name is a mistake, not "run everything"
         find_stage(STAGES, args.until)
-    from xylent.flows.kit.processes import run_log, start_prefect_server
     from xylent.spec import load_spec
 
     spec = load_spec(args.spec, args.overrides)
@@ -221,6 +220,16 @@ def _run(args) -> dict:
     where = tracking_source(spec.tracking.tracking_uri)
     check_workspace(Path(root), tuple(STAGE_NAMES), own_store=where is None)
     check_run_environment(store, where)
+    from xylent.flows.kit.progress import console, say
+
+    with console():  # a line per stage as it starts and ends, heartbeats in long work: ours come first
+        say(f"run {target}{f' --until {args.until}' if args.until else ''}: spec {spec.name}, workspace {root}")
+        return _run_flows(args, target, root, store)
+
+
+def _run_flows(args, target: str, root: Path, store: str) -> dict:
+    from xylent.flows.kit.processes import run_log, start_prefect_server
+
     server_ready = start_prefect_server()
     # while the server starts: the flow, and MLflow's store that every stage's tracker opens
     if target == "pipeline":

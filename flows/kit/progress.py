@@ -1,9 +1,14 @@
 """Progress for long work: a rich bar on an interactive terminal, and a Prefect
-progress artifact (throttled) when running inside a flow, so the UI shows it too."""
+progress artifact (throttled) when running inside a flow, so the UI shows it too;
+and, for the CLI's console, a line as each stage starts and ends and a heartbeat
+line during long work when nothing else moves (piped into a CI log or `tee`, a
+run once printed nothing for minutes)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -21,11 +26,78 @@ def artifact_key(*parts: str) -> str:
     return "-".join(p for p in (KEY_PREFIX.get(), *parts) if p)
 
 
+class _Console:
+    """The CLI's stderr while it runs flows in this process (off for a worker's runs: their lines
+    go to the run's log, and the UI has the progress artifacts)."""
+
+    def __init__(self):
+        self.on = False
+        self.last = 0.0  # when the console last got a line or a bar moved
+        self.active: list[Progress] = []  # the bars now counting, newest last
+
+
+CONSOLE = _Console()
+
+
+def heartbeat_s() -> float:
+    """Seconds of silence before a heartbeat line (``XYLENT_HEARTBEAT_S``, default 10)."""
+    try:
+        return max(0.1, float(os.environ.get("XYLENT_HEARTBEAT_S", "10")))
+    except ValueError:
+        return 10.0
+
+
+def say(text: str) -> None:
+    """One line on the CLI's console (``xylent: prepare 3f9a1c2e: done in 4.1 s``)."""
+    if CONSOLE.on:  # not print(): a flow's log_prints makes that an INFO line, kept off the console
+        sys.stderr.write(f"xylent: {text}\n")
+        sys.stderr.flush()
+        CONSOLE.last = time.monotonic()
+
+
+@contextlib.contextmanager
+def console():
+    """The CLI's run: stage lines and heartbeats go to its stderr meanwhile."""
+    CONSOLE.on, CONSOLE.last = True, time.monotonic()
+    try:
+        yield
+    finally:
+        CONSOLE.on = False
+
+
+@contextlib.contextmanager
+def heartbeat(what: str):
+    """While ``what`` (a stage) works: after :func:`heartbeat_s` seconds without a line or a bar
+    that moves on the screen, a line saying how long it has run and what the newest bar counts."""
+    if not CONSOLE.on:
+        yield
+        return
+    started, stop = time.monotonic(), threading.Event()
+
+    def beat():
+        every = heartbeat_s()
+        while not stop.wait(min(1.0, every / 4)):
+            if time.monotonic() - CONSOLE.last < every:
+                continue  # a line, or a bar that moved on a terminal, said it lately
+            status = f", {CONSOLE.active[-1].status()}" if CONSOLE.active else ""
+            say(f"{what}: working, {time.monotonic() - started:.0f} s{status}")
+
+    thread = threading.Thread(target=beat, name=f"xylent-heartbeat-{what}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 class Progress:
     def __init__(self, title: str, total: float | None, *, unit: str = "B", key: str | None = None):
         self.title = title
+        self.unit = unit
         self.total = total
         self.done = 0.0
+        CONSOLE.active.append(self)
         self._lock = threading.Lock()
         self._last_ui = 0.0
         self._bar = None
@@ -53,9 +125,10 @@ class Progress:
     def advance(self, n: float) -> None:
         with self._lock:
             self.done += n
+            now = time.monotonic()
             if self._bar is not None:
                 self._bar.update(self._task, completed=self.done)
-            now = time.monotonic()
+                CONSOLE.last = now  # it moved on the terminal: no heartbeat line needed
             if self._artifact_id is not None and self.total and now - self._last_ui > 1.0:
                 self._last_ui = now
                 self._push()
@@ -68,7 +141,15 @@ class Progress:
         except Exception as exc:
             log.debug("progress artifact update failed: %s", exc)
 
+    def status(self) -> str:
+        """``prepare 3/10 tasks`` (bytes in MB)."""
+        scale, unit = (1e6, "MB") if self.unit == "B" else (1, self.unit)
+        done = f"{self.done / scale:.0f}"
+        return f"{self.title} {done}/{self.total / scale:.0f} {unit}" if self.total else f"{self.title} {done} {unit}"
+
     def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            CONSOLE.active.remove(self)
         if self._bar is not None:
             self._bar.stop()
         if self._artifact_id is not None:  # finished: 100 %, also when the total was never known (no sizes)

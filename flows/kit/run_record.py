@@ -6,6 +6,8 @@ dataset inputs, and headline numbers for the parent run."""
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import re
 import subprocess
@@ -114,7 +116,24 @@ def source_tags(spec_file: str, repo: Path | None = None) -> dict[str, str]:
     elif os.environ.get("XYLENT_GIT_COMMIT", "").strip() not in ("", "unknown"):
         tags["mlflow.source.git.commit"] = os.environ["XYLENT_GIT_COMMIT"].strip()
         tags["xylent.git_dirty"] = "unknown"  # built from a tree git did not describe to us
+    else:
+        tags["xylent.code_version"] = "unknown"
+        _say_the_code_version_is_unknown()
     return tags
+
+
+@functools.cache  # once a process: a worker runs many flows
+def _say_the_code_version_is_unknown() -> None:
+    from prefect.exceptions import MissingContextError
+    from prefect.logging import get_run_logger
+
+    text = ("this run records no code version: there is no git checkout here and the image was built "
+            "without XYLENT_GIT_COMMIT; build it with `make compose-up` (or XYLENT_GIT_COMMIT=$(git rev-parse "
+            "HEAD) docker compose ... build) so that runs can be traced to their code")
+    try:
+        get_run_logger().warning(text)
+    except MissingContextError:
+        logging.getLogger("xylent").warning(text)
 
 
 def log_stage_inputs(client, run_id: str, upstream: dict[str, tuple[Path, str]]) -> None:

@@ -28,7 +28,7 @@ from prefect.states import Completed, State
 import xylent
 from xylent.flows.kit.deployment_steps import workspace_slot
 from xylent.flows.registry import STAGE_BY_NAME, stage_flow_of
-from xylent.flows.kit.progress import KEY_PREFIX, artifact_key
+from xylent.flows.kit.progress import KEY_PREFIX, artifact_key, heartbeat, say
 from xylent.flows.kit.run_record import (effective_params, headline, log_spec_file, log_stage_inputs, override_tags,
                                          run_name, source_tags)
 from xylent.flows.kit.runners import cluster_tags, shared_cluster
@@ -296,15 +296,18 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
             if stage.on_cached is not None:
                 result.update(stage.on_cached(inv.spec, manifest, inv.tracker))
             inv.results[stage.name] = result
+            say(f"{stage.name} {fp[:8]}: cached, nothing to do")
             return Completed(name="Cached", message=f"{stage.name} output {fp} is up to date", data=result)
 
         run_id = inv.tracker.start_run(name, parent_run_id=inv.parent_run_id, params=params,
                                        tags={**tags, "xylent.cached": "false"})
         log_stage_inputs(inv.tracker.client, run_id, {u: (d, inv.fingerprints[u]) for u, d in upstream.items()})
         started = time.time()
+        say(f"{stage.name} {fp[:8]}: " + ("rebuilding (--force)" if force else "building"))
         try:
-            with inv.ws.building(out) as tmp:
-                outcome = stage.body(StageContext(inv.spec, inv.ws, tmp, upstream, fp, run_id, inv.tracker, force, stage.name))
+            with inv.ws.building(out) as tmp, heartbeat(f"{stage.name} {fp[:8]}"):
+                outcome = stage.body(StageContext(inv.spec, inv.ws, tmp, upstream, fp, run_id, inv.tracker, force,
+                                                  stage.name))
                 manifest = inv.ws.publish(tmp, out, {
                     "stage": stage.name, "fingerprint": fp, "code_version": stage.version,
                     "inputs": {u: inv.fingerprints[u] for u in stage.upstream_of(inv.spec)}, "config": config,
@@ -314,6 +317,7 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
                     **({"warnings": outcome.warnings} if outcome.warnings else {}),
                 }, known_files=outcome.known_files)
         except BaseException as exc:
+            say(f"{stage.name} {fp[:8]}: failed after {time.time() - started:.1f} s")
             if not isinstance(exc, Exception):  # Ctrl-C, SIGTERM (Prefect's TerminationSignal): stop the task
                 interrupt.request()             # threads too, or the flow waits for their whole run
             # a stopped run is KILLED, as MLflow's UI names a run someone stopped, not FAILED
@@ -323,6 +327,7 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
                 if env is not None:
                     raise env from exc  # a full disk is the user's to fix, not a bug to report
             raise
+        say(f"{stage.name} {fp[:8]}: done in {manifest['seconds']:.1f} s")
         inv.tracker.log_metrics(run_id, {**outcome.metrics, "seconds": manifest["seconds"]})
         if outcome.warnings:
             inv.tracker.set_tags(run_id, {"xylent.warnings": "\n".join(outcome.warnings)})
