@@ -21,11 +21,22 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode -c constraints.txt -e '.[demo,dev]'
 	touch $(STAMP)
 
-# constraints.txt: the exact versions of everything but torch, from an installed, tested .venv
-lock: $(STAMP)
-	{ sed -n '1,/^# Regenerate/p' constraints.txt; \
-	  $(BIN)/uv pip freeze --python $(BIN)/python | grep -v '^-e \|^torch=='; } > constraints.txt.new
+# constraints.txt: the exact version of every package but torch (TORCH_SPEC picks its build), every extra
+# included (the image installs server, s3, gcs and azure), resolved by uv from pyproject.toml's ranges for
+# Linux x86_64 and Python 3.11.  The versions already in it are kept unless a range now excludes them, or
+# UPGRADE=1 (everything to the newest its range allows) or UPGRADE=<package> (that one).  Needs only uv,
+# not an install: the .venv's old pins may be what a new range rules out.  torch's CUDA packages are left out.
+LOCK_TMP := $(VENV)/constraints.lock
+lock:
+	test -x $(BIN)/uv || { $(PYTHON) -m venv $(VENV) && $(BIN)/python -m pip install -q --upgrade pip uv; }
+	cp constraints.txt $(LOCK_TMP)
+	$(BIN)/uv pip compile pyproject.toml --all-extras --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
+		--no-emit-package torch --no-header --no-annotate -q $(if $(filter 1,$(UPGRADE)),--upgrade,$(if $(UPGRADE),--upgrade-package $(UPGRADE))) \
+		-o $(LOCK_TMP)
+	{ sed -n '1,/^# Regenerate/p' constraints.txt; grep -v '^nvidia-\|^triton==\|^cuda-' $(LOCK_TMP); } > constraints.txt.new
 	mv constraints.txt.new constraints.txt
+	rm -f $(LOCK_TMP)
+	@git diff --stat -- constraints.txt 2>/dev/null || true
 
 # the tests' Azure Blob server (az:// workspaces); the demo does not need Node.js
 AZURITE := $(VENV)/azurite/node_modules/.bin/azurite-blob
