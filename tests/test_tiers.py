@@ -17,6 +17,39 @@ def test_every_committed_acceptance_result_is_current_and_rendered():
     assert doc == claims.rendered_doc(), "run `python -m tests.acceptance.claims --render`"
     for claim in claims.missing():  # a claim never run says so where its figures would be
         assert f"| {claim} | not run yet |" in doc, claim
+    pages = claims.figure_docs()
+    assert claims.ROOT / "docs" / "stages" / "pretrain.md" in pages
+    for page in pages:  # a figure a page quotes is the committed result's, not a typed copy
+        text = page.read_text()
+        assert text == claims.rendered_figures(text, page.name), f"{page}: run `python -m tests.acceptance.claims --render`"
+
+
+def test_a_quoted_figure_is_rewritten_from_its_result_and_an_unknown_one_is_named():
+    import pytest
+
+    quoted = "precision <!-- figure demo-learns: mrtd precision -->0.99<!-- /figure -->."
+    measured = json.loads((claims.RESULTS / "demo-learns.json").read_text())["figures"]["mrtd precision"]
+    assert claims.rendered_figures(quoted) == quoted.replace("0.99", claims._fmt(measured))
+    with pytest.raises(KeyError, match="no figure 'mrtd recall'"):
+        claims.rendered_figures("<!-- figure demo-learns: mrtd recall -->0.24<!-- /figure -->", "pretrain.md")
+
+
+def test_the_recipes_table_is_the_scorecards_means():
+    """docs/recipes.md's short table quotes docs/recipes-scorecard.md, which `make recipes` writes."""
+    def rows(path, columns):
+        out = {}
+        for line in (claims.ROOT / "docs" / path).read_text().splitlines():
+            cells = [c.strip().strip("*") for c in line.strip().strip("|").split("|")]
+            if len(cells) > max(columns) and "±" in line:
+                out.setdefault(cells[0], [cells[i] for i in columns])
+        return out
+
+    card = rows("recipes-scorecard.md", (3, 6, 9))
+    peers = rows("recipes-scorecard.md", (4, 7, 10)), rows("recipes-scorecard.md", (5, 8, 11))
+    short = rows("recipes.md", (1, 2, 3))
+    assert short.pop("random-init") == next(iter(peers[0].values()))
+    assert short.pop("bag-of-subwords") == next(iter(peers[1].values()))
+    assert short and all(card[name] == means for name, means in short.items()), (short, card)
 
 
 def test_a_changed_learning_file_makes_its_claim_stale_naming_the_file(tmp_path, monkeypatch):

@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -325,18 +326,48 @@ def rendered_doc() -> str:
     return f"{head}{_BEGIN}\n{render()}\n{_END}{tail}"
 
 
+# a figure a page quotes: `<!-- figure demo-learns: mrtd precision -->0.854<!-- /figure -->`, the text
+# between the marks written from that claim's committed result, never typed
+_FIGURE = re.compile(r"<!-- figure (?P<claim>[\w-]+): (?P<key>.+?) -->(?P<value>.*?)<!-- /figure -->", re.S)
+
+
+def figure_docs() -> list[Path]:
+    """The pages (README.md, docs/) that quote a claim's figures."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    return [p for p in pages if p.is_file() and "<!-- figure " in p.read_text()]
+
+
+def rendered_figures(text: str, where: str = "") -> str:
+    def value(m: re.Match) -> str:
+        path = RESULTS / f"{m['claim']}.json"
+        if not path.exists():
+            return f"{m.group(0).split('-->')[0]}-->(not measured yet)<!-- /figure -->"
+        figures = json.loads(path.read_text())["figures"]
+        if m["key"] not in figures:
+            raise KeyError(f"{where}: claim {m['claim']} has no figure {m['key']!r} (it has: {', '.join(figures)})")
+        return f"<!-- figure {m['claim']}: {m['key']} -->{_fmt(figures[m['key']])}<!-- /figure -->"
+    return _FIGURE.sub(value, text)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--render", action="store_true", help="rewrite docs/acceptance.md's generated block")
+    ap.add_argument("--render", action="store_true",
+                    help="rewrite docs/acceptance.md's generated block and every figure a page quotes")
     ap.add_argument("--check", action="store_true", help="exit 1 naming every stale or missing result")
     args = ap.parse_args(argv)
     if args.render:
         DOC.write_text(rendered_doc())
+        for page in figure_docs():
+            page.write_text(rendered_figures(page.read_text(), str(page.relative_to(ROOT))))
     if args.check:
         found = [p for claim in CLAIMS for p in problems(claim)]
         if DOC.read_text() != rendered_doc():
             found.append("docs/acceptance.md differs from the results: run `python -m tests.acceptance.claims "
                          "--render`")
+        for page in figure_docs():
+            if page.read_text() != rendered_figures(page.read_text(), str(page.relative_to(ROOT))):
+                found.append(f"{page.relative_to(ROOT)} quotes figures the results no longer give: run "
+                             "`python -m tests.acceptance.claims --render`")
         for claim in missing():
             print(f"{claim}: no result yet at {(RESULTS / f'{claim}.json').relative_to(ROOT)} (run `make acceptance`)")
         print("\n".join(found) or "every committed acceptance result is current")
