@@ -252,8 +252,13 @@ def name_flow_run(name: str, tags) -> None:
         return
     from prefect.client.orchestration import get_client
 
-    with get_client(sync_client=True) as client:
-        client.update_flow_run(flow_run.id, name=name, tags=sorted({*flow_run.tags, *tags}))
+    try:
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(flow_run.id, name=name, tags=sorted({*flow_run.tags, *tags}))
+    except Exception as exc:  # a name is a nicety: a server's hiccup must not fail the stage
+        import logging
+
+        logging.getLogger("xylent").debug("flow run not renamed: %s", exc)
 
 
 def _result(out: Path, manifest: dict, *, cached: bool) -> dict:
