@@ -67,6 +67,11 @@ def import_store(uri: str) -> None:
         import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
 
 
+def scheme_of(uri: str) -> str:
+    """``http``, ``sqlite`` (``sqlite+pysqlite`` too), ``postgresql`` ...: which kind of store ``uri`` names."""
+    return uri.split(":", 1)[0].lower().split("+", 1)[0]
+
+
 def is_server(uri: str) -> bool:
     """A tracking server (its own artifact store, a UI of its own), not a local database or folder."""
     return uri.split(":", 1)[0].lower() in ("http", "https", "databricks", "databricks-uc")

@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 
 from xylent.errors import XylentError
 from xylent.redact import redact_text
+from xylent.tracking import scheme_of
 
 PROBE_S = 3.0  # a server on a healthy network answers in milliseconds; a dead one costs this, once
 
@@ -99,13 +100,13 @@ def answers(url: str, *, setting: str, value: str, fix: str) -> None:
 def check_store(uri: str, where: str) -> None:
     """A configured MLflow store is there: a tracking server answers; a SQLite file's folder can be
     written (``sqlite:////sys/mlflow.db`` once failed after two minutes, blaming the workspace)."""
-    scheme = uri.split(":", 1)[0].lower()
+    scheme = scheme_of(uri)
     if scheme in ("http", "https"):
         answers(f"{uri.rstrip('/')}/health", setting=where, value=uri,
                 fix="start the tracking server (mlflow server ...), correct the URI, or unset it to use the "
                     "workspace's own store")
         accepts_host(uri, where)
-    elif scheme.split("+", 1)[0] == "sqlite":
+    elif scheme == "sqlite":
         path = uri.split(":///", 1)[1] if ":///" in uri else ""
         if path and path != ":memory:":
             writable_folder(str(Path(path).parent), where, create=True, shown=f"{uri} (its folder)",

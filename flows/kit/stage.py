@@ -38,7 +38,7 @@ from xylent.redact import redact_text
 from xylent.spec import Spec, load_spec
 from xylent.stage import StageContext, StageDef, StageOutcome, stage_fingerprints, workspace_for
 from xylent.flows.kit.preflight import accepts_host
-from xylent.tracking import Tracker, artifact_root_for, tracking_source, tracking_uri_for
+from xylent.tracking import Tracker, artifact_root_for, scheme_of, tracking_source, tracking_uri_for
 from xylent.workspace import Workspace, read_manifest
 
 __all__ = ["Invocation", "StageContext", "StageOutcome", "stage_flow"]
@@ -109,7 +109,7 @@ class Invocation:
                 slot.enter_context(shared_cluster(spec.runner))  # a failure before the invocation exists must not keep the workspace's slot
             if tracker is None:  # a nested invocation (same spec and workspace) uses its parent's
                 uri = tracking_uri_for(ws.root, spec.tracking.tracking_uri)
-                if uri.split(":", 1)[0].lower() in ("http", "https"):  # a deployment's run has no CLI preflight
+                if scheme_of(uri) in ("http", "https"):  # a deployment's run has no CLI preflight
                     accepts_host(uri, tracking_source(spec.tracking.tracking_uri))
                 tracker = Tracker(uri, spec.tracking.experiment, artifact_root=artifact_root_for(ws.root, uri),
                                   workspace=ws.root)
