@@ -15,6 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 
 from conftest import linked_data
 from cost_guard import costs
@@ -159,9 +160,13 @@ def test_artifacts_and_the_registered_model_live_on_the_server(mlflow_server, tw
     # the encoder: a logged model (the Models column) and a registered version, served from the server
     models = client.search_logged_models([exp.experiment_id])
     mine = [m for m in models if m.source_run_id == run_id]
-    assert len(mine) == 1 and str(mine[0].status).endswith("READY") and mine[0].name == "encoder"
+    fp = first["stages"]["pretrain"]["fingerprint"]
+    assert len(mine) == 1 and str(mine[0].status).endswith("READY") and mine[0].name == f"electra-{fp[:8]}", \
+        "a logged model is named by its recipe and fingerprint, not 'encoder' like every other"
     assert [o.model_id for o in client.get_run(run_id).outputs.model_outputs] == [mine[0].model_id]
     version = next(v for v in client.search_model_versions("name='xylent-demo'") if v.run_id == run_id)
+    assert json.loads(mine[0].tags["mlflow.modelVersions"]) == [{"name": "xylent-demo", "version": version.version}], \
+        "the logged model's page links the version it is"
     (tmp_path / "m").mkdir()
     mlflow.set_tracking_uri(uri)
     try:
@@ -170,6 +175,8 @@ def test_artifacts_and_the_registered_model_live_on_the_server(mlflow_server, tw
     finally:
         mlflow.set_tracking_uri(None)
     assert len(emb) == 2 and len(emb[0]) == 64
+    spec = yaml.safe_load((tmp_path / "m" / "spec.yaml").read_text())  # the spec the version was trained from
+    assert spec["name"] == "demo" and spec["pretrain"]["steps"] == 10, "the effective spec, overrides applied"
 
 
 def test_two_runs_differ_by_the_changed_upstream_knob_and_nothing_else(mlflow_server, two_runs):

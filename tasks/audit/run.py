@@ -38,7 +38,7 @@ def export(spec: Spec, cfg: TrainConfig, resumed_from_step: int, ckdir: Path, up
     name = audit_model_name(spec)
     done = pub.export_and_register(cfg, ckdir, upstream, out, {
         "objective": p.objective, "steps": cfg.steps, "fingerprint": fingerprint, "registered_model": name,
-        "audit": spec.audit.model_dump(mode="json")}, tracker, run_id, resumed_from_step)
+        "audit": spec.audit.model_dump(mode="json")}, tracker, run_id, resumed_from_step, spec_yaml=spec.to_yaml())
     shutil.copy2(ckdir / STATE_FILE, out / STATE_FILE)
     return json.loads((ckdir / STATE_FILE).read_text()), done
 

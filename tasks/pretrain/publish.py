@@ -125,14 +125,15 @@ class Published:
 
 
 def export_and_register(cfg: TrainConfig, ckdir: Path, upstream: dict[str, Path], out: Path, meta: dict, tracker,
-                        run_id: str, resumed_from_step: int, step: int = 0) -> Published:
+                        run_id: str, resumed_from_step: int, step: int = 0, spec_yaml: str | None = None) -> Published:
     """Export ``model/`` and the run's files, backfill the steps a resumed run did not log, and
-    register the model under ``meta["registered_model"]`` (pretrain and the audit's own model)."""
+    register the model under ``meta["registered_model"]`` (pretrain and the audit's own model),
+    with the spec it was trained from beside it (``spec_yaml``)."""
     rows, enc_state, enc_cfg, n_params = export_run(cfg, ckdir, upstream, out, meta)
     if resumed_from_step:
         backfill(tracker.client, run_id, rows, resumed_from_step)
     name = meta["registered_model"]
-    model_uri, version = register_model(tracker, run_id, out / MODEL_DIR, name, ckdir, step=step)
+    model_uri, version = register_model(tracker, run_id, out / MODEL_DIR, name, ckdir, step=step, spec_yaml=spec_yaml)
     metrics = summary_metrics(rows, n_params, sum(v.numel() for v in enc_state.values()))
     return Published(rows, metrics, enc_cfg, name, model_uri, version)
 
@@ -151,10 +152,12 @@ def _pyfunc_code(scratch: Path) -> Path:
     return dest
 
 
-def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Path, step: int = 0) -> tuple[str, int]:
-    """Log the exported model as an MLflow logged model (a pyfunc: texts -> embeddings),
-    the output of the stage's run (the Models column), and register it; returns
-    (model URI, registered version).
+def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Path, step: int = 0,
+                   spec_yaml: str | None = None) -> tuple[str, int]:
+    """Log the exported model as an MLflow logged model (a pyfunc: texts -> embeddings) named by
+    its recipe and fingerprint (``electra-3f9a1c2e``; ``electra-audit-…`` for the audit's), with the
+    spec it was trained from (``spec.yaml``), the output of the stage's run (the Models column), and
+    register it, the logged model linked to its version; returns (model URI, registered version).
 
     Everything goes through the tracker's client with the run id: MLflow's fluent API
     (set_tracking_uri, start_run, log_model) is process-global and would redirect every
@@ -167,10 +170,15 @@ def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Pa
                              artifacts={"model": str(model_dir)},
                              code_paths=[str(scratch / "pyfunc-code" / "xylent")],
                              pip_requirements=["torch", "sentencepiece", "safetensors"])
+    if spec_yaml is not None:  # the registered version's files: its source is this folder
+        (local / "spec.yaml").write_text(spec_yaml)
     from mlflow.entities import LoggedModelOutput
 
     client = tracker.client
-    logged = client.create_logged_model(tracker.experiment_id, name="encoder", source_run_id=run_id,
+    facts = _export_meta(model_dir)
+    logged_name = "-".join([str(facts.get("objective")), *(["audit"] if "audit" in facts else []),
+                            str(facts.get("fingerprint"))[:8]])
+    logged = client.create_logged_model(tracker.experiment_id, name=logged_name, source_run_id=run_id,
                                         model_type="xylent-encoder")
     client.log_model_artifacts(logged.model_id, str(local))
     client.finalize_logged_model(logged.model_id, "READY")
@@ -185,7 +193,22 @@ def register_model(tracker, run_id: str, model_dir: Path, name: str, scratch: Pa
     version = client.create_model_version(name, logged.artifact_location, run_id=run_id, model_id=logged.model_id,
                                           description=f"{version_description(model_dir)}\n\nLogged model: {link}",
                                           tags={**version_tags(model_dir), "logged_model_id": logged.model_id})
+    link_version(client, logged.model_id, name, version.version)
     return f"models:/{name}/{version.version}", int(version.version)
+
+
+def link_version(client, model_id: str | None, name: str, version) -> None:
+    """The logged model's page lists its registered versions from its ``mlflow.modelVersions`` tag,
+    which MLflow's fluent register_model writes and the client's create_model_version does not
+    (its page said "Not registered" for version 1 of the registered model)."""
+    if not model_id:
+        return
+    from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+    listed = json.loads(client.get_logged_model(model_id).tags.get(MLFLOW_MODEL_VERSIONS) or "[]")
+    entry = {"name": name, "version": str(version)}
+    if entry not in listed:
+        client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps([*listed, entry])})
 
 
 def _registered_model(client, name: str) -> None:
@@ -227,6 +250,7 @@ def register_cached(tracker, manifest: dict, name: str) -> dict:
             tags = {**first.tags, "registered_first_as": f"{first_name} v{first_version}"}
             again = client.create_model_version(name, first.source, run_id=first.run_id,
                                                 description=first.description, tags=tags)
+            link_version(client, first.tags.get("logged_model_id"), name, again.version)
     except MlflowException as exc:
         raise _registry_error(exc, name, where) from exc
     return {"registered_model": name, "registered_version": int(again.version),

@@ -32,7 +32,8 @@ def publish(spec: Spec, cfg: TrainConfig, init: dict | None, resumed_from_step: 
     name = pub.model_name(spec)
     meta = {"objective": p.objective, "steps": p.steps, "fingerprint": fingerprint, "registered_model": name,
             **({"init": init["source"]} if init else {})}
-    done = pub.export_and_register(cfg, ckdir, upstream, out, meta, tracker, run_id, resumed_from_step, step=p.steps)
+    done = pub.export_and_register(cfg, ckdir, upstream, out, meta, tracker, run_id, resumed_from_step, step=p.steps,
+                                   spec_yaml=spec.to_yaml())
     snapshots = pub.export_snapshots(cfg, upstream, out, meta) if cfg.snapshot_tokens else {}
     metrics = done.metrics
     summary = pub.summary(metrics, p, cfg, done.encoder, f"{name} v{done.version}", done.model_uri,

@@ -127,3 +127,12 @@ class Spec(Strict):
 
     def dump(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    def to_yaml(self) -> str:
+        """The effective spec as YAML, every section and default, a URL's password or token masked
+        (what a registered model carries beside it)."""
+        import yaml
+
+        from xylent.redact import redact
+
+        return yaml.safe_dump(redact(self.dump()), sort_keys=False, allow_unicode=True)
