@@ -506,7 +506,7 @@ def test_the_scorecard_opens_with_a_verdict_against_the_trivial_peers():
               "models": {
                   "pipeline": {"ret": task(9.94), "probe": task(50.0, majority_baseline=42.6),
                                "ft": task(45.0, majority_baseline=42.6,
-                                          per_seed={"1": {"avg": 42.8}, "2": {"avg": 47.2}})},
+                                          per_seed={"1": {"avg": 42.8}, "2": {"avg": 47.2}, "3": {"avg": 35.6}})},
                   "random-init": {"ret": task(20.4), "probe": task(44.0), "ft": task(40.0)},
                   "bag-of-subwords": {"ret": task(9.9), "probe": task(30.0), "ft": task(30.0)}}}
     card = render(scores)
@@ -514,6 +514,8 @@ def test_the_scorecard_opens_with_a_verdict_against_the_trivial_peers():
     assert "**pipeline**: at or below a trivial peer on 1 of 3 tasks: ret 9.9 (≤ random-init 20.4, " \
            "bag-of-subwords 9.9)." in head, head
     assert "pipeline / ft, seed 1: 42.8, within 0.5 of always answering the majority class (42.6)" in head
+    assert "pipeline / ft, seed 3: 35.6, 7.0 below always answering the majority class (42.6)" in head, \
+        "worded by the numbers"
     assert "seed 2" not in head
     assert "random-init**" not in head, "the peers get no verdict of their own"
     scores["models"]["pipeline"]["ret"] = task(25.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -96,6 +97,11 @@ def test_demo_scorecard_contract(demo_run):
                    "Published reference scores", "XLM-E Base (Tatoeba-36)", "The XY-LENT paper's numbers",
                    "## Verdict", "**pipeline**: ", "Surface overlap:", "pairs kept / dropped"):
         assert needle in card, needle
+    linked = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", card)  # the page links every figure it has, under its task
+    assert sorted(linked) == sorted(p.name for p in out.glob("*.png")), linked
+    allauth = card.split("## allauth (tatoeba, accuracy)", 1)[1].split("\n## ", 1)[0]
+    assert "![by layer](allauth_layers.png)" in allauth and "Published Tatoeba acc@1" in allauth, \
+        "Tatoeba's published numbers beside the retrieval rows, not in a table of dashes at the end"
     for png in ("allauth_languages.png", "allauth_layers.png", "django-topics_languages.png", "transfer_gap.png"):
         img = plt_read(out / png)
         assert img.shape[0] > 200 and img.std() > 10, png

@@ -125,11 +125,14 @@ def verdict(scores: dict) -> list[str]:
             if lost:
                 short.append(f"{task}{variant} {avg:.1f} (≤ {', '.join(lost)})")
             for seed, v in (r.get("per_seed") or {}).items():
-                if r.get("majority_baseline") is not None and v.get("avg") is not None \
-                        and v["avg"] <= r["majority_baseline"] + COLLAPSE_MARGIN:
-                    collapsed.append(f"- {m} / {task}, seed {seed}: {v['avg']:.1f}, within {COLLAPSE_MARGIN} of "
-                                     f"always answering the majority class ({r['majority_baseline']:.1f}): "
-                                     "this seed scored no better than one label would")
+                majority = r.get("majority_baseline")
+                if majority is not None and v.get("avg") is not None and v["avg"] <= majority + COLLAPSE_MARGIN:
+                    # said by the numbers: a seed 7 points under the majority class is not "within 0.5" of it
+                    gap = v["avg"] - majority
+                    where = f"{-gap:.1f} below" if round(gap, 1) < 0 else f"within {COLLAPSE_MARGIN} of"
+                    collapsed.append(f"- {m} / {task}, seed {seed}: {v['avg']:.1f}, {where} always answering the "
+                                     f"majority class ({majority:.1f}): this seed scored no better than one "
+                                     "label would")
         if n:
             lines.append(f"- **{m}**: " + (f"above every trivial peer on all {n} tasks." if not short else
                                             f"at or below a trivial peer on {len(short)} of {n} tasks: "
@@ -200,6 +203,7 @@ def _stripped_section(scores: dict, name: str, models: list[str]) -> list[str]:
 
 def render(scores: dict) -> str:
     models, tasks = list(scores["models"]), scores["tasks"]
+    figures = plots(scores)
     lines = ["# Scorecard", "",
              "Scores are 0–100. `random-init` is the pipeline's architecture and tokenizer with untrained weights "
              "and `bag-of-subwords` the tokenizer's piece counts with no model at all: a pretrained encoder that "
@@ -238,6 +242,13 @@ def render(scores: dict) -> str:
         if t["kind"] == "tatoeba":
             lines += ["en→xx acc@1 (average): " + ", ".join(
                 f"{m} {score(scores['models'][m][name].get('avg_en_to_xx'))}" for m in models) + ".", ""]
+            published = [r for r in scores.get("references") or [] if "tatoeba" in r["scores"]]
+            if published:
+                lines += ["Published Tatoeba acc@1, xx→en / en→xx (full-scale models on Tatoeba's own languages, "
+                          "not comparable to this run's numbers; sources in `tasks/evaluate/references.yaml`): "
+                          + ", ".join(f"{r['model']} {score(r['scores']['tatoeba'].get('accuracy'))} / "
+                                      f"{score(r['scores']['tatoeba'].get('accuracy_en_to_xx'))}"
+                                      for r in published) + ".", ""]
             lines += _stripped_section(scores, name, models)
         if any("by_layer" in scores["models"][m][name] for m in models):
             layer_rows = []
@@ -263,11 +274,15 @@ def render(scores: dict) -> str:
                       ", ".join(f"{m} {score(v)}" for m, v in gaps.items()) + ".", ""]
         protocol = (t.get("finetune") or {}).get("protocol") or "zero-shot"
         lines += paper_refs.task_section(name, t.get("xtreme_task"), metric, protocol, scores)
+        lines += _plot_links(figures.get(name, []))
     if scores.get("curve"):
         lines += curve.section(scores["curve"])
-    refs = scores.get("references") or []
+    lines += _plot_links(figures.get(None, []))
+    # Tatoeba's rows stand beside each retrieval task above; the rest here, a model only with its numbers
+    refs = [r for r in scores.get("references") or [] if set(r["scores"]) - {"tatoeba"}]
     if refs:
-        cols = sorted({f"{task} {metric}" for r in refs for task, ms in r["scores"].items() for metric in ms})
+        cols = sorted({f"{task} {metric}" for r in refs for task, ms in r["scores"].items() for metric in ms
+                       if task != "tatoeba"})
         rows = [{"model": r["model"], **{c: score(r["scores"].get(c.split()[0], {}).get(c.split()[1]))
                                           for c in cols}} for r in refs]
         lines += ["## Published reference scores", "",
@@ -292,12 +307,23 @@ def plot_languages(scores: dict, task: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, max(3.0, 0.18 * len(langs) * len(models) + 1.2)))
     height = 0.8 / len(models)
     y = np.arange(len(langs))
+    spread = False
     for i, m in enumerate(models):
-        vals = [scores["models"][m][task]["languages"].get(lang, {}).get(metric, np.nan) for lang in langs]
-        ax.barh(y + i * height, vals, height, label=m)
-    ax.set_yticks(y + height * (len(models) - 1) / 2, langs)
+        cells = [scores["models"][m][task]["languages"].get(lang, {}) for lang in langs]
+        sds = [c.get(f"{metric}_sd") for c in cells]
+        spread |= any(v is not None for v in sds)
+        ax.barh(y + i * height, [c.get(metric, np.nan) for c in cells], height, label=m,
+                xerr=[v or 0.0 for v in sds] if any(v is not None for v in sds) else None,
+                error_kw={"elinewidth": 0.8, "capsize": 2})
+    centre = y + height * (len(models) - 1) / 2
+    majority = [next((scores["models"][m][task]["languages"][lang]["majority_baseline"] for m in models
+                      if scores["models"][m][task]["languages"].get(lang, {}).get("majority_baseline") is not None),
+                     np.nan) for lang in langs]
+    if not np.all(np.isnan(majority)):  # always answering the most frequent label: the floor a classifier must pass
+        ax.scatter(majority, centre, marker="|", s=400, color="black", zorder=3, label="majority class")
+    ax.set_yticks(centre, langs)
     ax.invert_yaxis()  # the first language at the top
-    ax.set_xlabel(metric)
+    ax.set_xlabel(metric + (" (error bars: sd over fine-tuning seeds)" if spread else ""))
     ax.set_title(f"{task}: {metric} per language")
     ax.legend(fontsize=8)
     _save(fig, path)
@@ -368,13 +394,33 @@ def plot_transfer_gaps(scores: dict, path: Path) -> bool:
     return True
 
 
+def plots(scores: dict) -> dict[str | None, list[tuple[str, str]]]:
+    """Per task (None: the whole run), the figures the scorecard has: (file, what it shows).  The
+    page links each under its task; the writer draws the same list."""
+    out: dict[str | None, list[tuple[str, str]]] = {}
+    for task in scores["tasks"]:
+        out[task] = [(f"{task}_languages.png", "per language, every model")]
+        if any("by_layer" in r[task] for r in scores["models"].values()):
+            out[task].append((f"{task}_layers.png", "by layer"))
+    out[None] = ([("transfer_gap.png", "transfer gap per model")]
+                 if any("transfer_gap" in res[t] for res in scores["models"].values() for t in res) else [])
+    if scores.get("curve"):
+        out[None].append(("learning_curve.png", "held-out retrieval against tokens"))
+    return out
+
+
+def _plot_links(figures: list[tuple[str, str]]) -> list[str]:
+    return [f"![{what}]({name})" for name, what in figures] + ([""] if figures else [])
+
+
 def write_scorecard(out: Path, scores: dict) -> None:
     write_scores(out, scores)
     (out / "scorecard.md").write_text(render(scores))
-    for task in scores["tasks"]:
-        plot_languages(scores, task, out / f"{task}_languages.png")
-        if any("by_layer" in r[task] for r in scores["models"].values()):
-            plot_layers(scores, task, out / f"{task}_layers.png")
-    plot_transfer_gaps(scores, out / "transfer_gap.png")
+    draw = {"languages": plot_languages, "layers": plot_layers}
+    for task, figures in plots(scores).items():
+        for name, _ in figures:
+            if task is not None:
+                draw[name.removeprefix(f"{task}_").removesuffix(".png")](scores, task, out / name)
     if scores.get("curve"):
         plot_curve(scores["curve"], out / "learning_curve.png")
+    plot_transfer_gaps(scores, out / "transfer_gap.png")
