@@ -51,21 +51,19 @@ def dedup(ctx: StageContext) -> StageOutcome:
     buckets = [(k, n, b) for k, n in names for b in range(cfg.buckets)]
     monos = [n for k, n in names if k == "mono"] if cfg.near else []
     n = task_slots(ctx.spec.runner)
-    progress = Progress("dedup", 4, unit="phases", key="dedup-progress")
+    phases = [  # one after the other: each reads what the one before wrote
+        (map_task, [{"items": b, "work": work, "cfg": cfg, "languages": tuple(ctx.spec.languages)}
+                    for b in batches(items, n)]),
+        (reduce_task, [{"items": b, "work": work, "cfg": cfg} for b in batches(buckets, n)]),
+        (resolve_task, [{"names": b, "work": work} for b in batches(monos, n)]),
+        (apply_task, [{"items": b, "work": work, "out": ctx.out, "cfg": cfg} for b in batches(items, n)]),
+    ]
+    # a bar of tasks, not of phases: counted in phases it sat at 0/4 through the long first one
+    progress = Progress("dedup", sum(len(calls) for _, calls in phases), unit="tasks", key="dedup-progress")
     try:
         with make_task_runner(ctx.spec.runner) as runner:
-            for phase, calls in (
-                (map_task, [{"items": b, "work": work, "cfg": cfg, "languages": tuple(ctx.spec.languages)}
-                            for b in batches(items, n)]),
-                (reduce_task, [{"items": b, "work": work, "cfg": cfg} for b in batches(buckets, n)]),
-                (resolve_task, [{"names": b, "work": work} for b in batches(monos, n)]),
-            ):
-                list(run_tasks(phase, calls, runner=runner, progress=progress, count=False))
-                progress.advance(1)
-            applied = [r for rs in run_tasks(apply_task, [
-                {"items": b, "work": work, "out": ctx.out, "cfg": cfg} for b in batches(items, n)],
-                runner=runner, progress=progress, count=False) for r in rs]
-            progress.advance(1)
+            done = [list(run_tasks(phase, calls, runner=runner, progress=progress)) for phase, calls in phases]
     finally:
         progress.close()
+    applied = [r for rs in done[-1] for r in rs]
     return assemble(items, applied, work, ctx.out, cfg.samples_per_reason)
