@@ -33,7 +33,7 @@ lock:
 	$(BIN)/uv pip compile pyproject.toml --all-extras --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
 		--no-emit-package torch --no-header --no-annotate -q $(if $(filter 1,$(UPGRADE)),--upgrade,$(if $(UPGRADE),--upgrade-package $(UPGRADE))) \
 		-o $(LOCK_TMP)
-	{ sed -n '1,/^# Regenerate/p' constraints.txt; grep -v '^nvidia-\|^triton==\|^cuda-' $(LOCK_TMP); } > constraints.txt.new
+	{ sed -n '1,/^# Regenerate/p' constraints.txt; grep -Ev '^(nvidia-|triton==|cuda-)' $(LOCK_TMP); } > constraints.txt.new
 	mv constraints.txt.new constraints.txt
 	rm -f $(LOCK_TMP)
 	@git diff --stat -- constraints.txt 2>/dev/null || true

@@ -127,12 +127,12 @@ def evaluate(ctx: StageContext) -> StageOutcome:
     inputs = run.read_tasks(ctx.spec, ctx.upstream, ctx.out / "data", cache)
     warnings = list(inputs.warnings)
     checkpoints = checkpoint_dir(ctx) if inputs.finetune_data else ctx.out / "_unused"
-    progress = Progress("evaluate: sentences embedded", inputs.sentences_per_model * len(cfg.models) or None,
-                        unit="sentences", key="evaluate-progress")
     scores = run.new_scores(ctx.spec, inputs.data_dirs)
     pipeline_dir = ctx.upstream["pretrain"] / MODEL_DIR
     run.check_layers({n: _model_dir(m, ctx.spec, pipeline_dir) for m, n in zip(cfg.models, cfg.model_names())},
                      cfg.tasks)  # a bad path or layer stops the stage before the first model runs
+    progress = Progress("evaluate: sentences embedded", inputs.sentences_per_model * len(cfg.models) or None,
+                        unit="sentences", key="evaluate-progress")
     try:
         for model, name in zip(cfg.models, cfg.model_names()):
             run_id = tracker.start_run(f"evaluate: {name}", parent_run_id=ctx.run_id, params=_model_params(model),

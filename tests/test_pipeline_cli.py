@@ -226,7 +226,9 @@ def test_prefect_artifacts_link_the_mlflow_run(run_cli, loopback):
     cached = {a.key.removeprefix(f"{slug}-"): a for a in arts if a.flow_run_id == by_stage["prepare"][0].id}
     assert sorted(cached) == ["prepare-mlflow", "prepare-summary"], sorted(cached)
     assert by_stage["prepare"][0].name == f"cached prepare {prep['fingerprint'][:8]} {spec_name}"
-    assert asyncio.run(pipeline_flow_run()).name.startswith("cached pipeline→shards "), "a cached rerun reads apart"
+    rerun_top = asyncio.run(pipeline_flow_run())
+    assert rerun_top.name.startswith("cached pipeline→shards "), "a cached rerun reads apart"
+    assert {"until:shards", f"workspace:{slug}"} <= set(rerun_top.tags), "and keeps its tags when renamed"
     text = str(cached["prepare-summary"].data)
     assert "(cached)" in text and prep["output_dir"] in text
     assert cached["prepare-mlflow"].data.endswith(f"/runs/{run_id})"), "the link goes to the run that built it"

@@ -75,8 +75,8 @@ def quiet_console(argv: list[str]) -> None:
     the Prefect API and UI) unless ``--verbose``.  A level the user set wins,
     except over ``--verbose``.  Only for the ``xylent`` command itself: a
     program that imports the CLI module keeps its own logging."""
-    if Path(argv[0]).name not in ("xylent", "cli.py"):
-        return
+    if Path(argv[0]).name not in ("xylent", "cli.py") or argv[1:2] == ["worker"]:
+        return  # the worker is Prefect's own, its log a service's: INFO lines and all (and its runs' too)
     if "--verbose" in argv or "-v" in argv:
         os.environ["PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"] = "NOTSET"
         os.environ["MLFLOW_LOGGING_LEVEL"] = "INFO"

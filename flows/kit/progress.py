@@ -79,7 +79,8 @@ def heartbeat(what: str):
         while not stop.wait(min(1.0, every / 4)):
             if time.monotonic() - CONSOLE.last < every:
                 continue  # a line, or a bar that moved on a terminal, said it lately
-            status = f", {CONSOLE.active[-1].status()}" if CONSOLE.active else ""
+            newest = CONSOLE.active[-1:]  # one read: another thread may close the bar meanwhile
+            status = f", {newest[0].status()}" if newest else ""
             say(f"{what}: working, {time.monotonic() - started:.0f} s{status}")
 
     thread = threading.Thread(target=beat, name=f"xylent-heartbeat-{what}", daemon=True)

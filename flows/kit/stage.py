@@ -253,8 +253,8 @@ def name_flow_run(name: str, tags) -> None:
     from prefect.client.orchestration import get_client
 
     try:
-        with get_client(sync_client=True) as client:
-            client.update_flow_run(flow_run.id, name=name, tags=sorted({*flow_run.tags, *tags}))
+        with get_client(sync_client=True) as client:  # the tags are replaced, not merged: none given, none sent
+            client.update_flow_run(flow_run.id, name=name, tags=sorted({*flow_run.tags, *tags}) if tags else None)
     except Exception as exc:  # a name is a nicety: a server's hiccup must not fail the stage
         import logging
 

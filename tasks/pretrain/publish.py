@@ -206,8 +206,9 @@ def link_version(client, model_id: str | None, name: str, version) -> None:
     from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
 
     listed = json.loads(client.get_logged_model(model_id).tags.get(MLFLOW_MODEL_VERSIONS) or "[]")
-    entry = {"name": name, "version": str(version)}
-    if entry not in listed:
+    # a tracking server writes the entry itself, its version a number: compared as text, not listed twice
+    if not any(e.get("name") == name and str(e.get("version")) == str(version) for e in listed):
+        entry = {"name": name, "version": str(version)}
         client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps([*listed, entry])})
 
 

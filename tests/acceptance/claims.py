@@ -328,7 +328,7 @@ def rendered_doc() -> str:
 
 # a figure a page quotes: `<!-- figure demo-learns: mrtd precision -->0.854<!-- /figure -->`, the text
 # between the marks written from that claim's committed result, never typed
-_FIGURE = re.compile(r"<!-- figure (?P<claim>[\w-]+): (?P<key>.+?) -->(?P<value>.*?)<!-- /figure -->", re.S)
+_FIGURE = re.compile(r"<!-- figure (?P<claim>[\w-]+): (?P<key>[^>\n]+?) -->(?P<value>[^<]*?)<!-- /figure -->")
 
 
 def figure_docs() -> list[Path]:
