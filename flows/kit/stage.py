@@ -383,20 +383,26 @@ def one_line_in_deployments(run: Callable) -> Callable:
     its message, logged once, without a traceback (a workspace the worker cannot make was a raw
     traceback in the worker's log, twice).  From the CLI it propagates: the CLI prints it; inside
     another invocation's flow it propagates to that one."""
+    # the wrapper is pickled by value with every task a process, Dask or Ray runner ships (it is the
+    # flow's function): it may name module-level functions only, never a ContextVar
     @functools.wraps(run)
     def body(*args, **kwargs):
         try:
             return run(*args, **kwargs)
         except XylentError as exc:
-            from prefect import get_run_logger
-            from prefect.runtime import deployment
-            from prefect.states import Failed
-
-            if deployment.id is None or _PARENT_RUN.get() is not None:
-                raise
-            get_run_logger().error("%s", exc.render())
-            return Failed(message=exc.one_line())
+            return _failed_in_one_line(exc)
     return body
+
+
+def _failed_in_one_line(exc: XylentError):
+    from prefect import get_run_logger
+    from prefect.runtime import deployment
+    from prefect.states import Failed
+
+    if deployment.id is None or _PARENT_RUN.get() is not None:
+        raise exc
+    get_run_logger().error("%s", exc.render())
+    return Failed(message=exc.one_line())
 
 
 def flow_run_namer(flow_name: str) -> Callable[[], str]:
