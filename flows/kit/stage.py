@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import platform
 import time
 from contextvars import ContextVar
@@ -402,7 +403,26 @@ def _failed_in_one_line(exc: XylentError):
     if deployment.id is None or _PARENT_RUN.get() is not None:
         raise exc
     get_run_logger().error("%s", exc.render())
-    return Failed(message=exc.one_line())
+    message = exc.one_line()
+    # Prefect's engine re-raises the Failed state it is handed as FailedRun and logs that with its
+    # traceback, after the body returns (CI saw it in the worker's log): drop that one record
+    logging.getLogger("prefect.flow_runs").addFilter(_NotTheEngineRetelling(message))
+    return Failed(message=message)
+
+
+class _NotTheEngineRetelling(logging.Filter):
+    """Drops the engine's "exited with unexpected exception" record for the one message already
+    logged; any other failure keeps its traceback."""
+
+    def __init__(self, message: str):
+        super().__init__()
+        self.message = message
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from prefect.exceptions import FailedRun
+
+        raised = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(raised, FailedRun) and str(raised) == self.message)
 
 
 def flow_run_namer(flow_name: str) -> Callable[[], str]:
