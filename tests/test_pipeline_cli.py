@@ -124,6 +124,9 @@ def test_mlflow_has_parent_and_nested_stage_runs(run_cli, loopback):
     exp = client.get_experiment_by_name("loopback")
     parent = client.get_run(res["mlflow_parent_run_id"])
     assert parent.info.status == "FINISHED"
+    assert res["mlflow_parent_run_url"] == (f"http://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs/"
+                                            f"{parent.info.run_id}?workflowType=machine_learning"), \
+        "the run's page in MLflow's machine-learning view: its GenAI view lists runs under Evaluations"
     assert parent.data.tags["prefect.flow_run_id"] == res["prefect_flow_run_id"]
     children = client.search_runs([exp.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
@@ -202,7 +205,8 @@ def test_prefect_artifacts_link_the_mlflow_run(run_cli, loopback):
     assert float(mine["prepare-progress"].data) == 100.0, "the progress bar in the UI ends full"
     link = mine["prepare-mlflow"]
     assert link.type == "markdown" and link.data.startswith(f"[MLflow run {run_id}](")
-    assert link.data.endswith(f"/runs/{run_id})"), "a link to the MLflow run page"
+    assert link.data.endswith(f"/runs/{run_id}?workflowType=machine_learning)"), \
+        "a link to the MLflow run page, in the UI's machine-learning view (its default is GenAI's)"
     summary = str(mine["prepare-summary"].data)
     assert f"# prepare `{prep['fingerprint']}`" in summary and f"[{run_id}](" in summary
     assert prep["output_dir"] in summary
@@ -231,7 +235,8 @@ def test_prefect_artifacts_link_the_mlflow_run(run_cli, loopback):
     assert {"until:shards", f"workspace:{slug}"} <= set(rerun_top.tags), "and keeps its tags when renamed"
     text = str(cached["prepare-summary"].data)
     assert "(cached)" in text and prep["output_dir"] in text
-    assert cached["prepare-mlflow"].data.endswith(f"/runs/{run_id})"), "the link goes to the run that built it"
+    assert cached["prepare-mlflow"].data.endswith(f"/runs/{run_id}?workflowType=machine_learning)"), \
+        "the link goes to the run that built it"
 
     # MLflow's runs read apart the same way: a partial run, a cached rerun, a forced rebuild
     store = MlflowClient(tracking_uri=f"sqlite:///{ws}/mlflow.db")

@@ -102,3 +102,14 @@ def test_a_piped_console_gets_a_heartbeat_with_the_newest_bar_during_silent_work
     with heartbeat("off"):  # outside the CLI's console (a worker's run): no line at all
         time.sleep(0.3)
     assert capsys.readouterr().err == ""
+
+
+def test_third_party_progress_bars_stay_off_the_console():
+    """DeepSpeed consolidates a ZeRO checkpoint at every publish behind a tqdm bar ("Loading checkpoint
+    shards") that landed between the console's lines: the CLI turns tqdm off before anything imports it,
+    for itself and the processes it starts."""
+    probe = ("import os, sys; from xylent.cli import main; main(['stages']); from tqdm import tqdm; "
+             "sys.stderr.write(f\"{tqdm([1]).disable} {os.environ['TQDM_DISABLE']}\\n\")")
+    env = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
+    got = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert got.returncode == 0 and got.stderr.strip().endswith("True 1"), got.stderr

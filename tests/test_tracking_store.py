@@ -114,6 +114,10 @@ def test_links_use_the_public_ui_address_when_one_is_set(monkeypatch):
     monkeypatch.setenv("XYLENT_MLFLOW_UI_URL", "https://mlflow.team.example/")
     assert ui_base("http://mlflow:5000") == ui_base("sqlite:////ws/mlflow.db") == "https://mlflow.team.example"
     assert how_to_view("http://mlflow:5000") == "open https://mlflow.team.example"
+    page = "https://mlflow.team.example/#/experiments/1/runs/abc?workflowType=machine_learning"
+    assert how_to_view("http://mlflow:5000", page) == f"open {page}"
+    assert how_to_view("sqlite:////ws/mlflow.db", page) == \
+        f"run `mlflow ui --backend-store-uri sqlite:////ws/mlflow.db` first, then open {page}"
 
 
 def test_a_runs_owner_is_its_process_not_its_pid(tmp_path):

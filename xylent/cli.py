@@ -322,7 +322,7 @@ def _where(result: dict, args) -> list[str]:
     uri = tracking_uri_for(ws.root, spec.tracking.tracking_uri)
     lines = [f"outputs:  {ws.location}" + (f" (this machine's copy: {ws.root})" if ws.remote else "")]
     lines.append(f"MLflow:   parent run {result['mlflow_parent_run_id']} in experiment '{spec.tracking.experiment}' "
-                 f"({uri}); to see it, {how_to_view(uri)}")
+                 f"({uri}); to see it, {how_to_view(uri, result.get('mlflow_parent_run_url'))}")
     if result.get("log_file"):
         lines.append(f"log:      {result['log_file']} (Prefect's lines per task; --verbose prints them here)")
     fr = result.get("prefect_flow_run_id")
@@ -341,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     # Prefect's telemetry heartbeat phones home and, on the ephemeral server,
     # races the first flow run for the sqlite database ("database is locked").
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # third parties' tqdm bars (DeepSpeed's "Loading checkpoint shards" at every publish) would land
+    # between the console's own lines; tqdm reads this when first imported, which the CLI has not done yet
+    os.environ.setdefault("TQDM_DISABLE", "1")
     quiet_user_errors()
     try:
         if args.command == "stages":
@@ -391,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         result = _run(args)
         if args.json:
             print(json.dumps({"stages": result["stages"], "mlflow_parent_run_id": result["mlflow_parent_run_id"],
+                              "mlflow_parent_run_url": result.get("mlflow_parent_run_url"),
                               "prefect_flow_run_id": result.get("prefect_flow_run_id"),
                               "log_file": result.get("log_file")}, indent=2))
         else:

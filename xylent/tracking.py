@@ -97,11 +97,17 @@ def ui_base(uri: str) -> str:
     return uri.rstrip("/") if is_server(uri) else "http://127.0.0.1:5000"
 
 
-def how_to_view(uri: str) -> str:
-    """The command or address that shows a store's runs."""
+# MLflow 3's UI (3.17) shows an experiment in its GenAI mode (an overview of traces; runs listed under
+# "Evaluations") unless the address asks for its machine-learning mode: the experiment's kind tag alone
+# does not decide it.  Every link xylent writes asks for the runs view.
+ML_VIEW = "?workflowType=machine_learning"
+
+
+def how_to_view(uri: str, page: str | None = None) -> str:
+    """The command or address that shows a store's runs (``page``: the one to open there)."""
     if is_server(uri):
-        return f"open {ui_base(uri)}"
-    return f"run `mlflow ui --backend-store-uri {uri}` first"
+        return f"open {page or ui_base(uri)}"
+    return f"run `mlflow ui --backend-store-uri {uri}` first" + (f", then open {page}" if page else "")
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -394,7 +400,11 @@ class Tracker:
 
     def run_url(self, run_id: str) -> str:
         """The run's page, at :func:`ui_base`."""
-        return f"{ui_base(self.uri)}/#/experiments/{self.experiment_id}/runs/{run_id}"
+        return f"{ui_base(self.uri)}/#/experiments/{self.experiment_id}/runs/{run_id}{ML_VIEW}"
+
+    def experiment_url(self) -> str:
+        """The experiment's page, on its training runs."""
+        return f"{ui_base(self.uri)}/#/experiments/{self.experiment_id}{ML_VIEW}"
 
     def how_to_view(self) -> str:
         return how_to_view(self.uri)

@@ -192,6 +192,7 @@ class Invocation:
 
     def result(self) -> dict:
         return {"stages": self.results, "mlflow_parent_run_id": self.parent_run_id,
+                "mlflow_parent_run_url": self.tracker.run_url(self.parent_run_id) if self.parent_run_id else None,
                 "prefect_flow_run_id": flow_run.id, "prefect_flow_run_url": flow_run_url()}
 
     def built(self, stage: str) -> bool:
