@@ -5,6 +5,7 @@ change to the code a claim exercises makes its result stale, naming the file."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 from tests.acceptance import claims
@@ -27,9 +28,11 @@ def test_every_committed_acceptance_result_is_current_and_rendered():
 def test_a_quoted_figure_is_rewritten_from_its_result_and_an_unknown_one_is_named():
     import pytest
 
-    quoted = "precision <!-- figure demo-learns: mrtd precision -->0.99<!-- /figure -->."
     measured = json.loads((claims.RESULTS / "demo-learns.json").read_text())["figures"]["mrtd precision"]
-    assert claims.rendered_figures(quoted) == quoted.replace("0.99", claims._fmt(measured))
+    typed = "-1"  # a precision no run gives: the rewrite is seen to happen
+    quoted = f"precision <!-- figure demo-learns: mrtd precision -->{typed}<!-- /figure -->."
+    assert claims._fmt(measured) != typed
+    assert claims.rendered_figures(quoted) == quoted.replace(typed, claims._fmt(measured))
     with pytest.raises(KeyError, match="no figure 'mrtd recall'"):
         claims.rendered_figures("<!-- figure demo-learns: mrtd recall -->0.24<!-- /figure -->", "pretrain.md")
 
@@ -50,6 +53,26 @@ def test_the_recipes_table_is_the_scorecards_means():
     assert short.pop("random-init") == next(iter(peers[0].values()))
     assert short.pop("bag-of-subwords") == next(iter(peers[1].values()))
     assert short and all(card[name] == means for name, means in short.items()), (short, card)
+
+
+def test_every_interval_and_spread_docs_recipes_quotes_is_the_scorecards():
+    """The claims table and prose of docs/recipes.md quote paired differences ("+3.7 [+2.1, +5.2]") and
+    seed spreads ("24.2 ± 0.6") by hand: each must be one the scorecards `make recipes` writes say (a
+    figure quoted at two decimals, from the runs' scores.json, at the scorecard's one)."""
+    def one_decimal(match: re.Match) -> str:
+        return f"{float(match.group(0).replace('−', '-')):+.1f}".replace("+-", "-")
+
+    def quotes(text: str, pattern: str) -> set[str]:
+        signed = re.compile(r"[+−-]\d+\.\d+")
+        return {signed.sub(one_decimal, q).replace("-0.0", "+0.0") for q in re.findall(pattern, text)}
+
+    interval, spread = r"[+−-]?\d+\.\d+ \[[+−-]\d+\.\d+, [+−-]\d+\.\d+\]", r"\d+\.\d+ ± \d+\.\d+"
+    doc = (claims.ROOT / "docs" / "recipes.md").read_text()
+    cards = "".join((claims.ROOT / "docs" / f).read_text()
+                    for f in ("recipes-scorecard.md", "recipes-scorecard-metaxlm.md"))
+    for pattern in (interval, spread):
+        quoted, written = quotes(doc, pattern), quotes(cards, pattern)
+        assert quoted and quoted <= written, f"docs/recipes.md quotes what no scorecard says: {quoted - written}"
 
 
 def test_a_changed_learning_file_makes_its_claim_stale_naming_the_file(tmp_path, monkeypatch):
