@@ -328,3 +328,23 @@ def test_a_monolingual_corpus_gets_an_empty_pair_table_and_a_report(tmp_path):
     assert not (tmp_path / "pair_heatmaps.png").exists() and "No bitext" in outcome.summary
     with pytest.raises(XylentError, match="no language pair of the data has it"):
         build_tables({"en": 500}, {}, SamplingConfig(temperature=5.0, pivot="en"))
+
+
+def test_the_tables_load_pot_without_torch_and_give_the_same_bits():
+    """POT registers every array backend it finds at import; the tables pass it NumPy arrays only, so
+    loading torch for it cost 1.4 s a stage. Without the backend the tables are the same to the bit."""
+    import subprocess
+    import sys
+
+    code = ("import sys, hashlib, numpy as np\n"
+            "if sys.argv[1] == 'torch':\n    import ot\n"
+            "from xylent.tasks.sampling.tables import sinkhorn_pair_distribution, m2m_pair_distribution\n"
+            "c = np.random.default_rng(0).integers(0, 1000, size=(12, 12)).astype(float)\n"
+            "c = c + c.T\nnp.fill_diagonal(c, 0)\n"
+            "out = b''.join(f(c, 0.3).tobytes() for f in (sinkhorn_pair_distribution, m2m_pair_distribution))\n"
+            "print(hashlib.sha256(out).hexdigest(), 'torch' in sys.modules)\n")
+    runs = {how: subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True, timeout=120)
+            for how in ("torch", "bare")}
+    assert all(r.returncode == 0 for r in runs.values()), {k: r.stderr[-2000:] for k, r in runs.items()}
+    (with_torch, loaded), (bare, loaded_bare) = (runs[h].stdout.split() for h in ("torch", "bare"))
+    assert (loaded, loaded_bare) == ("True", "False") and with_torch == bare
