@@ -333,6 +333,7 @@ def test_a_monolingual_corpus_gets_an_empty_pair_table_and_a_report(tmp_path):
 def test_the_tables_load_pot_without_torch_and_give_the_same_bits():
     """POT registers every array backend it finds at import; the tables pass it NumPy arrays only, so
     loading torch for it cost 1.4 s a stage. Without the backend the tables are the same to the bit."""
+    import os
     import subprocess
     import sys
 
@@ -343,8 +344,9 @@ def test_the_tables_load_pot_without_torch_and_give_the_same_bits():
             "c = c + c.T\nnp.fill_diagonal(c, 0)\n"
             "out = b''.join(f(c, 0.3).tobytes() for f in (sinkhorn_pair_distribution, m2m_pair_distribution))\n"
             "print(hashlib.sha256(out).hexdigest(), 'torch' in sys.modules)\n")
-    runs = {how: subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True, timeout=120)
-            for how in ("torch", "bare")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POT_BACKEND_")}  # a stage run here set them
+    runs = {how: subprocess.run([sys.executable, "-c", code, how], capture_output=True, text=True, timeout=120,
+                                env=env) for how in ("torch", "bare")}
     assert all(r.returncode == 0 for r in runs.values()), {k: r.stderr[-2000:] for k, r in runs.items()}
     (with_torch, loaded), (bare, loaded_bare) = (runs[h].stdout.split() for h in ("torch", "bare"))
     assert (loaded, loaded_bare) == ("True", "False") and with_torch == bare
