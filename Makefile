@@ -68,7 +68,8 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q $(TEST_LANES) -m "not slow"
 
 # the claims that need full-size training (docs/acceptance.md, ~2 h 20 min on this host's 2 cores, alone): each passing claim
-# rewrites tests/acceptance/results/<claim>.json; commit them, or `make test` reports them stale
+# rewrites tests/acceptance/results/<claim>.json; commit them, or `make test` reports them stale.
+# XYLENT_ACCEPTANCE_KEEP=DIR keeps the long claims' workspaces in DIR: a rerun resumes a run cut short
 acceptance: $(STAMP)
 	$(BIN)/python -m pytest -q --acceptance --timeout=7200 tests/acceptance; rc=$$?; \
 		$(BIN)/python -m tests.acceptance.claims --render; exit $$rc

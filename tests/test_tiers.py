@@ -126,3 +126,22 @@ def test_every_test_a_doc_names_exists():
                 if not re.search(rf"^\s*(async )?def {m.group(3)}\(", (ROOT / current).read_text(), re.M):
                     missing.append(f"{doc.relative_to(ROOT)}: {current}::{m.group(3)} does not exist")
     assert not missing, "\n".join(missing)
+
+
+def test_a_kept_acceptance_workspace_is_keyed_by_the_code_every_claim_hashes(tmp_path, monkeypatch):
+    """`XYLENT_ACCEPTANCE_KEEP=DIR make acceptance` keeps the claims' workspaces in DIR, so a run cut short
+    resumes where it stopped; a change to any hashed file gives new folders, never a stale workspace."""
+    repo = tmp_path / "repo"
+    (repo / "models").mkdir(parents=True)
+    (repo / "models" / "loss.py").write_text("WEIGHT = 1.0\n")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    monkeypatch.setattr(claims, "ROOT", repo)
+    monkeypatch.setattr(claims, "CLAIMS", {"toy": {"what": "a toy claim", "code": ["models/"]}})
+    monkeypatch.delenv(claims.KEEP, raising=False)
+    assert claims.kept_folder("toy") is None, "without the setting, pytest's temporary folders"
+    monkeypatch.setenv(claims.KEEP, str(tmp_path / "keep"))
+    first = claims.kept_folder("toy")
+    assert first.is_dir() and first.parent == tmp_path / "keep" and first.name.startswith("toy-")
+    assert claims.kept_folder("toy") == first, "the same code: the same folder, found again"
+    (repo / "models" / "loss.py").write_text("WEIGHT = 2.0\n")
+    assert claims.kept_folder("toy") != first

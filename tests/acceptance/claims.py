@@ -189,6 +189,23 @@ def code_hash(files: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(sorted(files.items())).encode()).hexdigest()
 
 
+KEEP = "XYLENT_ACCEPTANCE_KEEP"
+
+
+def kept_folder(name: str) -> Path | None:
+    """Where ``name``'s workspaces outlive the run when ``$XYLENT_ACCEPTANCE_KEEP`` names a folder (else
+    None: pytest's temporary folder): a rerun after an interruption (a session's end, a reboot) reuses
+    every stage already published and resumes a pretraining run from its last checkpoint. Keyed by every
+    file any claim hashes, so code that changed since starts afresh and a result certifies its own code."""
+    root = os.environ.get(KEEP, "").strip()
+    if not root:
+        return None
+    every = {path: digest for claim in CLAIMS for path, digest in code_files(claim).items()}
+    folder = Path(root) / f"{name}-{code_hash(every)[:12]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def _commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,

@@ -23,7 +23,7 @@ def code_at_start():
 @costs(deepspeed=2)  # pretrain and audit, one rank each
 def demo_full(tmp_path_factory, prefect_server):
     """``make demo`` as shipped (data_specs/demo.yaml unchanged): (its --json, workspace, seconds)."""
-    ws = tmp_path_factory.mktemp("demo-full") / "ws"
+    ws = (claims.kept_folder("demo-full") or tmp_path_factory.mktemp("demo-full")) / "ws"
     start = time.monotonic()
     res = run_pipeline(DEMO, ws)
     return res, Path(ws), time.monotonic() - start

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import ROOT, linked_data
-from tests.acceptance.claims import record
+from tests.acceptance.claims import kept_folder, record
 
 SEEDS = (0, 1, 2)
 TASKS = ("django-holdout stripped", "allauth stripped", "django-holdout", "allauth", "django-topics")
@@ -26,7 +26,10 @@ def measure_paired_over_seeds(claim: str, run_cli, demo_full, folder, recipes: t
     ``claim``'s figures, with its interval, its seeds up and down, and its verdict."""
     _, demo_ws, _ = demo_full
     start = time.monotonic()
-    ws = linked_data(demo_ws, folder)  # seed 0's data stages are the demo's; seeds 1, 2 build their own
+    kept = kept_folder(claim)
+    ws = kept / "ws" if kept else folder
+    if not ws.exists():  # seed 0's data stages are the demo's; seeds 1, 2 build their own
+        linked_data(demo_ws, ws)
     specs = [ROOT / "data_specs" / "recipes" / f"{r}.yaml" for r in recipes]
     for seed in SEEDS:
         for spec in specs:
