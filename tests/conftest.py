@@ -26,7 +26,8 @@ from cost_guard import costs
 # changes where MLflow, Prefect or the Hugging Face hub put things is dropped
 # before anything is imported (each test then names its own workspace and store).
 ISOLATED = ("MLFLOW_", "PREFECT_", "HF_", "XYLENT_")
-for _name in [n for n in os.environ if n.startswith(ISOLATED)]:
+HARNESS = ("XYLENT_ACCEPTANCE_KEEP",)  # the test harness's own settings (tests/acceptance/claims.py): kept
+for _name in [n for n in os.environ if n.startswith(ISOLATED) and n not in HARNESS]:
     del os.environ[_name]
 os.environ["PREFECT_LOGGING_LEVEL"] = "WARNING"
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
