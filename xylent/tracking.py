@@ -48,7 +48,7 @@ def tracking_uri_for(workspace_root: Path, configured: str | None = None) -> str
 def _supported(uri: str, where: str) -> str:
     """``uri`` if MLflow can keep a run's metrics and registered models there; a KeyError or a "file store"
     failure after the data stages otherwise."""
-    scheme = uri.split(":", 1)[0].lower().split("+", 1)[0] if "://" in uri or uri.startswith("databricks") else ""
+    scheme = scheme_of(uri) if "://" in uri or uri.startswith("databricks") else ""
     if scheme in STORE_SCHEMES:
         return uri
     what = ("a folder: MLflow's file store, which xylent does not run on (MLflow 3.7 moved its default to a database)"
