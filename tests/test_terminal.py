@@ -104,6 +104,7 @@ def test_a_piped_console_gets_a_heartbeat_with_the_newest_bar_during_silent_work
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.costs(cli=1)  # a fresh process runs the CLI's main() once
 def test_third_party_progress_bars_stay_off_the_console():
     """DeepSpeed consolidates a ZeRO checkpoint at every publish behind a tqdm bar ("Loading checkpoint
     shards") that landed between the console's lines: the CLI turns tqdm off before anything imports it,
