@@ -402,9 +402,5 @@ class Tracker:
         """The run's page, at :func:`ui_base`."""
         return f"{ui_base(self.uri)}/#/experiments/{self.experiment_id}/runs/{run_id}{ML_VIEW}"
 
-    def experiment_url(self) -> str:
-        """The experiment's page, on its training runs."""
-        return f"{ui_base(self.uri)}/#/experiments/{self.experiment_id}{ML_VIEW}"
-
     def how_to_view(self) -> str:
         return how_to_view(self.uri)
