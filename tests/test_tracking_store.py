@@ -211,3 +211,13 @@ def test_evaluations_tag_every_registration_of_the_same_model(tmp_path):
     assert tagged == [("xylent-demo", "1"), ("team-encoder", "1")]
     assert client.get_model_version("team-encoder", str(again.version)).tags["eval.xnli"] == "0.61"
     assert "eval.xnli" not in client.get_model_version("other", str(other.version)).tags
+
+
+def test_the_window_means_are_charted_after_the_per_step_curves():
+    logged = tracking.charted_after_curves({"first.trtd/discriminator_loss": 0.6, "final.embeddings/top_pc_share": 0.2,
+                                           "init.embeddings/top_pc_share": 0.02, "steps": 150.0, "final_loss": 1.0,
+                                           "init/exact": 3.0, "mrtd/x": 1.0})
+    assert logged == {"window/first.trtd/discriminator_loss": 0.6, "window/final.embeddings/top_pc_share": 0.2,
+                      "window/init.embeddings/top_pc_share": 0.02, "steps": 150.0, "final_loss": 1.0, "init/exact": 3.0, "mrtd/x": 1.0}
+    # MLflow's sections are the names' first parts in sorted order: every per-step section sorts before it
+    assert sorted({"embeddings", "mrtd", "trtd", "system", "audit", "eval", "init", tracking.WINDOW_SECTION})[-1] == "window"

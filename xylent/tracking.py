@@ -110,6 +110,22 @@ def how_to_view(uri: str, page: str | None = None) -> str:
     return f"run `mlflow ui --backend-store-uri {uri}` first" + (f", then open {page}" if page else "")
 
 
+# MLflow's run page draws a chart section per metric prefix (the part before the first "/"), in the order
+# of the names: a stage's one-point summaries (``init.embeddings/...``, ``first.trtd/...``, ``final.trtd/...``)
+# sorted before its per-step curves (``embeddings/``, ``mrtd/``, ``trtd/``), some forty single dots ahead of
+# the curves a user opened the run for. Under this prefix they form one section after the curves; the
+# manifest and the report keep the bare names.
+WINDOW_SECTION = "window"
+_ONE_POINT = ("init.", "first.", "final.")
+
+
+def charted_after_curves(metrics: Mapping[str, float]) -> dict[str, float]:
+    """A stage run's metrics as MLflow shows them: the one-point summaries ``init.X/Y`` (at random init),
+    ``first.X/Y`` and ``final.X/Y`` (the means of the first and last logged steps) under ``window/``, every
+    other name as it is."""
+    return {(f"{WINDOW_SECTION}/{k}" if k.startswith(_ONE_POINT) and "/" in k else k): v for k, v in metrics.items()}
+
+
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     """Nested spec slice -> MLflow params (``a.b.c`` keys, values cut to MLflow's limit)."""
     out: dict[str, str] = {}

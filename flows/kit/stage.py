@@ -39,7 +39,8 @@ from xylent.redact import redact_text
 from xylent.spec import Spec, load_spec
 from xylent.stage import StageContext, StageDef, StageOutcome, stage_fingerprints, workspace_for
 from xylent.flows.kit.preflight import accepts_host
-from xylent.tracking import Tracker, artifact_root_for, scheme_of, tracking_source, tracking_uri_for
+from xylent.tracking import (Tracker, artifact_root_for, charted_after_curves, scheme_of, tracking_source,
+                             tracking_uri_for)
 from xylent.workspace import Workspace, read_manifest
 
 __all__ = ["Invocation", "StageContext", "StageOutcome", "stage_flow"]
@@ -335,7 +336,7 @@ def execute(inv: Invocation, stage: StageDef, force: bool):
                     raise env from exc  # a full disk is the user's to fix, not a bug to report
             raise
         say(f"{stage.name} {fp[:8]}: done in {manifest['seconds']:.1f} s")
-        inv.tracker.log_metrics(run_id, {**outcome.metrics, "seconds": manifest["seconds"]})
+        inv.tracker.log_metrics(run_id, charted_after_curves({**outcome.metrics, "seconds": manifest["seconds"]}))
         if outcome.warnings:
             inv.tracker.set_tags(run_id, {"xylent.warnings": "\n".join(outcome.warnings)})
             for w in outcome.warnings:
