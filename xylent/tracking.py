@@ -110,11 +110,11 @@ def how_to_view(uri: str, page: str | None = None) -> str:
     return f"run `mlflow ui --backend-store-uri {uri}` first" + (f", then open {page}" if page else "")
 
 
-# MLflow's run page draws a chart section per metric prefix (the part before the first "/"), in the order
-# of the names: a stage's one-point summaries (``init.embeddings/...``, ``first.trtd/...``, ``final.trtd/...``)
+# MLflow's run page (3.17) draws a chart section per metric prefix (the name up to its last "/"), in name
+# order: a stage's one-point summaries (``init.embeddings/...``, ``first.trtd/...``, ``final.trtd/...``)
 # sorted before its per-step curves (``embeddings/``, ``mrtd/``, ``trtd/``), some forty single dots ahead of
-# the curves a user opened the run for. Under this prefix they form one section after the curves; the
-# manifest and the report keep the bare names.
+# the curves a user opened the run for. Under this prefix their sections come after the curves (seen in
+# the UI); the manifest and the report keep the bare names.
 WINDOW_SECTION = "window"
 _ONE_POINT = ("init.", "first.", "final.")
 
