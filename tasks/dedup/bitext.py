@@ -24,6 +24,7 @@ from xylent.errors import XylentError
 from xylent.spec import DedupConfig
 
 from xylent.tasks.dedup.keys import bucket_of, normalize_expr, part_range, rids, stable_hash
+from xylent.tasks.dedup.scratch import write_buckets, write_scratch
 
 REASONS = ["exact", "copy", "ratio", "hub", "langid"]
 HUB_TEXT_CHARS = 200
@@ -122,12 +123,12 @@ def map_part(part: Path, part_idx: int, work: Path, cfg: DedupConfig, languages:
         key_s = key_t = np.empty(0, dtype=np.uint64)
     flag_rows = pl.DataFrame({"rid": rid, **{k: v for k, v in flags.items()}})
     (work / "flags").mkdir(parents=True, exist_ok=True)
-    flag_rows.write_parquet(work / "flags" / f"p{part_idx:05d}.parquet")
+    write_scratch(flag_rows, work / "flags" / f"p{part_idx:05d}.parquet")
     if cfg.bitext_exact:
         with np.errstate(over="ignore"):
             key = key_s * np.uint64(0x100000001B3) ^ key_t
         table = pl.DataFrame({"key": key, "rid": rid}, schema={"key": pl.UInt64, "rid": pl.Int64})
-        _write(table, bucket_of(key, cfg.buckets), work / "exact", part_idx, cfg.buckets)
+        write_buckets(table, bucket_of(key, cfg.buckets), work / "exact", part_idx, cfg.buckets)
     if cfg.hubs:
         table = pl.concat([
             pl.DataFrame({"side": np.zeros(n, dtype=np.int8), "key": key_s, "other": key_t, "rid": rid,
@@ -139,16 +140,9 @@ def map_part(part: Path, part_idx: int, work: Path, cfg: DedupConfig, languages:
                          schema={"side": pl.Int8, "key": pl.UInt64, "other": pl.UInt64, "rid": pl.Int64,
                                  "text": pl.String}),
         ])
-        _write(table, bucket_of(table["key"].to_numpy(), cfg.buckets), work / "hubs", part_idx, cfg.buckets)
+        write_buckets(table, bucket_of(table["key"].to_numpy(), cfg.buckets), work / "hubs", part_idx,
+                      cfg.buckets)
     return {"rows": n}
-
-
-def _write(df: pl.DataFrame, bucket: np.ndarray, root: Path, part_idx: int, buckets: int) -> None:
-    df = df.with_columns(pl.Series("_b", bucket))
-    for b in range(buckets):
-        d = root / f"b={b}"
-        d.mkdir(parents=True, exist_ok=True)
-        df.filter(pl.col("_b") == b).drop("_b").write_parquet(d / f"p{part_idx:05d}.parquet")
 
 
 def _read(root: Path) -> pl.DataFrame | None:
@@ -177,8 +171,8 @@ def reduce_bucket(work: Path, bucket: int, cfg: DedupConfig) -> dict:
             hub_report = hub_groups.select("side", pl.col("partners").cast(pl.UInt32),
                                            pl.col("pairs").cast(pl.UInt32), "text")
     out = pl.concat(drops).sort("rid", "reason")
-    out.write_parquet(work / "drops" / f"b{bucket:04d}.parquet")
-    hub_report.write_parquet(work / "drops" / f"hubs-b{bucket:04d}.parquet")
+    write_scratch(out, work / "drops" / f"b{bucket:04d}.parquet")
+    write_scratch(hub_report, work / "drops" / f"hubs-b{bucket:04d}.parquet")
     return {"drops": len(out)}
 
 
