@@ -41,14 +41,14 @@ def apply_task(items, work, out, cfg):
 
 @stage_flow(STAGE_BY_NAME["dedup"])
 def dedup(ctx: StageContext) -> StageOutcome:
-    from xylent.tasks.dedup.run import assemble
+    from xylent.tasks.dedup.run import assemble, plan_buckets
     from xylent.tasks.prepare import contract as layout  # the text layout
 
     cfg = ctx.spec.dedup
     items = [p.as_dict() for p in layout.parts(ctx.upstream["prepare"])]
     work = ctx.out / "_work"
+    buckets = plan_buckets(items, cfg.buckets)
     names = sorted({(it["kind"], it["name"]) for it in items})
-    buckets = [(k, n, b) for k, n in names for b in range(cfg.buckets)]
     monos = [n for k, n in names if k == "mono"] if cfg.near else []
     n = task_slots(ctx.spec.runner)
     phases = [  # one after the other: each reads what the one before wrote

@@ -52,16 +52,22 @@ def prepared(root: Path, corpus: dict[str, list[tuple[str, str]]], part_rows: in
     return root
 
 
-def run_dedup(prep: Path, final: Path, cfg: DedupConfig, languages: tuple[str, ...], *, publish: bool) -> Path:
+def run_dedup(prep: Path, final: Path, cfg: DedupConfig, languages: tuple[str, ...], *, publish: bool,
+              every_group_buckets: int | None = None) -> Path:
     """The dedup stage's own phases and assembly, in this process; ``publish`` also
-    writes the manifest (with the config) as the stage kit does."""
+    writes the manifest (with the config) as the stage kit does. ``every_group_buckets`` overrides the plan's
+    bucket count for every pair."""
     ws = Workspace(final.parent)
     with ws.building(final) as tmp:
         items = [p.as_dict() for p in layout.parts(prep)]
         work = tmp / "_work"
-        names = sorted({(it["kind"], it["name"]) for it in items})
+        buckets = phases.plan_buckets(items, cfg.buckets)
+        if every_group_buckets:
+            for it in items:
+                it["buckets"] = every_group_buckets
+            buckets = sorted({(k, n, b) for k, n, _ in buckets for b in range(every_group_buckets)})
         phases.map_items(items, work, cfg, languages)
-        phases.reduce_buckets([(k, n, b) for k, n in names for b in range(cfg.buckets)], work, cfg)
+        phases.reduce_buckets(buckets, work, cfg)
         assemble(items, phases.apply_items(items, work, tmp, cfg), work, tmp, cfg.samples_per_reason)
         if publish:
             ws.publish(tmp, final, {"stage": "dedup",
@@ -79,6 +85,25 @@ def dedup_out(tmp_path_factory) -> Path:
                       hub_min_partners=8, buckets=2)
     return run_dedup(prepared(tmp / "prep", planted()), tmp / "dedup" / "fp", cfg,
                      ("de", "en", "es", "fr", "it"), publish=True)
+
+
+def test_a_pair_held_in_one_part_is_one_bucket_and_drops_what_many_buckets_drop(tmp_path):
+    cfg = DedupConfig(langid=False, hub_min_partners=8, buckets=5)
+    prep = prepared(tmp_path / "prep", planted(), part_rows=1000)
+    items = [p.as_dict() for p in layout.parts(prep)]
+    assert phases.plan_buckets(items, 5) == [("bitext", pair, 0) for pair in sorted(planted())]
+    assert phases.plan_buckets([p.as_dict() for p in layout.parts(prepared(tmp_path / "p7", planted()))], 5) == [
+        ("bitext", pair, b) for pair in sorted(planted()) for b in range(5)], "several parts: the spec's buckets"
+    langs = ("de", "en", "es", "fr", "it")
+    one = run_dedup(prep, tmp_path / "one" / "fp", cfg, langs, publish=False)
+    many = run_dedup(prep, tmp_path / "many" / "fp", cfg, langs, publish=False, every_group_buckets=5)
+    files = sorted(p.relative_to(one) for p in one.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(many) for p in many.rglob("*") if p.is_file())
+    removed = pl.read_parquet(one / "removed_samples.parquet")
+    assert {"exact", "hub", "copy", "ratio"} <= set(removed["reason"]), "every bucketed rule and the flags had work"
+    for f in files:
+        if f.suffix == ".parquet":
+            assert pl.read_parquet(one / f).equals(pl.read_parquet(many / f)), f
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ bucket is ``(kind, name, bucket index)``; ``work`` is the stage's scratch folder
 from __future__ import annotations
 
 import tempfile
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,16 +26,31 @@ from xylent.tasks.dedup.minhash import usable_threads
 from xylent.tasks.dedup.report import assemble  # the flow's last step; its home is report.py
 from xylent.tasks.dedup.scratch import write_scratch
 
-__all__ = ["apply_items", "assemble", "map_items", "near_duplicate_clusters", "reduce_buckets", "resolve_languages"]
+__all__ = ["apply_items", "assemble", "map_items", "near_duplicate_clusters", "plan_buckets",
+           "reduce_buckets", "resolve_languages"]
+
+
+def plan_buckets(items: list[dict], buckets: int) -> list[tuple[str, str, int]]:
+    """Give each item its group's hash buckets (``item["buckets"]``) and return every (kind, name, bucket) to
+    reduce. ``buckets`` bound a reduce's memory when a group spans several parts; a group held in one part
+    gets one, as its map already holds all its keys (a corpus of many small pairs otherwise wrote and
+    removed sixteen scratch files where one does). Which bucket a key falls in never changes what is dropped."""
+    parts = Counter((it["kind"], it["name"]) for it in items)
+    count = {group: 1 if n == 1 else buckets for group, n in parts.items()}
+    for it in items:
+        it["buckets"] = count[it["kind"], it["name"]]
+    return [(kind, name, b) for kind, name in sorted(count) for b in range(count[kind, name])]
 
 
 def map_items(items: list[dict], work: Path, cfg: DedupConfig, languages: tuple[str, ...]) -> int:
+    """Each item's ``buckets`` (plan_buckets) decide its scratch layout."""
     for it in items:
         w = Path(work) / it["kind"] / it["name"]
+        its = cfg.model_copy(update={"buckets": it["buckets"]})
         if it["kind"] == "mono":
-            mono_dedup.map_part(Path(it["part"]), it["idx"], it["name"], w, cfg)
+            mono_dedup.map_part(Path(it["part"]), it["idx"], it["name"], w, its)
         else:
-            bitext_dedup.map_part(Path(it["part"]), it["idx"], w, cfg, languages)
+            bitext_dedup.map_part(Path(it["part"]), it["idx"], w, its, languages)
     return len(items)
 
 
