@@ -33,7 +33,7 @@ with the stage's computation and output (`build_tables`, `write_output`; one
 fresh process per L).
 
     .venv/bin/python benchmarks/scaling.py            # full: 10, 30, 100 MB x 3 repeats; ~15 min on 2 cores
-    .venv/bin/python benchmarks/scaling.py --quick    # smoke: 0.1, 0.3, 1 MB, 1 repeat, one process; ~45 s
+    .venv/bin/python benchmarks/scaling.py --quick    # smoke: 0.1 MB, 1 repeat, one process, no slope; ~1 min
     .venv/bin/python benchmarks/scaling.py --sizes-mb 10 30 110 --languages 30 100 300 1000 --repeats 5
 
 --quick runs every command in one process (one start-up instead of 22) and
@@ -65,9 +65,9 @@ import harness  # noqa: E402
 
 STAGES = ("download", "prepare", "dedup", "vocab", "sampling", "shards")
 FULL_SIZES_MB = (10.0, 30.0, 110.0)  # the generator overshoots small sizes a little: the text spans > 10x
-QUICK_SIZES_MB = (0.1, 0.3, 1.0)
+QUICK_SIZES_MB = (0.1,)  # the smallest size alone: a smoke run checks that every command runs, not slopes
 FULL_LANGUAGES = (30, 100, 300, 1000)
-QUICK_LANGUAGES = (10, 30, 100)
+QUICK_LANGUAGES = (10, 30)
 
 # language -> (letters, words separated by spaces, share of the monolingual text)
 SCRIPTS = {
@@ -454,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     args = harness.finish_args(ap.parse_args(argv))
     sizes = sorted(args.sizes_mb or (QUICK_SIZES_MB if args.quick else FULL_SIZES_MB))
     languages = sorted(args.languages or (QUICK_LANGUAGES if args.quick else FULL_LANGUAGES))
-    if len(sizes) < 3 or sizes[-1] / sizes[0] < 10:
+    if not args.quick and (len(sizes) < 3 or sizes[-1] / sizes[0] < 10):
         raise SystemExit(f"--sizes-mb {sizes}: at least 3 sizes spanning 10x are needed for a slope")
 
     tmp = Path(tempfile.mkdtemp(prefix="xylent-scaling-"))
@@ -537,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         "spec": shown, "knobs": _knobs(shown), "generate_seconds": round(generate_s, 2),
         "sizes": size_rows,
         "stages": stages,
-        "slopes": {s: _slopes(stages[s]) for s in (*STAGES, "cached_rerun")},
+        "slopes": {s: _slopes(stages[s]) for s in (*STAGES, "cached_rerun")} if len(sizes) > 1 else None,
         "warmup_passes": [{s: {k: p[s][k] for k in ("process_s", "command_s", "stage_s", "peak_rss_mb")} for s in p}
                           for p in warmups],
         "ephemeral_prefect": ephemeral,
@@ -590,6 +590,10 @@ def markdown(result: dict) -> str:
     if quick:
         out.append("*Quick run: all commands in one process, its peak RSS reset before each, so a peak also "
                    "counts memory an earlier command kept; the full run gives each command its own process.*")
+    if slopes is None:  # one size (the smoke run): what each command did there, no slope to draw
+        out.append(_one_size(result))
+        out.append(_fixed(result))
+        return "\n\n".join(out) + "\n"
     rows = []
     for stage in STAGES:
         rs, sl = stages[stage], slopes[stage]
@@ -623,6 +627,15 @@ def markdown(result: dict) -> str:
     out.append(_fixed(result))
     out.append(_sampling(result))
     return "\n\n".join(out) + "\n"
+
+
+def _one_size(result: dict) -> str:
+    stages = result["stages"]
+    rows = [[f"`{stage}`", harness.seconds(stages[stage][0]["stage_s"]["median"]),
+             harness.seconds(stages[stage][0]["command_s"]["median"]),
+             f"{harness.num(stages[stage][0]['peak_rss_mb']['max'])} MB"] for stage in STAGES]
+    return ("One corpus size, so no slope: each stage's own time, its command's and its peak RSS.\n\n"
+            + harness.table(["stage", "stage time", "command", "peak RSS"], rows))
 
 
 def _findings(result: dict) -> str:
@@ -736,11 +749,14 @@ def plots(result: dict, folder: Path) -> list[Path]:
     rss_series = {s: (xs, [r["peak_rss_mb"]["max"] for r in stages[s]]) for s in STAGES}
     samp = result["sampling_vs_languages"]["rows"]
     ls = [r["languages"] for r in samp]
-    return [
+    against_size = [
         harness.plot_loglog(folder / "scaling_time.png", time_series, xlabel="text (MB)",
                             ylabel="stage time (s, median)", title="Stage time against corpus size"),
         harness.plot_loglog(folder / "scaling_rss.png", rss_series, xlabel="text (MB)",
                             ylabel="peak RSS of the command (MB)", title="Peak memory against corpus size"),
+    ] if len(xs) > 1 else []  # one size (a smoke run): no line to draw
+    return [
+        *against_size,
         harness.plot_loglog(folder / "scaling_sampling_languages.png",
                             {"tables": (ls, [r["seconds"]["median"] for r in samp]),
                              "output": (ls, [r["output_seconds"]["median"] for r in samp])},

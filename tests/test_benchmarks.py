@@ -67,7 +67,7 @@ def smoke(tmp_path_factory):
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
         return None if proc.returncode == 0 else f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
-    first = ("scaling",)  # the longest smoke (~100 s of ~250): started first, the others fill the second lane
+    first = ("scaling",)  # the longest smoke (about a minute): started first, the others fill the second lane
     with ThreadPoolExecutor(max_workers=2) as pool:
         failed = [f for f in pool.map(run, [*first, *(b for b in render.BENCHMARKS if b not in first)]) if f]
     assert not failed, "\n\n".join(failed)
