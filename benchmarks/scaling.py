@@ -1,15 +1,17 @@
-"""Cost against size for every data stage: wall time and peak RSS of
+"""Cost against size for every data stage: wall time, peak RSS and disk of
 download, prepare, dedup, vocab, sampling and shards at three corpus sizes
 spanning 10x, each stage run the way a user runs it (one `xylent run STAGE` in
 a fresh process, everything upstream already published), with the log-log
-slope and what 100x more data would cost by it.
+slope, what 100x more data would cost by it, and each stage's MB/s per core
+beside the one-core floor that bounds it (`xz -dc`, reading Parquet).
 
-The corpus (generated, then served over HTTP from 127.0.0.1 by a thread of this
-process, so the download stage runs its real HTTP code): CC-100-layout `.txt.xz`
-files in 5 languages over 5 scripts (en, de, ru, el, zh; Zipf-distributed words,
-blank-line documents, 4 % boilerplate lines repeated across documents, 3 % of
-documents near copies of the one before) and OPUS-layout moses zips for all 10
-pairs of them, a fifth of the text. The spec is every stage's defaults except a
+The corpus (benchmarks/corpus.py, generated as a stream, then served over HTTP
+from 127.0.0.1 by a thread of this process, so the download stage runs its real
+HTTP code): CC-100-layout `.txt.xz` files in 10 languages of 9 scripts whose
+sizes follow a Zipf law (the largest ~40 % of the text), and OPUS-layout moses
+zips for all 45 pairs, PAIRS_PER_MB rows per MB of monolingual text (20 M pairs
+beside 2 GB). The spec is every stage's defaults (`prepare.part_rows` included,
+so that the largest languages span many parts at the larger sizes) except a
 small vocab grid (1k/2k/4k pieces, budget 16k, `input_sentence_size` 5 000 so
 that the cap binds within the sizes measured) and `runner.max_workers` =
 `--threads`.
@@ -32,7 +34,7 @@ languages and pairs, not the text: it is also measured against L = 30 ... 1000
 with the stage's computation and output (`build_tables`, `write_output`; one
 fresh process per L).
 
-    .venv/bin/python benchmarks/scaling.py            # full: 10, 30, 100 MB x 3 repeats; ~15 min on 2 cores
+    .venv/bin/python benchmarks/scaling.py            # full: 200 MB, 630 MB, 2 GB x 3 repeats; hours on 2 cores
     .venv/bin/python benchmarks/scaling.py --quick    # smoke: 0.1 MB, 1 repeat, one process, no slope; ~1 min
     .venv/bin/python benchmarks/scaling.py --sizes-mb 10 30 110 --languages 30 100 300 1000 --repeats 5
 
@@ -61,126 +63,25 @@ from pathlib import Path
 import numpy as np
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+import corpus  # noqa: E402
 import harness  # noqa: E402
 
 STAGES = ("download", "prepare", "dedup", "vocab", "sampling", "shards")
-FULL_SIZES_MB = (10.0, 30.0, 110.0)  # the generator overshoots small sizes a little: the text spans > 10x
+FULL_SIZES_MB = (200.0, 630.0, 2000.0)  # of monolingual text; the bitext beside it (PAIRS_PER_MB)
 QUICK_SIZES_MB = (0.1,)  # the smallest size alone: a smoke run checks that every command runs, not slopes
 FULL_LANGUAGES = (30, 100, 300, 1000)
 QUICK_LANGUAGES = (10, 30)
 
-# language -> (letters, words separated by spaces, share of the monolingual text)
-SCRIPTS = {
-    "en": ("etaoinshrdlcumwfgypbvkjxqz", True, 0.34),
-    "de": ("enisratdhulcgmobwfkzpvjyxqäöüß", True, 0.24),
-    "ru": ("оеаинтсрвлкмдпуяызьбгчйхжшюцщэфъё", True, 0.2),
-    "zh": ("的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年得就那要下以生会自着去之过家学对可里后"
-           + "".join(map(chr, range(0x4E00, 0x4E00 + 3000))), False, 0.14),  # 3 000 characters
-    "el": ("αοεινταςρπμκλυηδγωθφχβξζψ", True, 0.08),
-}
-# pair -> share of the bitext (every pair present: the Sinkhorn table is feasible)
-PAIRS = {"de-en": 0.3, "en-ru": 0.2, "en-zh": 0.15, "el-en": 0.1, "de-ru": 0.07, "de-zh": 0.05, "ru-zh": 0.05,
-         "de-el": 0.04, "el-ru": 0.02, "el-zh": 0.02}
-BITEXT_SHARE = 0.2  # of the text bytes
+PAIRS_PER_MB = 10_000  # bitext rows per MB of monolingual text: 20 M pairs beside 2 GB, as the issue sizes it
 
 
-# ---------------------------------------------------------------- the corpus
-
-class _Language:
-    """A word list over one script with Zipf frequencies; lines are drawn from it."""
-
-    def __init__(self, lang: str, rng: np.random.Generator, words: int = 20_000):
-        letters, self.spaced, _ = SCRIPTS[lang]
-        ranks = 1.0 / np.arange(1, len(letters) + 1)
-        lengths = rng.integers(1, 10, words) if self.spaced else rng.integers(1, 4, words)
-        chars = rng.choice(list(letters), size=int(lengths.sum()), p=ranks / ranks.sum())
-        cuts = np.cumsum(lengths)[:-1]
-        self.words = ["".join(w).encode() for w in np.split(chars, cuts)]
-        zipf = 1.0 / np.arange(1, words + 1) ** 1.05
-        self.cdf = np.cumsum(zipf) / zipf.sum()
-        self.sep = b" " if self.spaced else b""
-        self.rng = rng
-
-    def lines(self, n: int, low: int, high: int) -> list[bytes]:
-        """n lines of low..high-1 words."""
-        return self.lines_of(self.rng.integers(low, high, n))
-
-    def lines_of(self, lengths: np.ndarray) -> list[bytes]:
-        """One line per entry of ``lengths`` (words; zh's run together, as Chinese is written)."""
-        ids = np.searchsorted(self.cdf, self.rng.random(int(lengths.sum()))).clip(max=len(self.words) - 1).tolist()
-        ends = np.cumsum(lengths).tolist()
-        words, sep, start, out = self.words, self.sep, 0, []
-        for end in ends:
-            out.append(sep.join(map(words.__getitem__, ids[start:end])) + "。".encode() * (not self.spaced))
-            start = end
-        return out
+FULL_CORPUS_LANGUAGES, QUICK_CORPUS_LANGUAGES = 10, 4  # the smoke run's corpus: the four largest
 
 
-def _mono_text(lang: _Language, target: int, rng: np.random.Generator) -> bytes:
-    """CC-100 layout, about ``target`` bytes: a paragraph per line, a blank line after each
-    document; 4 % of lines are boilerplate from a pool (exact duplicates across documents),
-    3 % of documents repeat the previous one with one word changed (near duplicates)."""
-    pool = lang.lines(200, 4, 12)
-    chunks, size, prev = [], 0, None
-    while size < target:
-        lines = lang.lines(int(np.clip((target - size) / 100, 50, 2000)), 6, 50)
-        boiler = np.flatnonzero(rng.random(len(lines)) < 0.04)
-        for i, j in zip(boiler, rng.integers(0, len(pool), len(boiler))):
-            lines[i] = pool[j]
-        i = 0
-        while i < len(lines) and size < target:
-            k = int(rng.geometric(0.3))
-            doc = lines[i:i + k]
-            i += k
-            if prev is not None and rng.random() < 0.03:
-                doc = list(prev)
-                doc[0] = doc[0] + lang.sep + lang.words[int(rng.integers(len(lang.words)))]
-            prev = doc
-            chunks.append(b"\n".join(doc) + b"\n\n")
-            size += len(chunks[-1])
-    return b"".join(chunks)
-
-
-def _xz(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        subprocess.run(["xz", "-0", "-T2", "-c"], input=data, stdout=f, check=True)
-
-
-def make_corpus(folder: Path, text_mb: float, seed: int = 0) -> dict:
-    """Write ``cc100/<lang>.txt.xz`` and ``opus/Bench/v1/moses/<pair>.txt.zip`` under
-    ``folder`` (about ``text_mb`` MB of UTF-8 text in all); returns what was written."""
-    rng = np.random.default_rng(seed)
-    langs = {lang: _Language(lang, np.random.default_rng([seed, i])) for i, lang in enumerate(SCRIPTS)}
-    total = text_mb * 1e6
-    (folder / "cc100").mkdir(parents=True, exist_ok=True)
-    (folder / "opus" / "Bench" / "v1" / "moses").mkdir(parents=True, exist_ok=True)
-    files = {}
-    for lang, (_, _, share) in SCRIPTS.items():
-        text = _mono_text(langs[lang], int(total * (1 - BITEXT_SHARE) * share), rng)
-        path = folder / "cc100" / f"{lang}.txt.xz"
-        _xz(path, text)
-        files[lang] = {"text_bytes": len(text), "lines": text.count(b"\n"), "file_bytes": path.stat().st_size}
-    for pair, share in PAIRS.items():
-        a, b = pair.split("-")
-        target, src, tgt, size = total * BITEXT_SHARE * share, [], [], 0
-        while size < target:
-            # a translation's length follows its source's
-            n = rng.integers(4, 30, int(np.clip((target - size) / 150, 20, 1000)))
-            x = langs[a].lines_of(n)
-            y = langs[b].lines_of(np.maximum(2, np.round(n * rng.uniform(0.8, 1.25, len(n)))).astype(int))
-            dup = np.flatnonzero(rng.random(len(x)) < 0.01)  # exact repeated pairs
-            for i in dup[dup > 0]:
-                x[i], y[i] = x[i - 1], y[i - 1]
-            src += x
-            tgt += y
-            size += sum(map(len, x)) + sum(map(len, y)) + 2 * len(x)
-        path = folder / "opus" / "Bench" / "v1" / "moses" / f"{pair}.txt.zip"
-        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
-            zf.writestr(f"Bench.{pair}.{a}", b"\n".join(src) + b"\n")
-            zf.writestr(f"Bench.{pair}.{b}", b"\n".join(tgt) + b"\n")
-        files[pair] = {"text_bytes": size, "lines": len(src), "file_bytes": path.stat().st_size}
-    return {"text_mb": round(sum(f["text_bytes"] for f in files.values()) / 1e6, 3),
-            "file_mb": round(sum(f["file_bytes"] for f in files.values()) / 1e6, 3), "files": files}
+def make_corpus(folder: Path, text_mb: float, langs: list[str], seed: int = 0) -> dict:
+    """``text_mb`` MB of CC-100-layout text over ``langs`` with Zipf sizes and ``PAIRS_PER_MB``
+    bitext rows per MB of it for every pair of them (benchmarks/corpus.py)."""
+    return corpus.make_corpus(folder, text_mb, text_mb * PAIRS_PER_MB / 1e6, langs=langs, seed=seed)
 
 
 @contextlib.contextmanager
@@ -202,22 +103,23 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         return None
 
 
-def bench_spec(base: str, *, quick: bool, workers: int) -> dict:
+def bench_spec(base: str, *, quick: bool, workers: int, langs: list[str], part_rows: int | None = None) -> dict:
     """The spec every size runs: the stages' defaults except where noted."""
     vocab = ({"grid": [200, 400], "budget": 3000, "input_sentence_size": 300, "held_sentences": 50} if quick else
              {"grid": [1000, 2000, 4000], "budget": 16000, "input_sentence_size": 5000, "held_sentences": 1000})
     return {
         "name": "scaling",
-        "languages": sorted(SCRIPTS),
+        "languages": sorted(langs),
         "sources": [
-            {"name": "cc100", "kind": "cc100", "languages": sorted(SCRIPTS),
+            {"name": "cc100", "kind": "cc100", "languages": sorted(langs),
              "url_template": base + "/cc100/{lang}.txt.xz"},
-            {"name": "bitext", "kind": "opus", "corpus": "Bench", "version": "v1", "pairs": sorted(PAIRS),
+            {"name": "bitext", "kind": "opus", "corpus": "Bench", "version": "v1", "pairs": sorted(corpus.pair_shares(langs)),
              "url_template": base + "/opus/{corpus}/{version}/moses/{pair}.txt.zip"},
         ],
         "runner": {"kind": "threads", "max_workers": workers},
         "tracking": {"experiment": "scaling"},
         "vocab": {**vocab, "character_coverage": 0.9995},
+        **({"prepare": {"part_rows": part_rows}} if part_rows else {}),
     }
 
 
@@ -226,13 +128,65 @@ def bench_spec(base: str, *, quick: bool, workers: int) -> dict:
 CLI = ("xylent.cli",)  # preloaded in every command's process: its import is start-up, not the command
 
 
+def folder_bytes(root: Path) -> int:
+    """Bytes of every regular file under ``root`` (links not followed; files vanishing meanwhile skipped)."""
+    total, stack = 0, [str(root)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    total += e.stat(follow_symlinks=False).st_size
+            except OSError:
+                pass
+    return total
+
+
+class DiskWatch:
+    """The bytes under some folders before, during (polled by a thread, the peak) and after a command:
+    what it left written and the most disk it held at once, its scratch files included."""
+
+    def __init__(self, roots: list[Path], interval: float = 0.5):
+        self.roots, self.interval, self.stop = roots, interval, threading.Event()
+
+    def size(self) -> int:
+        return sum(folder_bytes(r) for r in self.roots)
+
+    def __enter__(self):
+        self.before = self.peak = self.size()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+        return self
+
+    def _poll(self):
+        while not self.stop.wait(self.interval):
+            self.peak = max(self.peak, self.size())
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        self.after = self.size()
+        self.peak = max(self.peak, self.after)
+
+    def record(self) -> dict:
+        return {"written_mb": round((self.after - self.before) / 1e6, 3),
+                "peak_disk_mb": round((self.peak - self.before) / 1e6, 3)}
+
+
 def run_stage(stage: str, spec: str, workspace: str) -> dict:
     """`xylent run STAGE --spec SPEC --workspace WS --json` in this process, as a user runs it.
-    Returns whether the stage was cached (and its upstream), its manifest's seconds and metrics."""
+    Returns whether the stage was cached (and its upstream), its manifest's seconds and metrics,
+    and the disk it wrote: left behind, and at its peak (the workspace and the temporary folder,
+    which `_isolate` points at a folder of the benchmark's own)."""
     from xylent.cli import main as cli
 
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), DiskWatch([Path(workspace), Path(tempfile.gettempdir())]) as disk:
         rc = cli(["run", stage, "--spec", spec, "--workspace", workspace, "--json"])
     if rc != 0:
         raise RuntimeError(f"xylent run {stage} exited {rc}:\n{out.getvalue()[-3000:]}")
@@ -240,7 +194,35 @@ def run_stage(stage: str, spec: str, workspace: str) -> dict:
     manifest = json.loads((Path(stages[stage]["output_dir"]) / "_manifest.json").read_text())
     return {"cached": stages[stage]["cached"],
             "upstream_cached": all(r["cached"] for s, r in stages.items() if s != stage),
-            "manifest_seconds": manifest["seconds"], "metrics": manifest.get("metrics", {})}
+            "manifest_seconds": manifest["seconds"], "metrics": manifest.get("metrics", {}),
+            "output_mb": round(folder_bytes(Path(stages[stage]["output_dir"])) / 1e6, 3), **disk.record()}
+
+
+def floors(folder: str, workspace: str) -> dict:
+    """What bounds the data stages on one core here, at one size: `xz -dc` of every CC-100 file and a
+    read of every bitext zip's members (the decompression download's checks and prepare must do), and a
+    read of every Parquet part prepare wrote (what dedup and shards must read at least)."""
+    import pyarrow.parquet as pq
+
+    folder, ws = Path(folder), Path(workspace)
+    t = time.perf_counter()
+    for f in sorted((folder / "cc100").glob("*.txt.xz")):
+        subprocess.run(["xz", "-dc", "-T1", str(f)], stdout=subprocess.DEVNULL, check=True)
+    xz_s = time.perf_counter() - t
+    t = time.perf_counter()
+    for f in sorted(folder.glob("opus/**/*.zip")):
+        with zipfile.ZipFile(f) as zf:
+            for name in zf.namelist():
+                with zf.open(name) as member:
+                    while member.read(8 << 20):
+                        pass
+    unzip_s = time.perf_counter() - t
+    t, rows, parts = time.perf_counter(), 0, 0
+    for f in sorted((ws / "prepare").glob("*/**/*.parquet")):
+        rows += pq.read_table(f).num_rows
+        parts += 1
+    return {"xz_s": round(xz_s, 4), "unzip_s": round(unzip_s, 4), "parquet_s": round(time.perf_counter() - t, 4),
+            "parquet_rows": rows, "parquet_parts": parts}
 
 
 def prime_mlflow(uri: str) -> int:
@@ -268,7 +250,8 @@ def _record(r: dict, process_s: float | None) -> dict:
     res = r["result"]
     return {"process_s": None if process_s is None else round(process_s, 4), "command_s": round(r["seconds"], 4),
             "stage_s": res["manifest_seconds"], "peak_rss_mb": r["peak_rss_mb"], "rss_before_mb": r["rss_before_mb"],
-            "cached": res["cached"], "upstream_cached": res["upstream_cached"], "metrics": res["metrics"]}
+            "cached": res["cached"], "upstream_cached": res["upstream_cached"], "metrics": res["metrics"],
+            **{k: res[k] for k in ("output_mb", "written_mb", "peak_disk_mb")}}
 
 
 def _command(stage: str, spec: Path, ws: Path, threads: int) -> dict:
@@ -363,9 +346,16 @@ def _isolate(tmp: Path) -> str:
     for name in [n for n in os.environ if n.startswith(("MLFLOW_", "PREFECT_"))]:
         del os.environ[name]
     uri = f"sqlite:///{tmp}/mlflow.db"
-    os.environ.update({"MLFLOW_TRACKING_URI": uri, "PREFECT_HOME": str(tmp / "prefect-home"),
+    (tmp / "scratch").mkdir()
+    os.environ.update({"MLFLOW_TRACKING_URI": uri, "TMPDIR": str(tmp / "scratch"), "PREFECT_HOME": str(tmp / "prefect-home"),
                        "PREFECT_LOGGING_LEVEL": "WARNING", "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
     return uri
+
+
+def _floors(tmp: Path, mb: float, ws: Path) -> dict:
+    """floors() in a fresh process of one thread: the one-core bound beside each stage."""
+    return harness.in_fresh_process("scaling", "floors", {"folder": str(tmp / "corpus" / f"{mb:g}mb"),
+                                                          "workspace": str(ws)}, threads=1)["result"]
 
 
 def _spread(values: list[float | None]) -> dict | None:
@@ -384,7 +374,8 @@ def _summarise(size_rows: list[dict], passes: dict[int, list[dict]]) -> dict:
             runs = [p[stage] for p in passes[k]]
             rows.append({"target_mb": size["target_mb"], "text_mb": size["text_mb"],
                          **{key: _spread([r[key] for r in runs])
-                            for key in ("stage_s", "command_s", "process_s", "peak_rss_mb", "rss_before_mb")},
+                            for key in ("stage_s", "command_s", "process_s", "peak_rss_mb", "rss_before_mb",
+                                        "output_mb", "written_mb", "peak_disk_mb")},
                          "own_rss_mb": _spread([r["peak_rss_mb"] - r["rss_before_mb"] for r in runs]),
                          "metrics": runs[0]["metrics"]})
         stages[stage] = rows
@@ -433,7 +424,8 @@ def _knobs(spec: dict) -> dict:
     """The effective values of the knobs that bound a stage's memory or work."""
     from xylent.spec import DedupConfig, PrepareConfig, ShardsConfig, VocabConfig
 
-    prepare, dedup, vocab, shards = PrepareConfig(), DedupConfig(), VocabConfig(**spec["vocab"]), ShardsConfig()
+    prepare = PrepareConfig(**spec.get("prepare", {}))
+    dedup, vocab, shards = DedupConfig(), VocabConfig(**spec["vocab"]), ShardsConfig()
     return {"prepare.part_rows": prepare.part_rows, "dedup.buckets": dedup.buckets,
             "dedup.near_level": dedup.near_level, "dedup.langid": dedup.langid,
             "vocab.input_sentence_size": vocab.input_sentence_size, "vocab.held_sentences": vocab.held_sentences,
@@ -451,9 +443,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                     help="thread pools of every command and runner.max_workers (default: the usable cores)")
     ap.add_argument("--keep", action="store_true", help="keep the temporary corpus and workspaces")
+    ap.add_argument("--corpus-languages", type=int, default=None, choices=range(2, len(corpus.SCRIPTS) + 1),
+                    metavar="N", help=f"the corpus's N largest languages (default {FULL_CORPUS_LANGUAGES}, quick "
+                    f"{QUICK_CORPUS_LANGUAGES}; at most {len(corpus.SCRIPTS)})")
+    ap.add_argument("--part-rows", type=int, default=None,
+                    help="prepare.part_rows (default: the stage's own, so that memory is measured at the defaults)")
     args = harness.finish_args(ap.parse_args(argv))
     sizes = sorted(args.sizes_mb or (QUICK_SIZES_MB if args.quick else FULL_SIZES_MB))
     languages = sorted(args.languages or (QUICK_LANGUAGES if args.quick else FULL_LANGUAGES))
+    langs = list(corpus.SCRIPTS)[:args.corpus_languages or (QUICK_CORPUS_LANGUAGES if args.quick else
+                                                              FULL_CORPUS_LANGUAGES)]
     if not args.quick and (len(sizes) < 3 or sizes[-1] / sizes[0] < 10):
         raise SystemExit(f"--sizes-mb {sizes}: at least 3 sizes spanning 10x are needed for a slope")
 
@@ -464,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         size_rows = []
         for mb in sizes:
-            made = make_corpus(tmp / "corpus" / f"{mb:g}mb", mb)
+            made = make_corpus(tmp / "corpus" / f"{mb:g}mb", mb, langs)
             size_rows.append({"target_mb": mb, **made})
             print(f"corpus {mb:g} MB: {made['text_mb']} MB of text, {made['file_mb']} MB of files", flush=True)
         generate_s = time.perf_counter() - t0
@@ -484,11 +483,14 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
             specs = []
             for mb in sizes:
-                spec = bench_spec(f"{base}/{mb:g}mb", quick=args.quick, workers=args.threads)
+                spec = bench_spec(f"{base}/{mb:g}mb", quick=args.quick, workers=args.threads, langs=langs,
+                                  part_rows=args.part_rows)
                 specs.append(tmp / f"spec-{mb:g}mb.yaml")
                 specs[-1].write_text(json.dumps(spec, indent=1))  # YAML reads JSON
+            floor_rows: dict[int, dict] = {}
             if args.quick:
                 passes, sampling_runs, sequence = _quick(specs, tmp, languages, args.threads)
+                floor_rows = {k: _floors(tmp, sizes[k], tmp / f"ws-{k}-0") for k in range(len(sizes))}
             else:
                 harness.in_fresh_process("scaling", "prime_mlflow", {"uri": uri})
                 for w in range(args.warmup):  # untimed: the smallest size, whole passes
@@ -500,6 +502,8 @@ def main(argv: list[str] | None = None) -> int:
                         ws = tmp / f"ws-{k}-{rep}"
                         passes[k].append(run_pass(specs[k], ws, args.threads))
                         _progress(sizes[k], rep, passes[k][-1])
+                        if k not in floor_rows:
+                            floor_rows[k] = _floors(tmp, sizes[k], ws)
                         if k or rep < args.repeats - 1:
                             shutil.rmtree(ws)
                 ephemeral = [ephemeral_prefect(specs[0], tmp / f"ws-0-{args.repeats - 1}", args.threads,
@@ -524,7 +528,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
 
     stages = _summarise(size_rows, passes)
-    shown = bench_spec("http://127.0.0.1:PORT", quick=args.quick, workers=args.threads)
+    shown = bench_spec("http://127.0.0.1:PORT", quick=args.quick, workers=args.threads, langs=langs,
+                       part_rows=args.part_rows)
     payload = {
         "method": ("quick: every command in one process, its peak RSS reset before each" if args.quick else
                    "one `xylent run STAGE` per fresh process, upstream cached; a fresh workspace per size and "
@@ -536,6 +541,7 @@ def main(argv: list[str] | None = None) -> int:
                        "threads_per_model = 1 (the default)",
         "spec": shown, "knobs": _knobs(shown), "generate_seconds": round(generate_s, 2),
         "sizes": size_rows,
+        "floors": [floor_rows[k] for k in range(len(sizes))],
         "stages": stages,
         "slopes": {s: _slopes(stages[s]) for s in (*STAGES, "cached_rerun")} if len(sizes) > 1 else None,
         "warmup_passes": [{s: {k: p[s][k] for k in ("process_s", "command_s", "stage_s", "peak_rss_mb")} for s in p}
@@ -592,8 +598,9 @@ def markdown(result: dict) -> str:
                    "counts memory an earlier command kept; the full run gives each command its own process.*")
     if slopes is None:  # one size (the smoke run): what each command did there, no slope to draw
         out.append(_one_size(result))
+        out.append(_throughput(result))
         out.append(_fixed(result))
-        return "\n\n".join(out) + "\n"
+        return "\n\n".join(x for x in out if x) + "\n"
     rows = []
     for stage in STAGES:
         rs, sl = stages[stage], slopes[stage]
@@ -624,9 +631,10 @@ def markdown(result: dict) -> str:
     out.append("![Stage time against corpus size, log-log](../img/benchmarks/scaling_time.png)\n"
                "![Peak RSS against corpus size, log-log](../img/benchmarks/scaling_rss.png)")
     out.append(_findings(result))
+    out.append(_throughput(result))
     out.append(_fixed(result))
     out.append(_sampling(result))
-    return "\n\n".join(out) + "\n"
+    return "\n\n".join(x for x in out if x) + "\n"
 
 
 def _one_size(result: dict) -> str:
@@ -636,6 +644,37 @@ def _one_size(result: dict) -> str:
              f"{harness.num(stages[stage][0]['peak_rss_mb']['max'])} MB"] for stage in STAGES]
     return ("One corpus size, so no slope: each stage's own time, its command's and its peak RSS.\n\n"
             + harness.table(["stage", "stage time", "command", "peak RSS"], rows))
+
+
+# the one-core bound beside each stage: which floor, and which text it reads
+FLOOR_OF = {"download": ("xz_s", "unzip_s"), "prepare": ("xz_s", "unzip_s"), "dedup": ("parquet_s",),
+            "shards": ("parquet_s",)}
+FLOOR_NAME = {("xz_s", "unzip_s"): "`xz -dc` + unzip of every file", ("parquet_s",): "reading prepare's Parquet parts"}
+
+
+def _throughput(result: dict) -> str:
+    """At the largest size: MB of text per second per core of each stage beside the floor that bounds
+    it on one core of the same machine, and the disk each command wrote and held at its peak."""
+    if "floors" not in result:  # results measured before the floors were
+        return ""
+    k, stages, threads = -1, result["stages"], result["threads"]
+    size, floor = result["sizes"][k], result["floors"][k]
+    text = size["text_mb"]
+    rows = []
+    for stage in STAGES:
+        r = stages[stage][k]
+        own = text / max(r["stage_s"]["median"], 1e-9) / threads
+        keys = FLOOR_OF.get(stage)
+        bound = text / max(sum(floor[x] for x in keys), 1e-9) if keys else None
+        rows.append([f"`{stage}`", harness.num(own), FLOOR_NAME[keys] if keys else "–", harness.num(bound),
+                     f"{harness.num(own / bound)}×" if bound else "–", _mb(r["output_mb"]["max"]),
+                     _mb(r["written_mb"]["max"]), _mb(r["peak_disk_mb"]["max"])])
+    return (f"**Throughput and disk** at {_mb(text)} of text ({harness.num(size.get('bitext_pairs'))} bitext pairs; "
+            f"prepare wrote {harness.num(floor['parquet_parts'])} Parquet parts): each stage's MB of text per second "
+            f"per core (the stage's time × {threads} threads), the one-core floor that bounds it, the output's size, "
+            "what the command left on disk and the most it held at once (workspace and temporary files):\n\n"
+            + harness.table(["stage", "MB/s per core", "floor", "floor MB/s", "share of the floor", "output",
+                             "written", "peak disk"], rows))
 
 
 def _findings(result: dict) -> str:

@@ -129,3 +129,30 @@ def test_the_planted_sweep_reads_each_audit_with_the_acceptance_bar(tmp_path):
     assert proc.stdout.splitlines() == [
         "N1-s0: copy / hub / shuffled 9 / 6 / 1 of 9; shuffled 1.90 vs best clean 1.80; bar held",
         "N40-s2: copy / hub / shuffled 9 / 6 / 4 of 9; shuffled 1.60 vs best clean 1.90; bar missed"]
+
+
+def test_the_generated_corpus_is_deterministic_zipf_sized_and_line_aligned(tmp_path):
+    """benchmarks/corpus.py, the scale benchmark's corpus: the same seed writes the same bytes in blocks;
+    the languages' sizes fall off as the Zipf law says; documents end in a blank line; a bitext zip's
+    two members have a line each per row."""
+    import lzma
+    import zipfile
+
+    import corpus
+
+    langs = ["en", "de", "ru", "zh"]
+    made = [corpus.make_corpus(tmp_path / name, 2.0, 0.004, langs=langs, seed=3) for name in ("a", "b")]
+    assert made[0] == made[1] and abs(made[0]["bitext_pairs"] - 4000) <= 6  # each pair rounded to whole rows
+    for lang in langs:
+        assert (tmp_path / "a" / "cc100" / f"{lang}.txt.xz").read_bytes() == \
+            (tmp_path / "b" / "cc100" / f"{lang}.txt.xz").read_bytes()
+    sizes = {lang: made[0]["files"][lang]["text_bytes"] for lang in langs}
+    for lang, share in corpus.language_shares(langs).items():
+        assert abs(sizes[lang] / 2e6 - share) < 0.01, (lang, sizes[lang], share)
+    text = lzma.decompress((tmp_path / "a" / "cc100" / "zh.txt.xz").read_bytes()).decode()
+    assert text.endswith("。\n\n") and "\n\n\n" not in text and " " not in text
+    assert "\n\n" in text[:-2], "more than one document"
+    with zipfile.ZipFile(tmp_path / "a" / "opus" / "Bench" / "v1" / "moses" / "de-en.txt.zip") as zf:
+        de, en = (zf.read(f"Bench.de-en.{x}").decode().splitlines() for x in ("de", "en"))
+    assert len(de) == len(en) == made[0]["files"]["de-en"]["lines"] > 0
+    assert all(line and not line.endswith(" ") for line in de + en)
