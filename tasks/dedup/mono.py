@@ -6,7 +6,9 @@ reduce (per bucket) exact groups -> drops; LSH candidates -> verified edges
 resolve (per lang) connected components of the edges -> near-duplicate drops
 apply (per part)   the part without its dropped rows, same file name
 
-Memory is set by one part or one bucket, never by the language.  Row ids are
+Memory is set by one part or one bucket (a language has at least one bucket per part:
+run.plan_buckets), never by the language's text; resolve alone holds the language's
+verified edges, which follow its near-duplicates (docs/stages/dedup.md states the bounds).  Row ids are
 ``part << 32 | row`` (:mod:`xylent.tasks.dedup.keys`); a unit (line or document) is named by its first row.
 """
 
@@ -102,10 +104,10 @@ def map_part(part: Path, part_idx: int, lang: str, work: Path, cfg: DedupConfig,
             "band": np.tile(np.arange(cfg.bands, dtype=np.int16), n),
             "key": keys[live].ravel(),
             "rid": np.repeat(unit_rid[live], cfg.bands),
+            "unit": np.repeat(np.flatnonzero(live).astype(np.int32), cfg.bands),  # its row in the signature file
         })
         (work / "sig").mkdir(parents=True, exist_ok=True)
         np.save(work / "sig" / f"p{part_idx:05d}.npy", sig.astype(np.uint32))
-        np.save(work / "sig" / f"p{part_idx:05d}.rows.npy", u["unit_row"].to_numpy())
         write_buckets(table, bucket_of(table["key"].to_numpy(), cfg.buckets), work / "near", part_idx,
                        cfg.buckets)
         out["units"] = len(u)
@@ -129,29 +131,21 @@ def reduce_exact(work: Path, bucket: int) -> int:
     return len(drops)
 
 
-class _Signatures:
-    """Signature rows by row id.  Each part's file is memory-mapped only while
-    its rows are copied out: mapped pages count as resident memory, and keeping
-    every part mapped would make a bucket's memory grow with the corpus."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.rows: dict[int, np.ndarray] = {}
-
-    def get(self, rid: np.ndarray) -> np.ndarray:
-        part, row = split_rid(rid)
-        out = None
-        for p in np.unique(part):
-            if p not in self.rows:
-                self.rows[p] = np.load(self.root / f"p{p:05d}.rows.npy")
-            sel = part == p
-            sig = np.load(self.root / f"p{p:05d}.npy", mmap_mode="r")
-            block = np.array(sig[np.searchsorted(self.rows[p], row[sel])])
-            del sig  # unmapped here
-            if out is None:
-                out = np.empty((len(rid), block.shape[1]), dtype=block.dtype)
-            out[sel] = block
-        return out if out is not None else np.empty((0, 0), dtype=np.uint32)
+def _signatures_of(root: Path, rid: np.ndarray, unit: np.ndarray) -> np.ndarray:
+    """Signature rows of row ids (``unit``: each one's row in its part's signature file).  Each part's
+    file is memory-mapped only while its rows are copied out: mapped pages count as resident memory,
+    and keeping every part mapped would make a bucket's memory grow with the corpus."""
+    part = split_rid(rid)[0]
+    out = None
+    for p in np.unique(part):
+        sel = part == p
+        sig = np.load(root / f"p{p:05d}.npy", mmap_mode="r")
+        block = np.array(sig[unit[sel]])
+        del sig  # unmapped here
+        if out is None:
+            out = np.empty((len(rid), block.shape[1]), dtype=block.dtype)
+        out[sel] = block
+    return out if out is not None else np.empty((0, 0), dtype=np.uint32)
 
 
 def reduce_near(work: Path, bucket: int, cfg: DedupConfig) -> int:
@@ -160,8 +154,12 @@ def reduce_near(work: Path, bucket: int, cfg: DedupConfig) -> int:
     if df is not None and len(df):
         left, right = candidate_pairs(df["band"].to_numpy(), df["key"].to_numpy(), df["rid"].to_numpy())
         if len(left):
-            sigs = _Signatures(work / "sig")
-            est = (sigs.get(left) == sigs.get(right)).mean(axis=1)
+            # each row id's signature row, from this bucket's own rows: no per-part index of the language
+            units = df.select("rid", "unit").unique("rid").sort("rid")
+            rid_sorted, unit = units["rid"].to_numpy(), units["unit"].to_numpy()
+            sig_l = _signatures_of(work / "sig", left, unit[np.searchsorted(rid_sorted, left)])
+            sig_r = _signatures_of(work / "sig", right, unit[np.searchsorted(rid_sorted, right)])
+            est = (sig_l == sig_r).mean(axis=1)
             ok = est >= cfg.threshold
             left, right = left[ok], right[ok]
     (work / "edges").mkdir(parents=True, exist_ok=True)
@@ -172,8 +170,10 @@ def reduce_near(work: Path, bucket: int, cfg: DedupConfig) -> int:
 
 def resolve_near(work: Path) -> int:
     edges = _read_bucket(work / "edges")
-    reps = {} if edges is None else cluster_representatives(edges["a"].to_numpy(), edges["b"].to_numpy())
-    drops = pl.DataFrame({"rid": list(reps), "kept": list(reps.values())}, schema={"rid": pl.Int64, "kept": pl.Int64})
+    empty = np.empty(0, dtype=np.int64)
+    nodes, reps = (empty, empty) if edges is None else cluster_representatives(edges["a"].to_numpy(),
+                                                                               edges["b"].to_numpy())
+    drops = pl.DataFrame({"rid": nodes, "kept": reps}, schema={"rid": pl.Int64, "kept": pl.Int64})
     drops = drops.filter(pl.col("rid") != pl.col("kept")).select("rid", pl.lit("near").alias("reason"), "kept")
     (work / "drops").mkdir(parents=True, exist_ok=True)
     write_scratch(drops.sort("rid"), work / "drops" / "near.parquet")

@@ -32,11 +32,13 @@ __all__ = ["apply_items", "assemble", "map_items", "near_duplicate_clusters", "p
 
 def plan_buckets(items: list[dict], buckets: int) -> list[tuple[str, str, int]]:
     """Give each item its group's hash buckets (``item["buckets"]``) and return every (kind, name, bucket) to
-    reduce. ``buckets`` bound a reduce's memory when a group spans several parts; a group held in one part
-    gets one, as its map already holds all its keys (a corpus of many small pairs otherwise wrote and
-    removed sixteen scratch files where one does). Which bucket a key falls in never changes what is dropped."""
+    reduce. A group of several parts gets ``buckets`` or one per part, whichever is more, so that a reduce
+    holds about one part's keys however many parts the language has (a fixed count would let each bucket
+    grow with the language); a group held in one part gets one, as its map already holds all its keys (a
+    corpus of many small pairs otherwise wrote and removed sixteen scratch files where one does). Which
+    bucket a key falls in never changes what is dropped."""
     parts = Counter((it["kind"], it["name"]) for it in items)
-    count = {group: 1 if n == 1 else buckets for group, n in parts.items()}
+    count = {group: 1 if n == 1 else max(buckets, n) for group, n in parts.items()}
     for it in items:
         it["buckets"] = count[it["kind"], it["name"]]
     return [(kind, name, b) for kind, name in sorted(count) for b in range(count[kind, name])]
