@@ -284,6 +284,30 @@ def test_documents_spanning_chunks_and_parts_stay_whole(dirs, tmp_path):
     assert decoded == expected
 
 
+def test_pairs_encoded_in_chunks_are_the_pairs_encoded_at_once(dirs, tmp_path, monkeypatch):
+    """A bitext part is encoded PAIR_CHUNK rows at a time (memory follows the chunk, not the part):
+    the shard's rows are those of one encode over the whole part, truncation included."""
+    from xylent.tasks.shards import build
+
+    sp = spm.SentencePieceProcessor(model_file=str(dirs["vocab"] / "spm.model"))
+    words = pl.read_parquet(dirs["dedup"] / "mono" / "lang=de" / "*.parquet")["text"].to_list()
+    rng = np.random.default_rng(1)
+    src = [" ".join(words[i] for i in rng.integers(0, len(words), size=k)) for k in rng.integers(1, 12, size=50)]
+    tgt = [" ".join(words[i] for i in rng.integers(0, len(words), size=k)) for k in rng.integers(1, 12, size=50)]
+    part = tmp_path / "part-0.parquet"
+    pl.DataFrame({"src": src, "tgt": tgt}).write_parquet(part)
+
+    def rows(chunk: int, out: Path):
+        monkeypatch.setattr(build, "PAIR_CHUNK", chunk)
+        result = build.encode_pairs([part], sp, out, 24, 1 << 20)
+        shards = result.pop("shards").finish(out)
+        table = pa.concat_tables(ipc.open_file(pa.memory_map(str(out / sh["path"]))).read_all() for sh in shards)
+        return result, table.to_pylist()
+
+    whole, chunked = rows(10_000, tmp_path / "whole"), rows(7, tmp_path / "chunked")
+    assert whole == chunked and whole[0]["pairs"] == 50 and whole[0]["truncated"] > 0
+
+
 def test_set_weights_redirects_pair_sampling_and_survives_a_checkpoint(skewed):
     """The audit's re-sampling: after set_weights the pairs follow the new weights (a zero
     weight is never drawn), and a loader restored from the state draws the same batches."""

@@ -206,24 +206,28 @@ def truncate_pair(src: np.ndarray, tgt: np.ndarray, budget: int) -> tuple[np.nda
     return src[:s], tgt[:t], True
 
 
+PAIR_CHUNK = 8192  # pairs encoded at once: SentencePiece's Python lists of a whole part cost ~2 KB a pair
+
+
 def encode_pairs(parts: list[Path], sp: spm.SentencePieceProcessor, out: Path, seq_len: int,
                  max_bytes: int, prefix: str = "shard") -> dict:
-    """Pairs carry nothing across rows, so each part can be its own task (``prefix`` keeps names apart)."""
+    """Pairs carry nothing across rows, so each part can be its own task (``prefix`` keeps names apart).
+    A part is encoded ``PAIR_CHUNK`` rows at a time, a record batch each, so memory follows the chunk."""
     writer = ShardWriter(out, TRTD_SCHEMA, max_bytes, prefix)
     budget = seq_len - 3  # <s> e </s> f </s>
     stats = {"pairs": 0, "truncated": 0, "text_tokens": 0}
     for part in parts:
         df = pl.read_parquet(part, columns=["src", "tgt"])
-        if not len(df):
-            continue
-        src_ids, tgt_ids = sp.encode(df["src"].to_list()), sp.encode(df["tgt"].to_list())
-        srcs, tgts = [], []
-        for a, b in zip(src_ids, tgt_ids):
-            a, b, cut = truncate_pair(np.asarray(a, dtype=np.int32), np.asarray(b, dtype=np.int32), budget)
-            stats["truncated"] += cut
-            srcs.append(a)
-            tgts.append(b)
-        stats["pairs"] += len(df)
-        stats["text_tokens"] += sum(map(len, srcs)) + sum(map(len, tgts))
-        writer.write(pa.record_batch([_list_array(srcs), _list_array(tgts)], schema=TRTD_SCHEMA))
+        for chunk in df.iter_slices(PAIR_CHUNK):
+            src_ids, tgt_ids = sp.encode(chunk["src"].to_list()), sp.encode(chunk["tgt"].to_list())
+            srcs, tgts = [], []
+            for a, b in zip(src_ids, tgt_ids):
+                a, b, cut = truncate_pair(np.asarray(a, dtype=np.int32), np.asarray(b, dtype=np.int32), budget)
+                stats["truncated"] += cut
+                srcs.append(a)
+                tgts.append(b)
+            del src_ids, tgt_ids
+            stats["pairs"] += len(chunk)
+            stats["text_tokens"] += sum(map(len, srcs)) + sum(map(len, tgts))
+            writer.write(pa.record_batch([_list_array(srcs), _list_array(tgts)], schema=TRTD_SCHEMA))
     return {**stats, "shards": writer}
