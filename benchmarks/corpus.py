@@ -1,7 +1,7 @@
 """A generated corpus in the layouts XY-LENT's data comes in, written as a stream at any size.
 
 CC-100 layout (`cc100/<lang>.txt.xz`: a paragraph per line, a blank line after each
-document) over ten languages of nine scripts whose sizes follow a Zipf law (the k-th
+document) over ten languages of eight scripts whose sizes follow a Zipf law (the k-th
 language holds k^-1.2 of the monolingual text, as CC-100's sizes fall off), and OPUS
 layout (`opus/Bench/v1/moses/<pair>.txt.zip`, two line-aligned members) for every pair
 of them, a pair's size following the product of its languages' shares. Words are drawn
@@ -11,8 +11,10 @@ repeat the row before: the duplicates dedup exists for.
 
 Nothing is held whole: text is made in blocks of about 8 MB (vectorised: a block's words
 are gathered from one byte array) and piped to `xz` or into the zip member, so the
-generator's memory does not follow the corpus. Deterministic for a seed: a block's
-random numbers come from (seed, language or pair, block number).
+generator's memory does not follow the corpus. Deterministic for a seed, byte for byte
+(zip members carry a fixed date): a block's random numbers come from (seed, language or
+pair, stream, block number), one stream each for the vocabulary, the blocks and the
+boilerplate pool.
 """
 
 from __future__ import annotations
@@ -40,8 +42,14 @@ SCRIPTS = {
     "ko": ("".join(map(chr, range(0xAC00, 0xAC00 + 800))), True),
     "th": ("กขคงจชซญดตถทธนบปผพฟมยรลวศสหอฮะาิีึืุูเแโใไ่้๊๋", False),
 }
+MONO_FILE = "cc100/{lang}.txt.xz"  # the layouts, relative to the corpus folder (scaling.py serves them)
+MOSES_FILE = "opus/{corpus}/{version}/moses/{pair}.txt.zip"
+OPUS_CORPUS, OPUS_VERSION = "Bench", "v1"
+ZIP_DATE = (2020, 1, 1, 0, 0, 0)  # every member's timestamp: the same bytes on every run
 ZIPF_EXPONENT = 1.2  # of the languages' sizes: the largest ~40 % of the monolingual text
 BLOCK_BYTES = 8_000_000
+BLOCK_ROWS = 100_000  # bitext rows per block
+VOCAB, BLOCKS, POOL = 0, 1, 2  # random streams: numpy pads a short seed list with zeros, so each is tagged
 DOC_BREAK = 0.3  # a document ends after a line with this probability (geometric, mean 3.3 lines)
 
 
@@ -63,7 +71,7 @@ class Vocabulary:
 
     def __init__(self, lang: str, seed: int, words: int = 20_000):
         letters, self.spaced = SCRIPTS[lang]
-        rng = np.random.default_rng([seed, _code(lang)])
+        rng = np.random.default_rng([seed, _code(lang), VOCAB])
         freq = 1.0 / np.arange(1, len(letters) + 1)
         lengths = rng.integers(1, 10, words) if self.spaced else rng.integers(1, 4, words)
         chars = rng.choice(list(letters), size=int(lengths.sum()), p=freq / freq.sum())
@@ -96,15 +104,15 @@ class Vocabulary:
 
 
 def _code(name: str) -> int:
-    return int.from_bytes(name.encode(), "little") % (2 ** 63)
+    return int.from_bytes(name.encode(), "little")
 
 
 def mono_blocks(vocab: Vocabulary, target: int, seed: int, lang: str):
     """CC-100 layout, about ``target`` bytes, in blocks of about BLOCK_BYTES."""
-    pool = vocab.lines(np.random.default_rng([seed, _code(lang), 2 ** 40]), np.full(200, 8)).splitlines()
+    pool = vocab.lines(np.random.default_rng([seed, _code(lang), POOL]), np.full(200, 8)).splitlines()
     made, block, prev, line_bytes = 0, 0, None, 150.0
     while made < target:
-        rng = np.random.default_rng([seed, _code(lang), block])
+        rng = np.random.default_rng([seed, _code(lang), BLOCKS, block])
         want = min(BLOCK_BYTES, target - made)
         lines = vocab.lines(rng, rng.integers(6, 50, max(1, int(want / line_bytes)))).splitlines()
         line_bytes = max(1.0, sum(map(len, lines)) / len(lines))  # this script's, for the next block
@@ -137,8 +145,8 @@ def bitext_blocks(src: Vocabulary, tgt: Vocabulary, rows: int, seed: int, pair: 
     """(source lines, target lines) blocks, ``rows`` rows in all; 1 % of rows repeat the one before."""
     done, block = 0, 0
     while done < rows:
-        rng = np.random.default_rng([seed, _code(pair), block])
-        n = min(100_000, rows - done)
+        rng = np.random.default_rng([seed, _code(pair), BLOCKS, block])
+        n = min(BLOCK_ROWS, rows - done)
         words = rng.integers(3, 17, n)
         x = src.lines(rng, words).splitlines()
         y = tgt.lines(rng, np.maximum(2, np.round(words * rng.uniform(0.8, 1.25, n))).astype(int)).splitlines()
@@ -175,7 +183,7 @@ def write_moses_zip(path: Path, pair: str, blocks) -> dict:
     size = rows = 0
     with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tgt") as scratch:
         with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=1, allowZip64=True) as zf:
-            with zf.open(f"Bench.{pair}.{a}", "w", force_zip64=True) as out:
+            with zf.open(_member(pair, a), "w", force_zip64=True) as out:
                 for x, y in blocks:
                     out.write(x)
                     scratch.write(y)
@@ -183,28 +191,38 @@ def write_moses_zip(path: Path, pair: str, blocks) -> dict:
                     rows += x.count(b"\n")
             scratch.flush()
             scratch.seek(0)
-            with zf.open(f"Bench.{pair}.{b}", "w", force_zip64=True) as out:
+            with zf.open(_member(pair, b), "w", force_zip64=True) as out:
                 shutil.copyfileobj(scratch, out, 8 << 20)
     return {"text_bytes": size, "lines": rows, "file_bytes": path.stat().st_size}
+
+
+def _member(pair: str, lang: str) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(f"{OPUS_CORPUS}.{pair}.{lang}", date_time=ZIP_DATE)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    try:  # level 1, as the zip's: Python 3.13 names it compress_level, 3.11 _compresslevel
+        info.compress_level = 1
+    except AttributeError:
+        info._compresslevel = 1
+    return info
 
 
 def make_corpus(folder: Path, mono_mb: float, pairs_m: float, *, langs: list[str] | None = None,
                 seed: int = 0) -> dict:
     """``mono_mb`` MB of CC-100-layout text and ``pairs_m`` million bitext rows under ``folder``
-    (``cc100/<lang>.txt.xz``, ``opus/Bench/v1/moses/<pair>.txt.zip``); returns what was written."""
+    (MONO_FILE, MOSES_FILE); returns what was written."""
     langs = langs or list(SCRIPTS)
     vocab = {lang: Vocabulary(lang, seed) for lang in langs}
-    (folder / "cc100").mkdir(parents=True, exist_ok=True)
-    moses = folder / "opus" / "Bench" / "v1" / "moses"
-    moses.mkdir(parents=True, exist_ok=True)
     files = {}
     for lang, share in language_shares(langs).items():
-        files[lang] = write_xz(folder / "cc100" / f"{lang}.txt.xz",
-                               mono_blocks(vocab[lang], int(mono_mb * 1e6 * share), seed, lang))
+        path = folder / MONO_FILE.format(lang=lang)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        files[lang] = write_xz(path, mono_blocks(vocab[lang], int(mono_mb * 1e6 * share), seed, lang))
     for pair, share in pair_shares(langs).items():
         a, b = pair.split("-")
         rows = max(1, round(pairs_m * 1e6 * share))
-        files[pair] = write_moses_zip(moses / f"{pair}.txt.zip", pair, bitext_blocks(vocab[a], vocab[b], rows, seed, pair))
+        path = folder / MOSES_FILE.format(corpus=OPUS_CORPUS, version=OPUS_VERSION, pair=pair)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        files[pair] = write_moses_zip(path, pair, bitext_blocks(vocab[a], vocab[b], rows, seed, pair))
     mono = [f for name, f in files.items() if "-" not in name]
     bitext = [f for name, f in files.items() if "-" in name]
     return {"text_mb": round(sum(f["text_bytes"] for f in files.values()) / 1e6, 3),

@@ -3,14 +3,16 @@ download, prepare, dedup, vocab, sampling and shards at three corpus sizes
 spanning 10x, each stage run the way a user runs it (one `xylent run STAGE` in
 a fresh process, everything upstream already published), with the log-log
 slope, what 100x more data would cost by it, and each stage's MB/s per core
-beside the one-core floor that bounds it (`xz -dc`, reading Parquet).
+beside the one-core floor that bounds it (`xz -dc` and unzip, reading the Parquet
+parts the stage reads).
 
 The corpus (benchmarks/corpus.py, generated as a stream, then served over HTTP
 from 127.0.0.1 by a thread of this process, so the download stage runs its real
-HTTP code): CC-100-layout `.txt.xz` files in 10 languages of 9 scripts whose
+HTTP code): CC-100-layout `.txt.xz` files in 10 languages of 8 scripts whose
 sizes follow a Zipf law (the largest ~40 % of the text), and OPUS-layout moses
 zips for all 45 pairs, PAIRS_PER_MB rows per MB of monolingual text (20 M pairs
-beside 2 GB). The spec is every stage's defaults (`prepare.part_rows` included,
+beside 2 GB). A size is MB of *monolingual* text; the tables' sizes are all the text,
+bitext included (about 2.6x). The spec is every stage's defaults (`prepare.part_rows` included,
 so that the largest languages span many parts at the larger sizes) except a
 small vocab grid (1k/2k/4k pieces, budget 16k, `input_sentence_size` 5 000 so
 that the cap binds within the sizes measured) and `runner.max_workers` =
@@ -36,9 +38,9 @@ fresh process per L).
 
     .venv/bin/python benchmarks/scaling.py            # full: 190 MB, 600 MB, 2 GB x 3 repeats; hours on 2 cores
     .venv/bin/python benchmarks/scaling.py --quick    # smoke: 0.1 MB, 1 repeat, one process, no slope; ~1 min
-    .venv/bin/python benchmarks/scaling.py --sizes-mb 10 30 110 --languages 30 100 300 1000 --repeats 5
+    .venv/bin/python benchmarks/scaling.py --sizes-mb 19 60 200 --part-rows 20000 --languages 30 100
 
---quick runs every command in one process (one start-up instead of 22) and
+--quick runs every command in one process (one start-up instead of one per command) and
 resets its peak RSS before each, so a quick peak also counts what earlier
 commands kept: its memory figures are a smoke test, not a measurement.
 """
@@ -75,13 +77,17 @@ QUICK_LANGUAGES = (10, 30)
 PAIRS_PER_MB = 10_000  # bitext rows per MB of monolingual text: 20 M pairs beside 2 GB, as the issue sizes it
 
 
-FULL_CORPUS_LANGUAGES, QUICK_CORPUS_LANGUAGES = 10, 4  # the smoke run's corpus: the four largest
+FULL_CORPUS_LANGUAGES, QUICK_CORPUS_LANGUAGES = len(corpus.SCRIPTS), 4  # the smoke run's: the four largest
 
 
-def make_corpus(folder: Path, text_mb: float, langs: list[str], seed: int = 0) -> dict:
-    """``text_mb`` MB of CC-100-layout text over ``langs`` with Zipf sizes and ``PAIRS_PER_MB``
+def corpus_folder(tmp: Path, mono_mb: float) -> Path:
+    return tmp / "corpus" / f"{mono_mb:g}mb"
+
+
+def make_corpus(folder: Path, mono_mb: float, langs: list[str]) -> dict:
+    """``mono_mb`` MB of CC-100-layout text over ``langs`` with Zipf sizes and ``PAIRS_PER_MB``
     bitext rows per MB of it for every pair of them (benchmarks/corpus.py)."""
-    return corpus.make_corpus(folder, text_mb, text_mb * PAIRS_PER_MB / 1e6, langs=langs, seed=seed)
+    return corpus.make_corpus(folder, mono_mb, mono_mb * PAIRS_PER_MB / 1e6, langs=langs)
 
 
 @contextlib.contextmanager
@@ -112,9 +118,9 @@ def bench_spec(base: str, *, quick: bool, workers: int, langs: list[str], part_r
         "languages": sorted(langs),
         "sources": [
             {"name": "cc100", "kind": "cc100", "languages": sorted(langs),
-             "url_template": base + "/cc100/{lang}.txt.xz"},
-            {"name": "bitext", "kind": "opus", "corpus": "Bench", "version": "v1", "pairs": sorted(corpus.pair_shares(langs)),
-             "url_template": base + "/opus/{corpus}/{version}/moses/{pair}.txt.zip"},
+             "url_template": f"{base}/{corpus.MONO_FILE}"},
+            {"name": "bitext", "kind": "opus", "corpus": corpus.OPUS_CORPUS, "version": corpus.OPUS_VERSION,
+             "pairs": sorted(corpus.pair_shares(langs)), "url_template": f"{base}/{corpus.MOSES_FILE}"},
         ],
         "runner": {"kind": "threads", "max_workers": workers},
         "tracking": {"experiment": "scaling"},
@@ -128,8 +134,12 @@ def bench_spec(base: str, *, quick: bool, workers: int, langs: list[str], part_r
 CLI = ("xylent.cli",)  # preloaded in every command's process: its import is start-up, not the command
 
 
-def folder_bytes(root: Path) -> int:
-    """Bytes of every regular file under ``root`` (links not followed; files vanishing meanwhile skipped)."""
+def folder_bytes(root: Path, seen: set | None = None) -> int:
+    """Disk held by the regular files under ``root``: their allocated blocks, each file once however many
+    hard links name it (download and prepare link their units into their output), links not followed,
+    files vanishing meanwhile skipped. ``seen``: (device, inode) pairs counted already, shared by callers
+    that add up several folders."""
+    seen = set() if seen is None else seen
     total, stack = 0, [str(root)]
     while stack:
         try:
@@ -141,21 +151,26 @@ def folder_bytes(root: Path) -> int:
                 if e.is_dir(follow_symlinks=False):
                     stack.append(e.path)
                 elif e.is_file(follow_symlinks=False):
-                    total += e.stat(follow_symlinks=False).st_size
+                    st = e.stat(follow_symlinks=False)
+                    if (st.st_dev, st.st_ino) not in seen:
+                        seen.add((st.st_dev, st.st_ino))
+                        total += st.st_blocks * 512
             except OSError:
                 pass
     return total
 
 
 class DiskWatch:
-    """The bytes under some folders before, during (polled by a thread, the peak) and after a command:
-    what it left written and the most disk it held at once, its scratch files included."""
+    """The disk held under some folders before, during (polled by a thread, the peak) and after a command:
+    what it left written and the most it held at once, its scratch files included. Run it in the process
+    that waits for the command, not in the command's: the walks would take its CPU and count in its RSS."""
 
     def __init__(self, roots: list[Path], interval: float = 0.5):
         self.roots, self.interval, self.stop = roots, interval, threading.Event()
 
     def size(self) -> int:
-        return sum(folder_bytes(r) for r in self.roots)
+        seen: set = set()
+        return sum(folder_bytes(r, seen) for r in self.roots)
 
     def __enter__(self):
         self.before = self.peak = self.size()
@@ -178,33 +193,56 @@ class DiskWatch:
                 "peak_disk_mb": round((self.peak - self.before) / 1e6, 3)}
 
 
-def run_stage(stage: str, spec: str, workspace: str) -> dict:
+def disk_roots(workspace: Path) -> list[Path]:
+    """Where a command may write: its workspace and the temporary folder (`_isolate` points TMPDIR at a
+    folder of the benchmark's own; read from the environment, as tempfile caches the first one it saw)."""
+    return [Path(workspace), Path(os.environ.get("TMPDIR") or tempfile.gettempdir())]
+
+
+def run_stage(stage: str, spec: str, workspace: str, watch_disk: bool = False) -> dict:
     """`xylent run STAGE --spec SPEC --workspace WS --json` in this process, as a user runs it.
     Returns whether the stage was cached (and its upstream), its manifest's seconds and metrics,
-    and the disk it wrote: left behind, and at its peak (the workspace and the temporary folder,
-    which `_isolate` points at a folder of the benchmark's own)."""
+    its output folder and size; ``watch_disk`` (the quick path, where no other process waits for
+    it): also the disk it wrote, left behind and at its peak."""
     from xylent.cli import main as cli
 
     out = io.StringIO()
-    with contextlib.redirect_stdout(out), DiskWatch([Path(workspace), Path(tempfile.gettempdir())]) as disk:
+    with contextlib.redirect_stdout(out), (DiskWatch(disk_roots(Path(workspace))) if watch_disk
+                                           else contextlib.nullcontext()) as disk:
         rc = cli(["run", stage, "--spec", spec, "--workspace", workspace, "--json"])
     if rc != 0:
         raise RuntimeError(f"xylent run {stage} exited {rc}:\n{out.getvalue()[-3000:]}")
     stages = json.loads(out.getvalue())["stages"]
-    manifest = json.loads((Path(stages[stage]["output_dir"]) / "_manifest.json").read_text())
+    output = Path(stages[stage]["output_dir"])
+    manifest = json.loads((output / "_manifest.json").read_text())
     return {"cached": stages[stage]["cached"],
             "upstream_cached": all(r["cached"] for s, r in stages.items() if s != stage),
             "manifest_seconds": manifest["seconds"], "metrics": manifest.get("metrics", {}),
-            "output_mb": round(folder_bytes(Path(stages[stage]["output_dir"])) / 1e6, 3), **disk.record()}
+            "output_dir": str(output), "output_mb": round(folder_bytes(output) / 1e6, 3),
+            **(disk.record() if watch_disk else {})}
 
 
-def floors(folder: str, workspace: str) -> dict:
-    """What bounds the data stages on one core here, at one size: `xz -dc` of every CC-100 file and a
-    read of every bitext zip's members (the decompression download's checks and prepare must do), and a
-    read of every Parquet part prepare wrote (what dedup and shards must read at least)."""
+def _read_parts(output: Path) -> tuple[float, int, int]:
+    """Seconds to read every text part a stage wrote (``mono/`` and ``bitext/``), its rows, its parts."""
     import pyarrow.parquet as pq
 
-    folder, ws = Path(folder), Path(workspace)
+    t, rows, parts = time.perf_counter(), 0, 0
+    for f in sorted([*output.glob("mono/**/*.parquet"), *output.glob("bitext/**/*.parquet")]):
+        rows += pq.read_table(f).num_rows
+        parts += 1
+    return time.perf_counter() - t, rows, parts
+
+
+def floors(folder: str, prepared: str, deduped: str) -> dict:
+    """What bounds the data stages on one core here, at one size: `xz -dc` of every CC-100 file and a
+    read of every bitext zip's members (the decompression prepare must do), a read of every Parquet part
+    prepare wrote (what dedup must read at least) and of every part dedup wrote (what shards must read)."""
+    import pyarrow.parquet as pq
+
+    folder = Path(folder)
+    first = next(Path(prepared).glob("mono/**/*.parquet"), None)
+    if first is not None:  # untimed: pyarrow's first read pays for its thread pool and readers
+        pq.read_table(first)
     t = time.perf_counter()
     for f in sorted((folder / "cc100").glob("*.txt.xz")):
         subprocess.run(["xz", "-dc", "-T1", str(f)], stdout=subprocess.DEVNULL, check=True)
@@ -217,12 +255,10 @@ def floors(folder: str, workspace: str) -> dict:
                     while member.read(8 << 20):
                         pass
     unzip_s = time.perf_counter() - t
-    t, rows, parts = time.perf_counter(), 0, 0
-    for f in sorted((ws / "prepare").glob("*/**/*.parquet")):
-        rows += pq.read_table(f).num_rows
-        parts += 1
-    return {"xz_s": round(xz_s, 4), "unzip_s": round(unzip_s, 4), "parquet_s": round(time.perf_counter() - t, 4),
-            "parquet_rows": rows, "parquet_parts": parts}
+    prepared_s, rows, parts = _read_parts(Path(prepared))
+    deduped_s, _, _ = _read_parts(Path(deduped))
+    return {"xz_s": round(xz_s, 4), "unzip_s": round(unzip_s, 4), "prepared_parts_s": round(prepared_s, 4),
+            "deduped_parts_s": round(deduped_s, 4), "parquet_rows": rows, "parquet_parts": parts}
 
 
 def prime_mlflow(uri: str) -> int:
@@ -251,17 +287,20 @@ def _record(r: dict, process_s: float | None) -> dict:
     return {"process_s": None if process_s is None else round(process_s, 4), "command_s": round(r["seconds"], 4),
             "stage_s": res["manifest_seconds"], "peak_rss_mb": r["peak_rss_mb"], "rss_before_mb": r["rss_before_mb"],
             "cached": res["cached"], "upstream_cached": res["upstream_cached"], "metrics": res["metrics"],
-            **{k: res[k] for k in ("output_mb", "written_mb", "peak_disk_mb")}}
+            **{k: res[k] for k in ("output_dir", "output_mb", "written_mb", "peak_disk_mb")}}
 
 
 def _command(stage: str, spec: Path, ws: Path, threads: int) -> dict:
     """One `xylent run STAGE` in a fresh process: the whole process's wall time, the
     command's (imports excluded), the stage's own (its manifest's `seconds`: the body,
     without the Prefect/MLflow records around it) and the process's peak RSS."""
-    t = time.perf_counter()
-    r = harness.in_fresh_process("scaling", "run_stage", {"stage": stage, "spec": str(spec), "workspace": str(ws)},
-                                 threads=threads, preload=CLI)
-    return _record(r, time.perf_counter() - t)
+    with DiskWatch(disk_roots(ws)) as disk:
+        t = time.perf_counter()
+        r = harness.in_fresh_process("scaling", "run_stage", {"stage": stage, "spec": str(spec), "workspace": str(ws)},
+                                     threads=threads, preload=CLI)
+        elapsed = time.perf_counter() - t
+    r["result"].update(disk.record())
+    return _record(r, elapsed)
 
 
 def _pass_calls(spec: Path, ws: Path) -> list[tuple[str, Path, Path]]:
@@ -338,6 +377,45 @@ def sampling_tables(languages: int, repeats: int = 1, seed: int = 0) -> dict:
             "max_marginal_error": tables.metrics.get("max_marginal_error.star")}
 
 
+# ---------------------------------------------------------------- memory bounds
+
+# Each stage's stated bound on its peak RSS above the CLI's (docs/stages/<stage>.md gives the same
+# numbers; a test holds them equal): FIXED MB, plus PER_PART times the text of the largest part for each
+# of the command's `threads` (a runner task per thread, each holding one part). Download streams, prepare
+# holds a few 8 MB blocks, vocab its capped sample and sampling counts, so theirs is FIXED alone.
+MEMORY_BOUNDS = {"download": (150, 0), "prepare": (350, 0), "dedup": (450, 6), "vocab": (450, 0),
+                 "sampling": (250, 0), "shards": (350, 4)}
+FLAT_SLOPE = 0.1  # the most a peak above the CLI's may grow with the text once the largest group spans parts
+
+
+def largest_parts(size: dict, prepare_metrics: dict, part_rows: int) -> dict:
+    """The group (language or pair) with the most rows at one size: its parts and the MB of text
+    in a full part (its mean row's bytes x the rows a part holds)."""
+    rows = {name: prepare_metrics.get(f"mono.rows.{name}", prepare_metrics.get(f"bitext.rows.{name}", 0))
+            for name in size["files"]}
+    name = max(rows, key=rows.get)
+    per_row = size["files"][name]["text_bytes"] / max(rows[name], 1)
+    return {"group": name, "rows": rows[name], "parts": -(-rows[name] // part_rows),
+            "part_mb": round(min(rows[name], part_rows) * per_row / 1e6, 3)}
+
+
+def memory_checks(sizes: list[dict], stages: dict, knobs: dict, threads: int) -> dict:
+    """Per stage: its peak above the CLI's at each size beside its bound, and the log-log slope of that
+    peak over the sizes whose largest group spans several parts (flat: at most FLAT_SLOPE)."""
+    largest = [largest_parts(size, stages["prepare"][k]["metrics"], knobs["prepare.part_rows"])
+               for k, size in enumerate(sizes)]
+    multi = [k for k, g in enumerate(largest) if g["parts"] >= 2]
+    out = {"largest": largest, "multi_part_sizes": multi, "flat_slope": FLAT_SLOPE, "stages": {}}
+    for stage, (fixed, per_part) in MEMORY_BOUNDS.items():
+        own = [r["own_rss_mb"]["max"] for r in stages[stage]]
+        bound = [round(fixed + per_part * threads * g["part_mb"], 1) for g in largest]
+        slope = (harness.loglog_slope([sizes[k]["text_mb"] for k in multi], [max(own[k], 1.0) for k in multi])
+                 if len(multi) >= 2 else None)
+        out["stages"][stage] = {"own_rss_mb": own, "bound_mb": bound, "within": all(o <= b for o, b in zip(own, bound)),
+                                "slope": slope, "flat": None if slope is None else slope <= FLAT_SLOPE}
+    return out
+
+
 # ---------------------------------------------------------------- the run
 
 def _isolate(tmp: Path) -> str:
@@ -352,10 +430,12 @@ def _isolate(tmp: Path) -> str:
     return uri
 
 
-def _floors(tmp: Path, mb: float, ws: Path) -> dict:
-    """floors() in a fresh process of one thread: the one-core bound beside each stage."""
-    return harness.in_fresh_process("scaling", "floors", {"folder": str(tmp / "corpus" / f"{mb:g}mb"),
-                                                          "workspace": str(ws)}, threads=1)["result"]
+def _floors(tmp: Path, mb: float, done: dict) -> dict:
+    """floors() in a fresh process of one thread, over a pass's outputs (``done``): the one-core bound
+    beside each stage."""
+    return harness.in_fresh_process("scaling", "floors", {
+        "folder": str(corpus_folder(tmp, mb)), "prepared": done["prepare"]["output_dir"],
+        "deduped": done["dedup"]["output_dir"]}, threads=1)["result"]
 
 
 def _spread(values: list[float | None]) -> dict | None:
@@ -405,7 +485,7 @@ def _quick(specs: list[Path], tmp: Path, languages: list[int], threads: int) -> 
     instead of one per command), the peak RSS reset before each; an untimed download into
     a throwaway workspace first (it creates the MLflow store and warms the process up)."""
     calls = [["run_stage", {"stage": "download", "spec": str(specs[0]), "workspace": str(tmp / "ws-warmup")}]]
-    calls += [["run_stage", {"stage": stage, "spec": str(spec), "workspace": str(ws)}]
+    calls += [["run_stage", {"stage": stage, "spec": str(spec), "workspace": str(ws), "watch_disk": True}]
              for k, s in enumerate(specs) for stage, spec, ws in _pass_calls(s, tmp / f"ws-{k}-0")]
     calls += [["sampling_tables", {"languages": n}] for n in languages]
     t = time.perf_counter()
@@ -436,7 +516,8 @@ def _knobs(spec: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = harness.parser(__doc__, warmup=0)
     ap.add_argument("--sizes-mb", type=float, nargs="+", default=None,
-                    help=f"corpus sizes, MB of text (default {' '.join(map(str, FULL_SIZES_MB))}; "
+                    help=f"corpus sizes, MB of monolingual text, {PAIRS_PER_MB} bitext pairs beside each MB "
+                    f"(default {' '.join(map(str, FULL_SIZES_MB))}; "
                     f"quick {' '.join(map(str, QUICK_SIZES_MB))})")
     ap.add_argument("--languages", type=int, nargs="+", default=None,
                     help=f"sampling: numbers of languages (default {FULL_LANGUAGES}, quick {QUICK_LANGUAGES})")
@@ -463,9 +544,10 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         size_rows = []
         for mb in sizes:
-            made = make_corpus(tmp / "corpus" / f"{mb:g}mb", mb, langs)
+            made = make_corpus(corpus_folder(tmp, mb), mb, langs)
             size_rows.append({"target_mb": mb, **made})
-            print(f"corpus {mb:g} MB: {made['text_mb']} MB of text, {made['file_mb']} MB of files", flush=True)
+            print(f"corpus {mb:g} MB of monolingual text + {made['bitext_pairs']} pairs: {made['text_mb']} MB of "
+                  f"text, {made['file_mb']} MB of files", flush=True)
         generate_s = time.perf_counter() - t0
         span = size_rows[-1]["text_mb"] / size_rows[0]["text_mb"]
         if span < 10 and not args.quick:
@@ -490,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
             floor_rows: dict[int, dict] = {}
             if args.quick:
                 passes, sampling_runs, sequence = _quick(specs, tmp, languages, args.threads)
-                floor_rows = {k: _floors(tmp, sizes[k], tmp / f"ws-{k}-0") for k in range(len(sizes))}
+                floor_rows = {k: _floors(tmp, sizes[k], passes[k][0]) for k in range(len(sizes))}
             else:
                 harness.in_fresh_process("scaling", "prime_mlflow", {"uri": uri})
                 for w in range(args.warmup):  # untimed: the smallest size, whole passes
@@ -503,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
                         passes[k].append(run_pass(specs[k], ws, args.threads))
                         _progress(sizes[k], rep, passes[k][-1])
                         if k not in floor_rows:
-                            floor_rows[k] = _floors(tmp, sizes[k], ws)
+                            floor_rows[k] = _floors(tmp, sizes[k], passes[k][-1])
                         if k or rep < args.repeats - 1:
                             shutil.rmtree(ws)
                 ephemeral = [ephemeral_prefect(specs[0], tmp / f"ws-0-{args.repeats - 1}", args.threads,
@@ -544,6 +626,7 @@ def main(argv: list[str] | None = None) -> int:
         "floors": [floor_rows[k] for k in range(len(sizes))],
         "stages": stages,
         "slopes": {s: _slopes(stages[s]) for s in (*STAGES, "cached_rerun")} if len(sizes) > 1 else None,
+        "memory": memory_checks(size_rows, stages, _knobs(shown), args.threads),
         "warmup_passes": [{s: {k: p[s][k] for k in ("process_s", "command_s", "stage_s", "peak_rss_mb")} for s in p}
                           for p in warmups],
         "ephemeral_prefect": ephemeral,
@@ -590,14 +673,17 @@ def markdown(result: dict) -> str:
     out = []
     runs = (f"median of {n} runs per point (every run in the JSON)" if n > 1 else
             "one run per point (a --quick smoke run)")
-    out.append(f"Corpus sizes {', '.join(head)} of text ({result['spec']['languages'].__len__()} languages, "
-               f"{len(result['spec']['sources'][1]['pairs'])} pairs); {runs}; every command's thread pools and "
-               f"`runner.max_workers` at {result['threads']}.")
+    made = ", ".join(f"{_mb(r['mono_mb'])} + {harness.num(r['bitext_pairs'])} pairs" for r in result["sizes"]
+                     if "mono_mb" in r)
+    out.append(f"Corpus sizes {', '.join(head)} of text ({len(result['spec']['languages'])} languages, "
+               f"{len(result['spec']['sources'][1]['pairs'])} pairs" + (f"; monolingual + bitext: {made}" if made else "")
+               + f"); {runs}; every command's thread pools and `runner.max_workers` at {result['threads']}.")
     if quick:
         out.append("*Quick run: all commands in one process, its peak RSS reset before each, so a peak also "
                    "counts memory an earlier command kept; the full run gives each command its own process.*")
     if slopes is None:  # one size (the smoke run): what each command did there, no slope to draw
         out.append(_one_size(result))
+        out.append(_memory(result))
         out.append(_throughput(result))
         out.append(_fixed(result))
         return "\n\n".join(x for x in out if x) + "\n"
@@ -631,10 +717,36 @@ def markdown(result: dict) -> str:
     out.append("![Stage time against corpus size, log-log](../img/benchmarks/scaling_time.png)\n"
                "![Peak RSS against corpus size, log-log](../img/benchmarks/scaling_rss.png)")
     out.append(_findings(result))
+    out.append(_memory(result))
     out.append(_throughput(result))
     out.append(_fixed(result))
     out.append(_sampling(result))
     return "\n\n".join(x for x in out if x) + "\n"
+
+
+def _memory(result: dict) -> str:
+    """The stated bounds beside the measured peaks, and whether memory stayed flat once parts were many."""
+    mem = result.get("memory")
+    if not mem:  # results measured before the bounds were stated
+        return ""
+    head = [_mb(r["text_mb"]) for r in result["sizes"]]
+    rows = []
+    for stage, m in mem["stages"].items():
+        fixed, per_part = MEMORY_BOUNDS[stage]
+        formula = f"{fixed} MB" + (f" + {per_part} × threads × part" if per_part else "")
+        cells = [f"{harness.num(round(o))} / {harness.num(round(b))} MB" for o, b in zip(m["own_rss_mb"], m["bound_mb"])]
+        flat = "–" if m["slope"] is None else f"{m['slope']:.2f} ({'flat' if m['flat'] else 'grows'})"
+        rows.append([f"`{stage}`", formula, *cells, "yes" if m["within"] else "**no**", flat])
+    parts = ", ".join(f"{_mb(r['text_mb'])}: {g['group']} in {harness.num(g['parts'])} part"
+                      f"{'s' if g['parts'] > 1 else ''} of {harness.num(g['part_mb'])} MB"
+                      for r, g in zip(result["sizes"], mem["largest"]))
+    return (f"**Memory against its bound** (docs/stages/*.md): each command's peak RSS above what it held once "
+            f"the CLI was imported, beside the stage's stated bound at this run's `threads` = {result['threads']} "
+            f"and `prepare.part_rows` = {harness.num(result['knobs']['prepare.part_rows'])} (a part: the largest "
+            f"group's rows a part holds × its mean row; {parts}); and the log-log slope of that peak over the sizes "
+            f"whose largest group spans several parts (flat: ≤ {mem['flat_slope']}):\n\n"
+            + harness.table(["stage", "bound", *[f"at {h}" for h in head], "within", "slope over multi-part sizes"],
+                            rows))
 
 
 def _one_size(result: dict) -> str:
@@ -646,11 +758,13 @@ def _one_size(result: dict) -> str:
             + harness.table(["stage", "stage time", "command", "peak RSS"], rows))
 
 
-# the one-core bound beside each stage: which floor, and which text it reads. Not download's: it copies
-# the compressed files and checks their ends, so decompressing them (a 2026-12-07 preview: 1.75x its
-# speed) bounds nothing it does
-FLOOR_OF = {"prepare": ("xz_s", "unzip_s"), "dedup": ("parquet_s",), "shards": ("parquet_s",)}
-FLOOR_NAME = {("xz_s", "unzip_s"): "`xz -dc` + unzip of every file", ("parquet_s",): "reading prepare's Parquet parts"}
+# the one-core bound beside each stage: which floors add up to it, and what they read. Not download's: it
+# copies the compressed files and checks their ends, so decompressing them (a 2026-12-07 preview: 1.75x its
+# speed) bounds nothing it does; vocab and sampling read a sample and counts, not the text
+FLOOR_OF = {"prepare": (("xz_s", "unzip_s"), "`xz -dc` + unzip of every file"),
+            "dedup": (("prepared_parts_s",), "reading prepare's Parquet parts"),
+            "shards": (("deduped_parts_s",), "reading dedup's Parquet parts")}
+TEXT_RATE = ("download", "prepare", "dedup", "shards")  # the stages whose work follows the text
 
 
 def _throughput(result: dict) -> str:
@@ -664,10 +778,10 @@ def _throughput(result: dict) -> str:
     rows = []
     for stage in STAGES:
         r = stages[stage][k]
-        own = text / max(r["stage_s"]["median"], 1e-9) / threads
-        keys = FLOOR_OF.get(stage)
-        bound = text / max(sum(floor[x] for x in keys), 1e-9) if keys else None
-        rows.append([f"`{stage}`", harness.num(own), FLOOR_NAME[keys] if keys else "–", harness.num(bound),
+        own = text / max(r["stage_s"]["median"], 1e-9) / threads if stage in TEXT_RATE else None
+        keys, name = FLOOR_OF.get(stage, ((), "–"))
+        bound = text / max(sum(floor[x] for x in keys), 1e-9) if keys and all(x in floor for x in keys) else None
+        rows.append([f"`{stage}`", harness.num(own) if own else "–", name, harness.num(bound) if bound else "–",
                      f"{harness.num(own / bound)}×" if bound else "–", _mb(r["output_mb"]["max"]),
                      _mb(r["written_mb"]["max"]), _mb(r["peak_disk_mb"]["max"])])
     return (f"**Throughput and disk** at {_mb(text)} of text ({harness.num(size.get('bitext_pairs'))} bitext pairs; "
@@ -711,7 +825,7 @@ def _findings(result: dict) -> str:
     lines.append("- `prepare` streams each file in 8 MB blocks of text (up to 3 queued and 1 in work), so its memory "
                  "should stop following the files once they pass ~32 MB: slope above the baseline "
                  f"{prep:.2f} ({verdict})" + bound)
-    lines.append(f"- `dedup` holds one Parquet part (`prepare.part_rows` = {harness.num(part)} rows) or one bucket "
+    lines.append(f"- `dedup` holds one Parquet part (`prepare.part_rows` = {harness.num(part)} rows) or one bucket (a language has one per part or more) "
                  f"at a time: the largest language here has {harness.num(round(biggest))} rows at {_mb(sizes[-1])}, "
                  + ("so every language fits in one part and its peak may still grow with the text at these sizes; "
                     "past one part it should stop (`benchmarks/dedup.py` measures corpora of several parts)."

@@ -92,6 +92,44 @@ def test_every_benchmark_runs_at_its_smoke_size_and_renders(smoke, tmp_path):
         assert "--quick smoke size" in block, f"{name}: a smoke result must say so"
 
 
+def test_the_scaling_doc_renders_its_slopes_bounds_and_findings_from_three_sizes(smoke, tmp_path):
+    """The smoke run measures one size, so its doc has no slope: the full run's tables, findings, memory
+    check and plots are rendered here from its result spread over three sizes (10x the text, 3x the time)."""
+    import copy
+
+    import scaling
+
+    one = json.loads((smoke / "scaling.json").read_text())
+    three = copy.deepcopy(one)
+    factors = [1, 3.2, 10]
+    three["sizes"] = [{**one["sizes"][0], "text_mb": one["sizes"][0]["text_mb"] * f} for f in factors]
+    three["floors"] = one["floors"] * 3
+    for stage, rows in one["stages"].items():
+        three["stages"][stage] = [copy.deepcopy(rows[0]) for _ in factors]
+        for row, f in zip(three["stages"][stage], factors):
+            row["text_mb"] *= f
+            row["stage_s"] = {**row["stage_s"], "median": row["stage_s"]["median"] * f ** 0.5}
+    three["slopes"] = {s: scaling._slopes(three["stages"][s]) for s in (*scaling.STAGES, "cached_rerun")}
+    knobs = {**one["knobs"], "prepare.part_rows": 100}  # the largest group in several parts at every size
+    three["memory"] = scaling.memory_checks(three["sizes"], three["stages"], knobs, one["threads"])
+    md = scaling.markdown(three)
+    assert "**Time**" in md and "**Peak RSS**" in md and "segment slopes" in md
+    assert "Memory against its bound" in md and "slope over multi-part sizes" in md
+    assert three["memory"]["multi_part_sizes"] == [0, 1, 2]
+    assert {m["flat"] for m in three["memory"]["stages"].values()} == {True}, "the same peak at every size"
+    assert all(f"`{s}`: time" in md for s in scaling.STAGES) and "sublinear (slope 0.50)" in md
+    assert len([p for p in scaling.plots(three, tmp_path) if p.stat().st_size > 5000]) == 3
+
+
+def test_the_stage_docs_state_the_memory_bounds_the_scaling_benchmark_checks():
+    import scaling
+
+    for stage, (fixed, per_part) in scaling.MEMORY_BOUNDS.items():
+        text = (ROOT / "docs" / "stages" / f"{stage}.md").read_text()
+        want = f"{fixed} MB" + (f" + {per_part} × threads × part" if per_part else "")
+        assert f"Memory bound: {want}" in text, (stage, want)
+
+
 def test_the_audit_profile_counts_functions_that_exist():
     """benchmarks/audit_profile.py attributes py-spy samples by (function, file): a function renamed or moved
     would silently read 0 %, so every piece it names must still be defined where it looks."""
@@ -131,21 +169,26 @@ def test_the_planted_sweep_reads_each_audit_with_the_acceptance_bar(tmp_path):
         "N40-s2: copy / hub / shuffled 9 / 6 / 4 of 9; shuffled 1.60 vs best clean 1.90; bar missed"]
 
 
-def test_the_generated_corpus_is_deterministic_zipf_sized_and_line_aligned(tmp_path):
-    """benchmarks/corpus.py, the scale benchmark's corpus: the same seed writes the same bytes in blocks;
-    the languages' sizes fall off as the Zipf law says; documents end in a blank line; a bitext zip's
-    two members have a line each per row."""
+def test_the_generated_corpus_is_deterministic_zipf_sized_and_line_aligned(tmp_path, monkeypatch):
+    """benchmarks/corpus.py, the scale benchmark's corpus: the same seed writes the same bytes (xz files
+    and zips alike) in many blocks; the languages' sizes fall off as the Zipf law says; documents end
+    in a blank line; a bitext zip's two members have a line each per row."""
     import lzma
     import zipfile
 
     import corpus
 
+    monkeypatch.setattr(corpus, "BLOCK_BYTES", 100_000)  # a few MB in many blocks, as gigabytes are
+    monkeypatch.setattr(corpus, "BLOCK_ROWS", 300)
     langs = ["en", "de", "ru", "zh"]
     made = [corpus.make_corpus(tmp_path / name, 2.0, 0.004, langs=langs, seed=3) for name in ("a", "b")]
     assert made[0] == made[1] and abs(made[0]["bitext_pairs"] - 4000) <= 6  # each pair rounded to whole rows
-    for lang in langs:
-        assert (tmp_path / "a" / "cc100" / f"{lang}.txt.xz").read_bytes() == \
-            (tmp_path / "b" / "cc100" / f"{lang}.txt.xz").read_bytes()
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*") if p.is_file())
+    assert len(files) == 4 + 6
+    for f in files:
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+    assert made[0]["files"]["en"]["text_bytes"] > 5 * corpus.BLOCK_BYTES
+    assert made[0]["files"]["de-en"]["lines"] > 2 * corpus.BLOCK_ROWS
     sizes = {lang: made[0]["files"][lang]["text_bytes"] for lang in langs}
     for lang, share in corpus.language_shares(langs).items():
         assert abs(sizes[lang] / 2e6 - share) < 0.01, (lang, sizes[lang], share)
