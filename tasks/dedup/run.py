@@ -84,6 +84,9 @@ def apply_items(items: list[dict], work: Path, out: Path, cfg: DedupConfig) -> l
         else:
             counts, removed = bitext_dedup.apply_part(Path(it["part"]), it["idx"], dest, w)
         keep = removed.sort("rid").group_by("reason", maintain_order=True).head(cfg.samples_per_reason)
+        # copied out: polars' strings are views into the part's text buffers, so a few sample rows kept
+        # every part's text alive until the stage ended (its apply phase grew with the parts)
+        keep = pl.DataFrame(keep.to_dict(as_series=False), schema=keep.schema)
         results.append((it, counts, keep))
     return results
 
