@@ -410,7 +410,7 @@ def memory_checks(sizes: list[dict], stages: dict, knobs: dict, threads: int) ->
     cli = [r["peak_rss_mb"]["median"] for r in stages["cached_rerun"]]
     out = {"largest": largest, "multi_part_sizes": multi, "flat_slope": FLAT_SLOPE, "cli_rss_mb": cli, "stages": {}}
     for stage, (fixed, per_part) in MEMORY_BOUNDS.items():
-        own = [round(max(r["peak_rss_mb"]["max"] - c, 0.0), 1) for r, c in zip(stages[stage], cli)]
+        own = [round(r["own_rss_mb"]["max"], 1) for r in stages[stage]]
         bound = [round(fixed + per_part * threads * g["part_mb"], 1) for g in largest]
         slope = (harness.loglog_slope([sizes[k]["text_mb"] for k in multi], [max(own[k], 1.0) for k in multi])
                  if len(multi) >= 2 else None)
@@ -459,7 +459,9 @@ def _summarise(size_rows: list[dict], passes: dict[int, list[dict]]) -> dict:
                          **{key: _spread([r[key] for r in runs])
                             for key in ("stage_s", "command_s", "process_s", "peak_rss_mb", "rss_before_mb",
                                         "output_mb", "written_mb", "peak_disk_mb")},
-                         "own_rss_mb": _spread([r["peak_rss_mb"] - r["rss_before_mb"] for r in runs]),
+                         # above the CLI's own: the same pass's cached rerun, a command that does no stage work
+                         "own_rss_mb": _spread([max(r["peak_rss_mb"] - p["cached_rerun"]["peak_rss_mb"], 0.0)
+                                                for r, p in zip(runs, passes[k])]),
                          "metrics": runs[0]["metrics"]})
         stages[stage] = rows
     return stages
@@ -467,7 +469,7 @@ def _summarise(size_rows: list[dict], passes: dict[int, list[dict]]) -> dict:
 
 def _slopes(rows: list[dict]) -> dict:
     """Log-log slopes against text size: of the median stage time, the median command time,
-    the worst peak RSS and the worst growth above the post-import RSS; plus segment slopes."""
+    the worst peak RSS and the worst peak above the CLI's own; plus segment slopes."""
     xs = [r["text_mb"] for r in rows]
     out = {}
     for key, stat, floor in (("stage_s", "median", 1e-3), ("command_s", "median", 1e-3),
@@ -711,12 +713,10 @@ def markdown(result: dict) -> str:
         rows.append([f"`{stage}`", *[f"{harness.num(a)} MB (+{harness.num(round(b))})" for a, b in zip(m, own)],
                      f"**{sl['peak_rss_mb']:.2f}**", f"{sl['own_rss_mb']:.2f}",
                      f"{harness.num(m[-1] * 100 ** max(sl['peak_rss_mb'], 0))} MB"])
-    base = _median([r["rss_before_mb"]["median"] for s in STAGES for r in stages[s]])
-    out.append("**Peak RSS** of each command's process (VmHWM; in brackets: above what the process held before "
-               f"the command, {harness.num(base)} MB (median): the CLI's modules load lazily, so this part still "
-               "counts their imports; the memory table below takes the CLI's own peak off instead), the slope of the peak "
-               "and of the part in brackets, and the peak 100× the data would reach by the slope:")
-    out.append(harness.table(["stage", *head, "slope", "slope above start", f"100× ({_mb(big * 100)}), by slope"],
+    out.append("**Peak RSS** of each command's process (VmHWM; in brackets: above the CLI's own, the peak of the "
+               "same pass's cached rerun, a command that does no stage work), the slope of the peak and of the part "
+               "in brackets, and the peak 100× the data would reach by the slope:")
+    out.append(harness.table(["stage", *head, "slope", "slope above the CLI's", f"100× ({_mb(big * 100)}), by slope"],
                              rows))
     out.append("![Stage time against corpus size, log-log](../img/benchmarks/scaling_time.png)\n"
                "![Peak RSS against corpus size, log-log](../img/benchmarks/scaling_rss.png)")
@@ -739,14 +739,14 @@ def _memory(result: dict) -> str:
         fixed, per_part = MEMORY_BOUNDS[stage]
         formula = f"{fixed} MB" + (f" + {per_part} × threads × part" if per_part else "")
         cells = [f"{harness.num(round(o))} / {harness.num(round(b))} MB" for o, b in zip(m["own_rss_mb"], m["bound_mb"])]
-        flat = "–" if m["slope"] is None else f"{m['slope']:.2f} ({'flat' if m['flat'] else 'grows'})"
+        flat = "–" if m["slope"] is None else f"{m['slope']:.3f} ({'flat' if m['flat'] else 'grows'})"
         rows.append([f"`{stage}`", formula, *cells, "yes" if m["within"] else "**no**", flat])
     parts = ", ".join(f"{_mb(r['text_mb'])}: {g['group']} in {harness.num(g['parts'])} part"
                       f"{'s' if g['parts'] > 1 else ''} of {harness.num(g['part_mb'])} MB"
                       for r, g in zip(result["sizes"], mem["largest"]))
     cli = ", ".join(f"{harness.num(round(c))} MB" for c in mem["cli_rss_mb"])
     return (f"**Memory against its bound** (docs/stages/*.md): each command's peak RSS above the CLI's own (the "
-            f"peak of the cached rerun at the same size, a command that does no stage work: {cli}), beside the "
+            f"peak of the same pass's cached rerun, a command that does no stage work; medians: {cli}), beside the "
             f"stage's stated bound at this run's `threads` = {result['threads']} "
             f"and `prepare.part_rows` = {harness.num(result['knobs']['prepare.part_rows'])} (a part: the largest "
             f"group's rows a part holds × its mean row; {parts}); and the log-log slope of that peak over the sizes "
@@ -803,7 +803,7 @@ def _findings(result: dict) -> str:
     sizes = [r["text_mb"] for r in stages["download"]]
     lines = [f"- `{stage}`: time {_trend(slopes[stage]['stage_s'])} (slope {slopes[stage]['stage_s']:.2f}), "
              f"peak RSS {_trend(slopes[stage]['peak_rss_mb'])} (slope {slopes[stage]['peak_rss_mb']:.2f}; "
-             f"above the command's start {slopes[stage]['own_rss_mb']:.2f})." for stage in STAGES]
+             f"above the CLI's own {slopes[stage]['own_rss_mb']:.2f})." for stage in STAGES]
     # vocab: from which size on its training sample stops growing
     want = knobs["vocab.input_sentence_size"] + knobs["vocab.held_sentences"]
     fewest = [min(_rows_per_language(result, k).values()) for k in range(len(sizes))]
@@ -829,7 +829,7 @@ def _findings(result: dict) -> str:
         bound = (f"; every file here is smaller than that (the largest: {harness.num(largest_file)} MB of text), so "
                  "growth is possible at these sizes and says nothing of larger files.")
     lines.append("- `prepare` streams each file in 8 MB blocks of text (up to 3 queued and 1 in work), so its memory "
-                 "should stop following the files once they pass ~32 MB: slope above the command's start "
+                 "should stop following the files once they pass ~32 MB: slope above the CLI's own "
                  f"{prep:.2f} ({verdict})" + bound)
     lines.append(f"- `dedup` holds one Parquet part (`prepare.part_rows` = {harness.num(part)} rows) or one bucket (a language has one per part or more) "
                  f"at a time: the largest language here has {harness.num(round(biggest))} rows at {_mb(sizes[-1])}, "

@@ -157,9 +157,9 @@ def reduce_near(work: Path, bucket: int, cfg: DedupConfig) -> int:
             # each row id's signature row, from this bucket's own rows: no per-part index of the language
             units = df.select("rid", "unit").unique("rid").sort("rid")
             rid_sorted, unit = units["rid"].to_numpy(), units["unit"].to_numpy()
-            sig_l = _signatures_of(work / "sig", left, unit[np.searchsorted(rid_sorted, left)])
-            sig_r = _signatures_of(work / "sig", right, unit[np.searchsorted(rid_sorted, right)])
-            est = (sig_l == sig_r).mean(axis=1)
+            ids = np.unique(np.concatenate([left, right]))  # each part's signature file mapped once
+            sig = _signatures_of(work / "sig", ids, unit[np.searchsorted(rid_sorted, ids)])
+            est = (sig[np.searchsorted(ids, left)] == sig[np.searchsorted(ids, right)]).mean(axis=1)
             ok = est >= cfg.threshold
             left, right = left[ok], right[ok]
     (work / "edges").mkdir(parents=True, exist_ok=True)
@@ -170,9 +170,9 @@ def reduce_near(work: Path, bucket: int, cfg: DedupConfig) -> int:
 
 def resolve_near(work: Path) -> int:
     edges = _read_bucket(work / "edges")
-    empty = np.empty(0, dtype=np.int64)
-    nodes, reps = (empty, empty) if edges is None else cluster_representatives(edges["a"].to_numpy(),
-                                                                               edges["b"].to_numpy())
+    if edges is None:  # a language without near-dup buckets
+        edges = pl.DataFrame(schema={"a": pl.Int64, "b": pl.Int64})
+    nodes, reps = cluster_representatives(edges["a"].to_numpy(), edges["b"].to_numpy())
     drops = pl.DataFrame({"rid": nodes, "kept": reps}, schema={"rid": pl.Int64, "kept": pl.Int64})
     drops = drops.filter(pl.col("rid") != pl.col("kept")).select("rid", pl.lit("near").alias("reason"), "kept")
     (work / "drops").mkdir(parents=True, exist_ok=True)
