@@ -33,8 +33,9 @@ BENCHMARKS = ("prepare_throughput", "dedup", "vocab", "sampling", "shards", "sca
               "pretrain", "evaluate", "audit", "finetune", "overhead")
 # results brought back from a lent machine (benchmarks/gpu_results.py): rendered the same way, never smoke-run here
 DEVICE_RESULTS = ("gpu_results",)
-# computed from other results, no timing of their own (benchmarks/projection.py: GPU-hours from the GPU rows)
-DERIVED = ("projection",)
+# computed from other results, no timing of their own (projection.py: GPU-hours from the GPU rows; data_cost.py:
+# the real corpus's core-hours from the scaling run)
+DERIVED = ("projection", "data_cost")
 BLOCK = re.compile(r"(<!-- bench:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.S)
 
 
