@@ -211,7 +211,7 @@ def test_kill_9_during_dedup_then_rerun(run_cli, tmp_path):
 
     def mapping() -> bool:  # the map phase is writing its buckets
         work = list((ws / "dedup").glob("*.tmp-*/_work/mono/de/near")) if (ws / "dedup").exists() else []
-        return bool(work and list(work[0].rglob("*.parquet")))
+        return bool(work and list(work[0].rglob("*.arrows")))
 
     kill_9_when("dedup", spec, ws, mapping)
     assert not [p for p in (ws / "dedup").iterdir() if ".tmp-" not in p.name], "nothing was published"

@@ -24,7 +24,7 @@ from xylent.errors import XylentError
 from xylent.spec import DedupConfig
 
 from xylent.tasks.dedup.keys import bucket_of, normalize_expr, part_range, rids, stable_hash
-from xylent.tasks.dedup.scratch import write_buckets, write_scratch
+from xylent.tasks.dedup.scratch import read_bucket, write_buckets, write_scratch
 
 REASONS = ["exact", "copy", "ratio", "hub", "langid"]
 HUB_TEXT_CHARS = 200
@@ -145,20 +145,15 @@ def map_part(part: Path, part_idx: int, work: Path, cfg: DedupConfig, languages:
     return {"rows": n}
 
 
-def _read(root: Path) -> pl.DataFrame | None:
-    files = sorted(root.glob("*.parquet"))
-    return pl.read_parquet(files) if files else None
-
-
 def reduce_bucket(work: Path, bucket: int, cfg: DedupConfig) -> dict:
     (work / "drops").mkdir(parents=True, exist_ok=True)
-    exact = _read(work / "exact" / f"b={bucket}")
+    exact = read_bucket(work / "exact", bucket)
     drops = [pl.DataFrame(schema={"rid": pl.Int64, "reason": pl.String, "kept": pl.Int64})]
     if exact is not None and len(exact):
         drops.append(exact.with_columns(pl.col("rid").min().over("key").alias("kept"))
                           .filter(pl.col("rid") != pl.col("kept"))
                           .select("rid", pl.lit("exact").alias("reason"), "kept"))
-    hubs = _read(work / "hubs" / f"b={bucket}")
+    hubs = read_bucket(work / "hubs", bucket)
     hub_report = pl.DataFrame(schema={"side": pl.Int8, "partners": pl.UInt32, "pairs": pl.UInt32, "text": pl.String})
     if hubs is not None and len(hubs):
         groups = hubs.group_by("side", "key").agg(

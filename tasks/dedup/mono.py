@@ -28,7 +28,7 @@ from xylent.tasks.dedup.clusters import candidate_pairs, cluster_representatives
 from xylent.tasks.dedup.keys import bucket_of, normalize_expr, part_range, rids, split_rid, stable_hash
 from xylent.tasks.dedup.minhash import (EMPTY, band_keys, signatures_from_shingles, shingle_hashes, token_hashes,
                                  usable_threads)
-from xylent.tasks.dedup.scratch import write_buckets, write_scratch
+from xylent.tasks.dedup.scratch import read_bucket, write_buckets, write_scratch
 
 DROP_SCHEMA = {"rid": pl.Int64, "reason": pl.String, "kept": pl.Int64}
 _SIG_BATCH = 16_384  # units per MinHash batch within a part
@@ -114,13 +114,13 @@ def map_part(part: Path, part_idx: int, lang: str, work: Path, cfg: DedupConfig,
     return out
 
 
-def _read_bucket(root: Path) -> pl.DataFrame | None:
+def _read_all(root: Path) -> pl.DataFrame | None:
     files = sorted(root.glob("*.parquet"))
     return pl.read_parquet(files) if files else None
 
 
 def reduce_exact(work: Path, bucket: int) -> int:
-    df = _read_bucket(work / "exact" / f"b={bucket}")
+    df = read_bucket(work / "exact", bucket)
     drops = pl.DataFrame(schema=DROP_SCHEMA)
     if df is not None and len(df):
         drops = (df.with_columns(pl.col("rid").min().over("key").alias("kept"))
@@ -149,7 +149,7 @@ def _signatures_of(root: Path, rid: np.ndarray, unit: np.ndarray) -> np.ndarray:
 
 
 def reduce_near(work: Path, bucket: int, cfg: DedupConfig) -> int:
-    df = _read_bucket(work / "near" / f"b={bucket}")
+    df = read_bucket(work / "near", bucket)
     left = right = np.empty(0, dtype=np.int64)
     if df is not None and len(df):
         left, right = candidate_pairs(df["band"].to_numpy(), df["key"].to_numpy(), df["rid"].to_numpy())
@@ -169,7 +169,7 @@ def reduce_near(work: Path, bucket: int, cfg: DedupConfig) -> int:
 
 
 def resolve_near(work: Path) -> int:
-    edges = _read_bucket(work / "edges")
+    edges = _read_all(work / "edges")
     if edges is None:  # a language without near-dup buckets
         edges = pl.DataFrame(schema={"a": pl.Int64, "b": pl.Int64})
     nodes, reps = cluster_representatives(edges["a"].to_numpy(), edges["b"].to_numpy())
