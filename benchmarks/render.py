@@ -29,7 +29,7 @@ import harness  # noqa: E402
 DOC = ROOT / "docs" / "records" / "benchmarks.md"
 IMG = ROOT / "docs" / "img" / "benchmarks"
 # the order of the doc; each is benchmarks/<name>.py writing results/<name>.json
-BENCHMARKS = ("prepare_throughput", "dedup", "vocab", "sampling", "shards", "scaling",
+BENCHMARKS = ("prepare_throughput", "dedup", "vocab", "sampling", "shards", "scaling", "cluster",
               "pretrain", "evaluate", "audit", "finetune", "overhead")
 # results brought back from a lent machine (benchmarks/gpu_results.py): rendered the same way, never smoke-run here
 DEVICE_RESULTS = ("gpu_results",)

@@ -2,41 +2,43 @@
 
 from __future__ import annotations
 
+import time
+
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from xylent.flows.kit.stage import StageContext, StageOutcome, stage_flow
 from xylent.flows.kit.progress import Progress
 from xylent.flows.registry import STAGE_BY_NAME
-from xylent.flows.kit.runners import batches, make_task_runner, run_tasks, task_slots
+from xylent.flows.kit.runners import batches, make_task_runner, ran, run_tasks, task_slots
 
 
 @task(name="dedup-map", cache_policy=NO_CACHE)
 def map_task(items, work, cfg, languages):
     from xylent.tasks.dedup import run as phases
 
-    return phases.map_items(items, work, cfg, languages)
+    return ran(phases.map_items(items, work, cfg, languages))
 
 
 @task(name="dedup-reduce", cache_policy=NO_CACHE)
 def reduce_task(items, work, cfg):
     from xylent.tasks.dedup import run as phases
 
-    return phases.reduce_buckets(items, work, cfg)
+    return ran(phases.reduce_buckets(items, work, cfg))
 
 
 @task(name="dedup-resolve", cache_policy=NO_CACHE)
 def resolve_task(names, work):
     from xylent.tasks.dedup import run as phases
 
-    return phases.resolve_languages(names, work)
+    return ran(phases.resolve_languages(names, work))
 
 
 @task(name="dedup-apply", cache_policy=NO_CACHE)
 def apply_task(items, work, out, cfg):
     from xylent.tasks.dedup import run as phases
 
-    return phases.apply_items(items, work, out, cfg)
+    return ran(phases.apply_items(items, work, out, cfg))
 
 
 @stage_flow(STAGE_BY_NAME["dedup"])
@@ -52,18 +54,54 @@ def dedup(ctx: StageContext) -> StageOutcome:
     monos = [n for k, n in names if k == "mono"] if cfg.near else []
     n = task_slots(ctx.spec.runner)
     phases = [  # one after the other: each reads what the one before wrote
-        (map_task, [{"items": b, "work": work, "cfg": cfg, "languages": tuple(ctx.spec.languages)}
+        ("map", map_task, [{"items": b, "work": work, "cfg": cfg, "languages": tuple(ctx.spec.languages)}
                     for b in batches(items, n)]),
-        (reduce_task, [{"items": b, "work": work, "cfg": cfg} for b in batches(buckets, n)]),
-        (resolve_task, [{"names": b, "work": work} for b in batches(monos, n)]),
-        (apply_task, [{"items": b, "work": work, "out": ctx.out, "cfg": cfg} for b in batches(items, n)]),
+        ("reduce", reduce_task, [{"items": b, "work": work, "cfg": cfg} for b in batches(buckets, n)]),
+        ("resolve", resolve_task, [{"names": b, "work": work} for b in batches(monos, n)]),
+        ("apply", apply_task, [{"items": b, "work": work, "out": ctx.out, "cfg": cfg} for b in batches(items, n)]),
     ]
     # a bar of tasks, not of phases: counted in phases it sat at 0/4 through the long first one
-    progress = Progress("dedup", sum(len(calls) for _, calls in phases), unit="tasks", key="dedup-progress")
+    progress = Progress("dedup", sum(len(calls) for _, _, calls in phases), unit="tasks", key="dedup-progress")
+    ran_by = {name: [] for name, _, _ in phases}
+    seconds, done = {}, []
     try:
         with make_task_runner(ctx.spec.runner) as runner:
-            done = [list(run_tasks(phase, calls, runner=runner, progress=progress)) for phase, calls in phases]
+            for name, phase, calls in phases:
+                t = time.perf_counter()
+                done.append(list(run_tasks(phase, calls, runner=runner, progress=progress, workers=ran_by[name])))
+                seconds[name] = round(time.perf_counter() - t, 3)
     finally:
         progress.close()
     applied = [r for rs in done[-1] for r in rs]
-    return assemble(items, applied, work, ctx.out, cfg.samples_per_reason)
+    t = time.perf_counter()
+    outcome = assemble(items, applied, work, ctx.out, cfg.samples_per_reason)
+    seconds["assemble"] = round(time.perf_counter() - t, 3)
+    spread = worker_spread(items, {name: calls for name, _, calls in phases}, ran_by)
+    outcome.manifest["workers"] = spread
+    outcome.manifest["phase_seconds"] = seconds
+    outcome.metrics.update({f"workers.{name}.{k}": v for name, s in spread["phases"].items()
+                            for k, v in s.items() if k != "tasks"})
+    outcome.metrics.update({f"seconds.{name}": v for name, v in seconds.items()})
+    return outcome
+
+
+def worker_spread(items: list[dict], calls: dict[str, list[dict]], workers: dict[str, list[str]]) -> dict:
+    """How each phase's tasks spread over the runner's worker processes: tasks per worker, and how many
+    workers ran the largest group's (the language or pair of most parts) share of the map and apply."""
+    parts: dict[tuple, int] = {}
+    for it in items:
+        parts[it["kind"], it["name"]] = parts.get((it["kind"], it["name"]), 0) + 1
+    largest = max(parts, key=parts.get) if parts else None
+    out = {"largest_group": None if largest is None else {"kind": largest[0], "name": largest[1],
+                                                          "parts": parts[largest]}, "phases": {}}
+    for name, ws in workers.items():
+        tasks: dict[str, int] = {}
+        for w in ws:
+            tasks[w] = tasks.get(w, 0) + 1
+        phase = {"tasks": tasks, "workers": len(tasks), "tasks_max": max(tasks.values(), default=0),
+                 "tasks_min": min(tasks.values(), default=0)}
+        if name in ("map", "apply") and largest is not None:
+            phase["largest_group_workers"] = len({w for call, w in zip(calls[name], ws)
+                                                   if any((it["kind"], it["name"]) == largest for it in call["items"])})
+        out["phases"][name] = phase
+    return out

@@ -22,9 +22,10 @@ import render  # noqa: E402
 SMOKE = ["--quick", "--warmup", "0"]
 # extra flags of a smoke run: the audit's step overhead trains 2-rank DeepSpeed runs for minutes; fine-tuning
 # at one torch thread count, not each of 1 and all cores; the throughput sweep at half its quick sizes (a slope
-# needs two points; the larger size is most of its time)
+# needs two points; the larger size is most of its time); the cluster benchmark on threads alone (Ray's and
+# Dask's spread and identical output are checked by tests/test_dedup_stage.py)
 SMOKE_FLAGS = {"audit": ["--only", "best_response"], "finetune": ["--threads", "1"],
-               "prepare_throughput": ["--sizes-mb", "2", "4"]}
+               "prepare_throughput": ["--sizes-mb", "2", "4"], "cluster": ["--runners", "threads"]}
 
 
 def test_the_doc_is_what_the_committed_json_says():

@@ -145,6 +145,12 @@ def test_dedup_stage_removes_planted_duplicates_with_evidence(run_cli, tmp_path)
     assert table["pairs"].to_list() == [200], "sampling counts what dedup kept"
 
 
+def _spread(res) -> dict:
+    """Per phase of the dedup run: how its tasks spread over the runner's worker processes."""
+    m = json.loads((Path(res["stages"]["dedup"]["output_dir"]) / "_manifest.json").read_text())
+    return m["workers"]["phases"]
+
+
 def _cluster_tags(ws: Path) -> dict[str, str]:
     """stage -> the xylent.cluster tag of the run that built it."""
     from mlflow import MlflowClient
@@ -163,10 +169,18 @@ def test_cluster_runners_give_identical_output_on_one_cluster(run_cli, tmp_path)
     paths = [p for p, _ in files]
     assert any(p.startswith("mono/lang=de/") for p in paths) and any(p.startswith("bitext/pair=de-en/") for p in paths)
     assert set(_cluster_tags(tmp_path / "ws-threads").values()) == {None}
+    assert _spread(threads)["map"]["workers"] == 1, "threads: one process"
+    timed = json.loads((Path(threads["stages"]["dedup"]["output_dir"]) / "_manifest.json").read_text())["phase_seconds"]
+    assert set(timed) == {"map", "reduce", "resolve", "apply", "assemble"} and all(v >= 0 for v in timed.values())
     for kind in ("ray", "dask"):
         other = run_json(run_cli, "run", "dedup", "--spec", spec, "--workspace", tmp_path / f"ws-{kind}",
                          "--set", f"runner.kind={kind}", "--set", "runner.max_workers=2")
         assert files == manifest_files(other), kind
+        spread = _spread(other)
+        assert all(sum(p["tasks"].values()) == 8 for name, p in spread.items() if name != "resolve"), \
+            "4 tasks per worker slot, each phase"
+        assert spread["map"]["workers"] == 2 and spread["map"]["largest_group_workers"] == 2, \
+            f"{kind}: the largest language's parts were mapped by both workers"
         clusters = _cluster_tags(tmp_path / f"ws-{kind}")
         assert set(clusters) == {"download", "prepare", "dedup"}
         assert len(set(clusters.values())) == 1 and None not in clusters.values(), f"one {kind} cluster: {clusters}"

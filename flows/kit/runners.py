@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
 from contextvars import ContextVar
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 from xylent.flows.kit.progress import Progress
 from xylent.errors import XylentError
@@ -171,10 +174,27 @@ def _submit_all(runner, task, calls: list[dict]) -> list:
     return [runner.submit(task, parameters=kw) for kw in calls]
 
 
+@dataclass(frozen=True)
+class Ran:
+    """A task's result with the worker process that ran it (``host:pid``): a task that returns
+    ``ran(value)`` tells :func:`run_tasks` where it ran, so a stage can say how its work spread."""
+
+    value: Any
+    worker: str
+
+
+def ran(value: Any) -> Ran:
+    return Ran(value, f"{socket.gethostname()}:{os.getpid()}")
+
+
 def run_tasks(task, calls: list[dict], *, runner, title: str = "", unit: str = "tasks",
-              key: str | None = None, progress: Progress | None = None, count: bool = True) -> Iterator:
+              key: str | None = None, progress: Progress | None = None, count: bool = True,
+              workers: list[str] | None = None) -> Iterator:
     """Run ``task`` once per parameter dict on ``runner`` (a RunnerConfig, or an
     already entered task runner), yielding results in submission order.
+
+    A task's :class:`Ran` result is yielded as its value, and its worker appended to
+    ``workers`` (in submission order) when one is given.
 
     Without ``progress`` a bar (terminal + Prefect UI) counts finished tasks;
     pass your own to share one bar between several fan-outs (``count=False``:
@@ -185,20 +205,25 @@ def run_tasks(task, calls: list[dict], *, runner, title: str = "", unit: str = "
     try:
         if isinstance(runner, RunnerConfig):
             with make_task_runner(runner) as entered:
-                yield from _results(entered, task, calls, progress if count else None)
+                yield from _results(entered, task, calls, progress if count else None, workers)
         else:
-            yield from _results(runner, task, calls, progress if count else None)
+            yield from _results(runner, task, calls, progress if count else None, workers)
     finally:
         if own:
             progress.close()
 
 
-def _results(runner, task, calls, progress):
+def _results(runner, task, calls, progress, workers):
     from xylent import interrupt
 
     try:
         for fut in _submit_all(runner, task, calls):
-            yield fut.result()
+            out = fut.result()
+            if isinstance(out, Ran):
+                if workers is not None:
+                    workers.append(out.worker)
+                out = out.value
+            yield out
             if progress is not None:
                 progress.advance(1)
     except BaseException as exc:
