@@ -1,15 +1,18 @@
 """Does a cluster spread one large language? dedup on threads, a local Ray cluster and a local Dask
 cluster, each at 1 and 2 workers of one core apiece, over the same prepared corpus.
 
-    .venv/bin/python benchmarks/cluster.py              # 100 MB of monolingual text, en in many parts
+    .venv/bin/python benchmarks/cluster.py              # 100 MB of monolingual text, the largest group in parts
     .venv/bin/python benchmarks/cluster.py --quick      # a smoke run: 2 MB, one repeat
     .venv/bin/python benchmarks/cluster.py --runners threads ray   # leave Dask out
 
 The corpus is the scaling benchmark's (benchmarks/corpus.py, served over 127.0.0.1, downloaded and
 prepared once by the CLI with `prepare.part_rows` small enough that the largest language spans many
 parts). Then `xylent run dedup --force` per runner and worker count, each in a fresh process whose
-thread pools are capped at one thread (XYLENT_THREADS=1 and the rest: a worker is one core, and Ray's
-and Dask's worker processes inherit the cap). Per run: the stage's own time (its manifest's
+thread pools are capped at one thread (POLARS_MAX_THREADS=1, which also caps MinHash's threads, and the
+rest; Ray's and Dask's worker processes inherit the cap): a worker is one thread. Nothing pins them to
+cores: on a 2-core machine the flow's process, Prefect's server and the cluster's own processes share the
+cores with 2 workers (the `cores busy` column), and the threads runner's 2 workers are 2 threads of one
+process under one GIL. Per run: the stage's own time (its manifest's
 `seconds`, the cluster's start outside it), the command's, how the map phase's tasks spread over the
 worker processes (the manifest's `workers`: tasks per worker, and how many workers ran the largest
 language's parts), and whether the output files are byte-identical to threads' (the manifest's
@@ -161,7 +164,9 @@ def markdown(result: dict) -> str:
                        for k, v in result["ratio_2_over_1"].items())
     return (f"dedup over {harness.num(result['text_mb'])} MB of text ({len(result['languages'])} languages; the largest "
             f"group, {g['group']}, in {g['parts']} parts of {harness.num(g['part_mb'])} MB at `prepare.part_rows` = "
-            f"{harness.num(result['part_rows'])}), per runner at 1 and 2 workers of one core each: the stage's time, "
+            f"{harness.num(result['part_rows'])}), per runner at 1 and 2 workers of one thread each (on "
+            f"{result.get('environment', {}).get('machine', {}).get('cpus', '?')} cores shared with the flow and "
+            "Prefect's server; the threads runner's under one GIL): the stage's time, "
             "each phase's (the flow's own clock; assemble: stats, samples and plots in the flow's process), the "
             "command's (the cluster's start included), the share of the machine's cores busy meanwhile (every "
             "process: workers, the flow, Prefect's server), the map phase's tasks per worker process, how many "

@@ -459,8 +459,11 @@ def _summarise(size_rows: list[dict], passes: dict[int, list[dict]]) -> dict:
                          **{key: _spread([r[key] for r in runs])
                             for key in ("stage_s", "command_s", "process_s", "peak_rss_mb", "rss_before_mb",
                                         "output_mb", "written_mb", "peak_disk_mb")},
-                         # above the CLI's own: the same pass's cached rerun, a command that does no stage work
-                         "own_rss_mb": _spread([max(r["peak_rss_mb"] - p["cached_rerun"]["peak_rss_mb"], 0.0)
+                         # above the CLI's own: the same pass's cached rerun, a command that does no stage work;
+                         # --quick runs every command in one process (process_s None), where a command's peak is
+                         # reset before it and the rerun's holds what earlier commands kept: above its start there
+                         "own_rss_mb": _spread([max(r["peak_rss_mb"] - (r["rss_before_mb"] if r["process_s"] is None
+                                                                        else p["cached_rerun"]["peak_rss_mb"]), 0.0)
                                                 for r, p in zip(runs, passes[k])]),
                          "metrics": runs[0]["metrics"]})
         stages[stage] = rows
@@ -714,8 +717,9 @@ def markdown(result: dict) -> str:
                      f"**{sl['peak_rss_mb']:.2f}**", f"{sl['own_rss_mb']:.2f}",
                      f"{harness.num(m[-1] * 100 ** max(sl['peak_rss_mb'], 0))} MB"])
     out.append("**Peak RSS** of each command's process (VmHWM; in brackets: above the CLI's own, the peak of the "
-               "same pass's cached rerun, a command that does no stage work), the slope of the peak and of the part "
-               "in brackets, and the peak 100× the data would reach by the slope:")
+               "same pass's cached rerun, a command that does no stage work, so the modules a stage imports lazily "
+               "count in its part), the slope of the peak and of the part in brackets, and the peak 100× the data "
+               "would reach by the slope:")
     out.append(harness.table(["stage", *head, "slope", "slope above the CLI's", f"100× ({_mb(big * 100)}), by slope"],
                              rows))
     out.append("![Stage time against corpus size, log-log](../img/benchmarks/scaling_time.png)\n"
@@ -745,8 +749,11 @@ def _memory(result: dict) -> str:
                       f"{'s' if g['parts'] > 1 else ''} of {harness.num(g['part_mb'])} MB"
                       for r, g in zip(result["sizes"], mem["largest"]))
     cli = ", ".join(f"{harness.num(round(c))} MB" for c in mem["cli_rss_mb"])
-    return (f"**Memory against its bound** (docs/stages/*.md): each command's peak RSS above the CLI's own (the "
-            f"peak of the same pass's cached rerun, a command that does no stage work; medians: {cli}), beside the "
+    basis = ("above what the process held before the command (--quick runs every command in one process, so "
+             "the cached rerun's peak is no baseline there)" if result.get("quick") else
+             f"above the CLI's own (the peak of the same pass's cached rerun, a command that does no stage work; "
+             f"medians: {cli})")
+    return (f"**Memory against its bound** (docs/stages/*.md): each command's peak RSS {basis}, beside the "
             f"stage's stated bound at this run's `threads` = {result['threads']} "
             f"and `prepare.part_rows` = {harness.num(result['knobs']['prepare.part_rows'])} (a part: the largest "
             f"group's rows a part holds × its mean row; {parts}); and the log-log slope of that peak over the sizes "

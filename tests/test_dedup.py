@@ -138,3 +138,31 @@ def test_length_ratio_between_a_spaced_and_an_unspaced_language_compares_like_wi
     # two spaced languages keep OpusFilter's word rule
     assert length_outliers(pl.Series(["a b c d e f g"]), pl.Series(["x y"]), "en", "de", "auto",
                            cfg.char_languages, 3.0).tolist() == [True]
+
+
+def test_bucketed_scratch_reads_back_each_bucket_and_refuses_an_unfinished_part(tmp_path):
+    """One scratch file per part: every bucket reads back exactly its rows, in their order, across
+    parts (an empty bucket, a part of no rows); a part whose index was never written is refused."""
+    import polars as pl
+    import pytest
+
+    from xylent.tasks.dedup.scratch import read_bucket, write_buckets
+
+    rng = np.random.default_rng(0)
+    parts = {0: 500, 1: 0, 2: 300}
+    frames = {}
+    for idx, n in parts.items():
+        df = pl.DataFrame({"key": rng.integers(0, 2**40, n, dtype=np.uint64), "rid": np.arange(n, dtype=np.int64) + idx,
+                           "text": [f"t{idx}-{i}" for i in range(n)]}, schema={"key": pl.UInt64, "rid": pl.Int64,
+                                                                               "text": pl.String})
+        bucket = (df["key"].to_numpy() % 7).astype(np.int64)
+        bucket[bucket == 3] = 4  # bucket 3 stays empty everywhere
+        frames[idx] = df.with_columns(pl.Series("b", bucket))
+        write_buckets(df, bucket, tmp_path, idx, 7)
+    for b in range(7):
+        got = read_bucket(tmp_path, b)
+        want = pl.concat([f.filter(pl.col("b") == b).drop("b") for f in frames.values()])
+        assert (got is None) if b == 3 else got.equals(want), b
+    (tmp_path / "p00002.index.npy").unlink()  # the map of part 2 stopped after its data
+    with pytest.raises(RuntimeError, match="p00002.arrows: the map of this part did not finish"):
+        read_bucket(tmp_path, 0)

@@ -179,7 +179,7 @@ def test_cluster_runners_give_identical_output_on_one_cluster(run_cli, tmp_path)
         spread = _spread(other)
         assert all(sum(p["tasks"].values()) == 8 for name, p in spread.items() if name != "resolve"), \
             "4 tasks per worker slot, each phase"
-        assert spread["map"]["workers"] == 2 and spread["map"]["largest_group_workers"] == 2, \
+        assert spread["map"]["workers"] >= 2 and spread["map"]["largest_group_workers"] >= 2, \
             f"{kind}: the largest language's parts were mapped by both workers"
         clusters = _cluster_tags(tmp_path / f"ws-{kind}")
         assert set(clusters) == {"download", "prepare", "dedup"}

@@ -11,6 +11,8 @@ beside it gives each bucket's byte range, so a reduce reads its bucket's bytes f
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +28,7 @@ def write_scratch(df: pl.DataFrame, path: Path) -> None:
 
 def write_buckets(df: pl.DataFrame, bucket: np.ndarray, root: Path, part_idx: int, buckets: int) -> None:
     """The part's rows split by ``bucket`` into ``root/p<part>.arrows``, its index written last: a part
-    without an index is one whose map did not finish, and no reduce reads it."""
+    without an index is one whose map did not finish, and a reduce refuses it."""
     root.mkdir(parents=True, exist_ok=True)
     bucket = np.asarray(bucket, dtype=np.int64)
     order = np.argsort(bucket, kind="stable")
@@ -36,13 +38,17 @@ def write_buckets(df: pl.DataFrame, bucket: np.ndarray, root: Path, part_idx: in
     index = np.zeros(buckets + 1, dtype=np.int64)
     data, done = root / f"p{part_idx:05d}.arrows", root / f"p{part_idx:05d}{INDEX}"
     done.unlink(missing_ok=True)
-    with pa.OSFile(str(data), "wb") as sink:
+    # under a name of this process until whole: a task a cluster runs twice (a worker it took for lost)
+    # never writes into the file the other's index describes
+    part = data.with_name(f"{data.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+    with pa.OSFile(str(part), "wb") as sink:
         for b in range(buckets):
             if counts[b]:
                 with pa.ipc.new_stream(sink, table.schema) as writer:
                     writer.write_table(table.slice(starts[b], counts[b]))
             index[b + 1] = sink.tell()
-    tmp = done.with_suffix(".tmp.npy")
+    part.replace(data)
+    tmp = part.with_name(f"{part.name}.index.npy")  # not a p*.index.npy name until replaced
     np.save(tmp, index)
     tmp.replace(done)
 
@@ -51,10 +57,13 @@ def read_bucket(root: Path, bucket: int) -> pl.DataFrame | None:
     """Bucket ``bucket``'s rows from every finished part under ``root`` (read, not mapped: mapped pages would
     count as resident memory for as long as the rows live); None where no part has any."""
     tables = []
-    for done in sorted(root.glob(f"p*{INDEX}")):
+    for data in sorted(root.glob("p*.arrows")):
+        done = data.with_name(data.name.removesuffix(".arrows") + INDEX)
+        if not done.exists():  # its map stopped between the two: its keys are not all there
+            raise RuntimeError(f"{data}: the map of this part did not finish (no {done.name}); rerun the stage")
         lo, hi = (int(x) for x in np.load(done, mmap_mode="r")[bucket:bucket + 2])
         if hi > lo:
-            with pa.OSFile(str(done.with_name(done.name.removesuffix(INDEX) + ".arrows"))) as f:
+            with pa.OSFile(str(data)) as f:
                 tables.append(pa.ipc.open_stream(f.read_at(hi - lo, lo)).read_all())
     if not tables:
         return None
