@@ -107,7 +107,7 @@ recipes: $(STAMP)
 # every benchmark at full size (about an hour on 2 cores; run it on a quiet machine), then the
 # measured parts of docs/records/benchmarks.md are rewritten from benchmarks/results/*.json.
 # `make bench QUICK=1`: the smoke sizes (results and a rendered doc under benchmarks/results/quick/).
-BENCH := prepare_throughput dedup vocab sampling shards scaling pretrain evaluate audit finetune overhead
+BENCH := prepare_throughput dedup vocab sampling shards scaling cluster pretrain evaluate audit finetune overhead
 bench: $(STAMP)
 	for b in $(BENCH); do $(BIN)/python benchmarks/$$b.py $(if $(QUICK),--quick) || exit 1; done
 	$(BIN)/python benchmarks/render.py $(if $(QUICK),--results benchmarks/results/quick \

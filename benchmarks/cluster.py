@@ -16,7 +16,9 @@ process under one GIL. Per run: the stage's own time (its manifest's
 `seconds`, the cluster's start outside it), the command's, how the map phase's tasks spread over the
 worker processes (the manifest's `workers`: tasks per worker, and how many workers ran the largest
 language's parts), and whether the output files are byte-identical to threads' (the manifest's
-sha256 of every file). Target: 2 workers take at most 0.65x one worker's time on each runner.
+sha256 of every file). Target: 2 workers take at most 0.65x one worker's time on each runner. A full run
+lets each command start its own temporary Prefect server, as the CLI does without PREFECT_API_URL; --quick
+(a smoke run beside other tests, whose servers would race it for a port) shares one among its commands.
 """
 
 from __future__ import annotations
@@ -91,35 +93,51 @@ def main(argv: list[str] | None = None) -> int:
     saved_env = dict(os.environ)
     tmp = Path(tempfile.mkdtemp(prefix="xylent-cluster-"))
     runs: dict[str, list[dict]] = {}
+    prepared: dict = {}
     try:
         scaling._isolate(tmp)
         folder = scaling.corpus_folder(tmp, mb)
         size = scaling.make_corpus(folder, mb, LANGS)
         ws = tmp / "ws"
-        with scaling.serve(folder) as base:
-            spec = tmp / "spec.json"
-            spec.write_text(json.dumps(scaling.bench_spec(base, quick=True, workers=2, langs=LANGS,
-                                                          part_rows=part_rows)))
-            prepared = harness.in_fresh_process("scaling", "run_stage", {"stage": "prepare", "spec": str(spec),
-                                                                       "workspace": str(ws)}, threads=2)["result"]
-        for rep in range(args.warmup + args.repeats):
-            # 1 and 2 workers in turn, the order flipped each repeat: drift on the host falls on both
-            for kind in kinds:
-                for w in (WORKERS if rep % 2 == 0 else WORKERS[::-1]):
-                    r = harness.in_fresh_process("cluster", "run_forced", {
-                        "stage": "dedup", "spec": str(spec), "workspace": str(ws),
-                        "overrides": [f"runner.kind={kind}", f"runner.max_workers={w}"]},
-                        threads=1, preload=scaling.CLI)
-                    print(f"{kind} x{w}: dedup {r['result']['stage_s']:.2f} s", flush=True)
-                    if rep >= args.warmup:
-                        runs.setdefault(f"{kind}-{w}", []).append({**r["result"], "peak_rss_mb": r["peak_rss_mb"]})
+        with contextlib.ExitStack() as stack:
+            if args.quick:
+                # a smoke run shares the machine with other tests, whose commands' temporary Prefect servers
+                # would race this one's for a port: one server for every command here instead
+                from prefect.settings import PREFECT_API_URL
+                from prefect.testing.utilities import prefect_test_harness
+
+                stack.enter_context(prefect_test_harness(server_startup_timeout=120))
+                os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
+            _measure(args, kinds, folder, ws, tmp, part_rows, runs, prepared)
     finally:
         os.environ.clear()
         os.environ.update(saved_env)
         shutil.rmtree(tmp, ignore_errors=True)
-    payload = summarise(runs, size, prepared, part_rows)
+    payload = summarise(runs, size, prepared["stage"], part_rows)
     harness.write_result("cluster", payload, args)
     return 0
+
+
+def _measure(args, kinds: list[str], folder: Path, ws: Path, tmp: Path, part_rows: int, runs: dict,
+             prepared: dict) -> None:
+    """Prepare once (``prepared["stage"]``), then dedup per runner, worker count and repeat into ``runs``."""
+    with scaling.serve(folder) as base:
+        spec = tmp / "spec.json"
+        spec.write_text(json.dumps(scaling.bench_spec(base, quick=True, workers=2, langs=LANGS,
+                                                      part_rows=part_rows)))
+        prepared["stage"] = harness.in_fresh_process("scaling", "run_stage", {
+            "stage": "prepare", "spec": str(spec), "workspace": str(ws)}, threads=2)["result"]
+    for rep in range(args.warmup + args.repeats):
+        # 1 and 2 workers in turn, the order flipped each repeat: drift on the host falls on both
+        for kind in kinds:
+            for w in (WORKERS if rep % 2 == 0 else WORKERS[::-1]):
+                r = harness.in_fresh_process("cluster", "run_forced", {
+                    "stage": "dedup", "spec": str(spec), "workspace": str(ws),
+                    "overrides": [f"runner.kind={kind}", f"runner.max_workers={w}"]},
+                    threads=1, preload=scaling.CLI)
+                print(f"{kind} x{w}: dedup {r['result']['stage_s']:.2f} s", flush=True)
+                if rep >= args.warmup:
+                    runs.setdefault(f"{kind}-{w}", []).append({**r["result"], "peak_rss_mb": r["peak_rss_mb"]})
 
 
 def summarise(runs: dict[str, list[dict]], size: dict, prepared: dict, part_rows: int) -> dict:
