@@ -93,7 +93,6 @@ def main(argv: list[str] | None = None) -> int:
     saved_env = dict(os.environ)
     tmp = Path(tempfile.mkdtemp(prefix="xylent-cluster-"))
     runs: dict[str, list[dict]] = {}
-    prepared: dict = {}
     try:
         scaling._isolate(tmp)
         folder = scaling.corpus_folder(tmp, mb)
@@ -108,24 +107,23 @@ def main(argv: list[str] | None = None) -> int:
 
                 stack.enter_context(prefect_test_harness(server_startup_timeout=120))
                 os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
-            _measure(args, kinds, folder, ws, tmp, part_rows, runs, prepared)
+            prepared = _measure(args, kinds, folder, ws, tmp, part_rows, runs)
     finally:
         os.environ.clear()
         os.environ.update(saved_env)
         shutil.rmtree(tmp, ignore_errors=True)
-    payload = summarise(runs, size, prepared["stage"], part_rows)
+    payload = summarise(runs, size, prepared, part_rows)
     harness.write_result("cluster", payload, args)
     return 0
 
 
-def _measure(args, kinds: list[str], folder: Path, ws: Path, tmp: Path, part_rows: int, runs: dict,
-             prepared: dict) -> None:
-    """Prepare once (``prepared["stage"]``), then dedup per runner, worker count and repeat into ``runs``."""
+def _measure(args, kinds: list[str], folder: Path, ws: Path, tmp: Path, part_rows: int, runs: dict) -> dict:
+    """Prepare once, then dedup per runner, worker count and repeat into ``runs``; prepare's result."""
     with scaling.serve(folder) as base:
         spec = tmp / "spec.json"
         spec.write_text(json.dumps(scaling.bench_spec(base, quick=True, workers=2, langs=LANGS,
                                                       part_rows=part_rows)))
-        prepared["stage"] = harness.in_fresh_process("scaling", "run_stage", {
+        prepared = harness.in_fresh_process("scaling", "run_stage", {
             "stage": "prepare", "spec": str(spec), "workspace": str(ws)}, threads=2)["result"]
     for rep in range(args.warmup + args.repeats):
         # 1 and 2 workers in turn, the order flipped each repeat: drift on the host falls on both
@@ -138,6 +136,7 @@ def _measure(args, kinds: list[str], folder: Path, ws: Path, tmp: Path, part_row
                 print(f"{kind} x{w}: dedup {r['result']['stage_s']:.2f} s", flush=True)
                 if rep >= args.warmup:
                     runs.setdefault(f"{kind}-{w}", []).append({**r["result"], "peak_rss_mb": r["peak_rss_mb"]})
+    return prepared
 
 
 def summarise(runs: dict[str, list[dict]], size: dict, prepared: dict, part_rows: int) -> dict:

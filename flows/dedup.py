@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -88,16 +89,12 @@ def dedup(ctx: StageContext) -> StageOutcome:
 def worker_spread(items: list[dict], calls: dict[str, list[dict]], workers: dict[str, list[str]]) -> dict:
     """How each phase's tasks spread over the runner's worker processes: tasks per worker, and how many
     workers ran the largest group's (the language or pair of most parts) share of the map and apply."""
-    parts: dict[tuple, int] = {}
-    for it in items:
-        parts[it["kind"], it["name"]] = parts.get((it["kind"], it["name"]), 0) + 1
+    parts = Counter((it["kind"], it["name"]) for it in items)
     largest = max(parts, key=parts.get) if parts else None
     out = {"largest_group": None if largest is None else {"kind": largest[0], "name": largest[1],
                                                           "parts": parts[largest]}, "phases": {}}
     for name, ws in workers.items():
-        tasks: dict[str, int] = {}
-        for w in ws:
-            tasks[w] = tasks.get(w, 0) + 1
+        tasks = dict(Counter(ws))
         phase = {"tasks": tasks, "workers": len(tasks), "tasks_max": max(tasks.values(), default=0),
                  "tasks_min": min(tasks.values(), default=0)}
         if name in ("map", "apply") and largest is not None:

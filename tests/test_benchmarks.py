@@ -6,6 +6,7 @@ Timings are never asserted here: speed targets are judged by the full runs
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "benchmarks")]
 
+import harness  # noqa: E402
 import render  # noqa: E402
 
 # every smoke run: no untimed warm-up round (a smoke run's timings are never read)
@@ -44,6 +46,16 @@ def test_the_doc_names_a_block_for_every_benchmark_and_every_script_exists():
         assert result["repeats"] >= 3, f"{name}: a committed result needs >= 3 repeats"
         env = result["environment"]
         assert env["machine"]["cpus"] and env["versions"]["numpy"] and env["git"]["commit"], name
+
+
+@pytest.mark.parametrize("name", render.DERIVED)
+def test_a_derived_result_is_what_its_committed_inputs_give(name):
+    """Stale after a new scaling or GPU run until `benchmarks/<name>.py` is rerun: a derived result
+    (the GPU-hours projection, the real corpus's cost) is arithmetic over other committed results."""
+    committed = json.loads((harness.RESULTS / f"{name}.json").read_text())
+    now = json.loads(json.dumps(importlib.import_module(name).project(harness.RESULTS)))
+    assert now == {k: committed.get(k) for k in now}, \
+        f"benchmarks/results/{name}.json is stale: run `python benchmarks/{name}.py` and `render.py`"
 
 
 def test_a_hand_typed_figure_inside_a_generated_block_is_caught(tmp_path):

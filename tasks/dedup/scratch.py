@@ -31,10 +31,11 @@ def write_buckets(df: pl.DataFrame, bucket: np.ndarray, root: Path, part_idx: in
     without an index is one whose map did not finish, and a reduce refuses it."""
     root.mkdir(parents=True, exist_ok=True)
     bucket = np.asarray(bucket, dtype=np.int64)
+    # one bucket's rows gathered at a time: a copy of the whole sorted part would double the map's memory
     order = np.argsort(bucket, kind="stable")
-    table = df[order].to_arrow()
     counts = np.bincount(bucket, minlength=buckets)
     starts = np.r_[0, np.cumsum(counts)]
+    schema = df.head(0).to_arrow().schema
     index = np.zeros(buckets + 1, dtype=np.int64)
     data, done = root / f"p{part_idx:05d}.arrows", root / f"p{part_idx:05d}{INDEX}"
     done.unlink(missing_ok=True)
@@ -44,8 +45,8 @@ def write_buckets(df: pl.DataFrame, bucket: np.ndarray, root: Path, part_idx: in
     with pa.OSFile(str(part), "wb") as sink:
         for b in range(buckets):
             if counts[b]:
-                with pa.ipc.new_stream(sink, table.schema) as writer:
-                    writer.write_table(table.slice(starts[b], counts[b]))
+                with pa.ipc.new_stream(sink, schema) as writer:
+                    writer.write_table(df[order[starts[b]:starts[b + 1]]].to_arrow())
             index[b + 1] = sink.tell()
     part.replace(data)
     tmp = part.with_name(f"{part.name}.index.npy")  # not a p*.index.npy name until replaced
