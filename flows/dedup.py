@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections import Counter
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
@@ -11,7 +10,8 @@ from prefect.cache_policies import NO_CACHE
 from xylent.flows.kit.stage import StageContext, StageOutcome, stage_flow
 from xylent.flows.kit.progress import Progress
 from xylent.flows.registry import STAGE_BY_NAME
-from xylent.flows.kit.runners import batches, make_task_runner, ran, run_tasks, task_slots
+from xylent.flows.kit.runners import (batches, make_task_runner, ran, record_spread, run_tasks, task_slots,
+                                      worker_spread)
 
 
 @task(name="dedup-map", cache_policy=NO_CACHE)
@@ -77,28 +77,5 @@ def dedup(ctx: StageContext) -> StageOutcome:
     t = time.perf_counter()
     outcome = assemble(items, applied, work, ctx.out, cfg.samples_per_reason)
     seconds["assemble"] = round(time.perf_counter() - t, 3)
-    spread = worker_spread(items, {name: calls for name, _, calls in phases}, ran_by)
-    outcome.manifest["workers"] = spread
-    outcome.manifest["phase_seconds"] = seconds
-    outcome.metrics.update({f"workers.{name}.{k}": v for name, s in spread["phases"].items()
-                            for k, v in s.items() if k != "tasks"})
-    outcome.metrics.update({f"seconds.{name}": v for name, v in seconds.items()})
-    return outcome
-
-
-def worker_spread(items: list[dict], calls: dict[str, list[dict]], workers: dict[str, list[str]]) -> dict:
-    """How each phase's tasks spread over the runner's worker processes: tasks per worker, and how many
-    workers ran the largest group's (the language or pair of most parts) share of the map and apply."""
-    parts = Counter((it["kind"], it["name"]) for it in items)
-    largest = max(parts, key=parts.get) if parts else None
-    out = {"largest_group": None if largest is None else {"kind": largest[0], "name": largest[1],
-                                                          "parts": parts[largest]}, "phases": {}}
-    for name, ws in workers.items():
-        tasks = dict(Counter(ws))
-        phase = {"tasks": tasks, "workers": len(tasks), "tasks_max": max(tasks.values(), default=0),
-                 "tasks_min": min(tasks.values(), default=0)}
-        if name in ("map", "apply") and largest is not None:
-            phase["largest_group_workers"] = len({w for call, w in zip(calls[name], ws)
-                                                   if any((it["kind"], it["name"]) == largest for it in call["items"])})
-        out["phases"][name] = phase
-    return out
+    spread = worker_spread(items, {name: calls for name, _, calls in phases}, ran_by, split=("map", "apply"))
+    return record_spread(outcome, spread, seconds)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 from prefect import task
@@ -11,7 +12,8 @@ from prefect.cache_policies import NO_CACHE
 from xylent.flows.kit.stage import StageContext, StageOutcome, stage_flow
 from xylent.flows.kit.progress import Progress
 from xylent.flows.registry import STAGE_BY_NAME
-from xylent.flows.kit.runners import batches, make_task_runner, run_tasks, task_slots
+from xylent.flows.kit.runners import (batches, make_task_runner, ran, record_spread, run_tasks, task_slots,
+                                      worker_spread)
 from xylent.spec import ShardsConfig
 
 
@@ -19,14 +21,14 @@ from xylent.spec import ShardsConfig
 def tokenize_task(items: list[dict], model: Path, out: Path, cfg: ShardsConfig) -> list[dict]:
     from xylent.tasks.shards.run import tokenize_items
 
-    return tokenize_items(items, model, out, cfg.seq_len, cfg.shard_mb << 20)
+    return ran(tokenize_items(items, model, out, cfg.seq_len, cfg.shard_mb << 20))
 
 
 @task(name="pack", task_run_name="pack {name}", cache_policy=NO_CACHE)
 def pack_task(name: str, tokenized: list[dict], out: Path, cfg: ShardsConfig, specials: dict) -> dict:
     from xylent.tasks.shards.run import pack_part
 
-    return pack_part(name, tokenized, out, cfg.seq_len, cfg.shard_mb << 20, specials)
+    return ran(pack_part(name, tokenized, out, cfg.seq_len, cfg.shard_mb << 20, specials))
 
 
 @stage_flow(STAGE_BY_NAME["shards"])
@@ -37,20 +39,31 @@ def shards(ctx: StageContext) -> StageOutcome:
     cfg = ctx.spec.shards
     model = tokenizer_path(ctx.upstream["vocab"])
     _, specials = tokenizer_and_specials(ctx.upstream["vocab"])  # refused here when the vocab lacks a special piece
-    parts = batches(work_items(ctx.upstream["dedup"]), task_slots(ctx.spec.runner))
-    progress = Progress("shards", len(parts), unit="tasks", key="shards-progress")
+    items = work_items(ctx.upstream["dedup"])
+    tokenize_calls = [{"items": b, "model": model, "out": ctx.out, "cfg": cfg}
+                      for b in batches(items, task_slots(ctx.spec.runner))]
+    progress = Progress("shards", len(tokenize_calls), unit="tasks", key="shards-progress")
+    ran_by, seconds = {"tokenize": [], "pack": []}, {}
     try:
         with make_task_runner(ctx.spec.runner) as runner:
-            done = [d for batch in run_tasks(tokenize_task, [
-                {"items": b, "model": model, "out": ctx.out, "cfg": cfg} for b in parts], runner=runner,
-                progress=progress) for d in batch]
+            t = time.perf_counter()
+            done = [d for batch in run_tasks(tokenize_task, tokenize_calls, runner=runner, progress=progress,
+                                             workers=ran_by["tokenize"]) for d in batch]
+            seconds["tokenize"] = round(time.perf_counter() - t, 3)
             langs = sorted({d["name"] for d in done if d["kind"] == "mrtd"})
+            t = time.perf_counter()
             packed = list(run_tasks(pack_task, [
                 {"name": lang, "tokenized": sorted((d for d in done if d["kind"] == "mrtd" and d["name"] == lang),
                                                    key=lambda d: d["idx"]),
                  "out": ctx.out, "cfg": cfg, "specials": specials} for lang in langs], runner=runner,
-                progress=progress, count=False))
+                progress=progress, count=False, workers=ran_by["pack"]))
+            seconds["pack"] = round(time.perf_counter() - t, 3)
     finally:
         progress.close()
     shutil.rmtree(ctx.out / "_tokens", ignore_errors=True)
-    return assemble(packed, done, model, specials, cfg, ctx.out)
+    t = time.perf_counter()
+    outcome = assemble(packed, done, model, specials, cfg, ctx.out)
+    seconds["assemble"] = round(time.perf_counter() - t, 3)
+    # a language's parts are tokenised by any worker; its packing is one task (a sequence carries over parts)
+    return record_spread(outcome, worker_spread(items, {"tokenize": tokenize_calls}, ran_by, split=("tokenize",)),
+                         seconds)

@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -146,6 +147,19 @@ def test_processes_runner_writes_the_same_vocab_and_shards(threads_run, spec, de
         out = Path(res["stages"][stage]["output_dir"])
         assert out.name == threads_run[stage].name, "the runner is not part of the fingerprint"
         assert_same_output(stage, threads_run[stage], threads_run["ws"], out, ws)
+    # which process ran each task: the parent's threads in one, the pool's worker processes in the other
+    spreads = {kind: json.loads((d / "_manifest.json").read_text()) for kind, d in
+               (("threads", threads_run["shards"]), ("processes", Path(res["stages"]["shards"]["output_dir"])))}
+    for kind, manifest in spreads.items():
+        phases = manifest["workers"]["phases"]
+        assert set(phases) == {"tokenize", "pack"}
+        assert set(manifest["phase_seconds"]) == {"tokenize", "pack", "assemble"}
+        assert sum(phases["pack"]["tasks"].values()) == len(LANGS), f"{kind}: one pack task per language"
+        assert phases["tokenize"]["largest_group_workers"] >= 1
+    pids = {kind: {w.rsplit(":", 1)[1] for p in m["workers"]["phases"].values() for w in p["tasks"]}
+            for kind, m in spreads.items()}
+    assert pids["threads"] == {str(os.getpid())}, "threads: this process (the CLI runs in it here)"
+    assert str(os.getpid()) not in pids["processes"], "processes: the pool's, never the CLI's"
 
 
 def test_force_rerun_writes_the_same_vocab_and_shards(threads_run, spec, tmp_path):

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import socket
+from collections import Counter
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -14,6 +15,7 @@ from typing import Any, Iterator
 from xylent.flows.kit.progress import Progress
 from xylent.errors import XylentError
 from xylent.spec import RunnerConfig
+from xylent.stage import StageOutcome
 
 # The Dask scheduler or Ray cluster this invocation started (or joined): every stage's
 # task runner connects to it instead of starting a cluster of its own (~5 s each).
@@ -185,6 +187,38 @@ class Ran:
 
 def ran(value: Any) -> Ran:
     return Ran(value, f"{socket.gethostname()}:{os.getpid()}")
+
+
+def worker_spread(items: list[dict], calls: dict[str, list[dict]], workers: dict[str, list[str]], *,
+                  split: tuple[str, ...]) -> dict:
+    """How each phase's tasks spread over the runner's worker processes (``workers``: each phase's
+    :class:`Ran` workers, in the order of its ``calls``): tasks per worker and, for the ``split`` phases
+    (those whose calls carry ``items`` of a group's parts), how many workers ran the largest group's
+    (the language or pair of most parts) share: 1 means one language's work did not spread."""
+    parts = Counter((it["kind"], it["name"]) for it in items)
+    largest = max(parts, key=parts.get) if parts else None
+    out = {"largest_group": None if largest is None else {"kind": largest[0], "name": largest[1],
+                                                          "parts": parts[largest]}, "phases": {}}
+    for name, ws in workers.items():
+        tasks = dict(Counter(ws))
+        phase = {"tasks": tasks, "workers": len(tasks), "tasks_max": max(tasks.values(), default=0),
+                 "tasks_min": min(tasks.values(), default=0)}
+        if name in split and largest is not None:
+            phase["largest_group_workers"] = len({w for call, w in zip(calls[name], ws)
+                                                   if any((it["kind"], it["name"]) == largest for it in call["items"])})
+        out["phases"][name] = phase
+    return out
+
+
+def record_spread(outcome: StageOutcome, spread: dict, seconds: dict[str, float]) -> StageOutcome:
+    """The manifest keeps the spread whole (``workers``) and each phase's seconds (``phase_seconds``);
+    the metrics their numbers (``workers.<phase>.*``, ``seconds.<phase>``) for MLflow's charts."""
+    outcome.manifest["workers"] = spread
+    outcome.manifest["phase_seconds"] = seconds
+    outcome.metrics.update({f"workers.{name}.{k}": v for name, s in spread["phases"].items()
+                            for k, v in s.items() if k != "tasks"})
+    outcome.metrics.update({f"seconds.{name}": v for name, v in seconds.items()})
+    return outcome
 
 
 def run_tasks(task, calls: list[dict], *, runner, title: str = "", unit: str = "tasks",
