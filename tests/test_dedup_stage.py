@@ -201,7 +201,41 @@ def test_dask_runner_joins_the_cluster_at_runner_address(run_cli, tmp_path):
             assert client.submit(sum, [1, 2]).result() == 3
 
 
+def _hold(i: int) -> tuple[int, float, float]:
+    import os
+    import time
+
+    start = time.time()
+    time.sleep(0.4)
+    return os.getpid(), start, time.time()
+
+
+def test_max_workers_caps_the_tasks_a_dask_runner_runs_at_once_outside_an_invocation():
+    """A flow run outside the CLI (no invocation cluster) gets a local Dask cluster of its own:
+    runner.max_workers is the number of tasks that run at once there too (the stages' memory bounds
+    count on it), not worker processes of cores / max_workers threads each."""
+    from prefect import flow, task
+
+    from xylent.flows.kit.runners import make_task_runner, run_tasks
+    from xylent.spec import RunnerConfig
+
+    hold = task(_hold, name="hold")
+
+    @flow
+    def spread(workers: int) -> list:
+        with make_task_runner(RunnerConfig(kind="dask", max_workers=workers)) as runner:
+            return list(run_tasks(hold, [{"i": i} for i in range(4)], runner=runner))
+
+    def overlaps(runs: list) -> int:  # the most tasks running at one moment
+        return max(sum(s <= t < e for _, s, e in runs) for _, t, _ in runs)
+
+    one = spread(1)
+    assert overlaps(one) == 1 and len({pid for pid, _, _ in one}) == 1
+    assert overlaps(spread(2)) <= 2
+
+
 def _big_spec(tmp: Path) -> Path:
+
     rng = random.Random(1)
     with open(tmp / "big.txt", "w") as f:
         for d in range(6000):

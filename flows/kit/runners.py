@@ -159,7 +159,10 @@ def make_task_runner(cfg: RunnerConfig):
 
         if address := cfg.address or _CLUSTER.get():
             return DaskTaskRunner(address=address)
-        return DaskTaskRunner(cluster_kwargs={"n_workers": cfg.max_workers or 2, "processes": True})
+        # one task at a time per worker, as _start_dask's cluster: LocalCluster's default gives each
+        # worker cores / n_workers threads, and max_workers would then not cap the tasks (nor their memory)
+        return DaskTaskRunner(cluster_kwargs={"n_workers": cfg.max_workers or 2, "processes": True,
+                                              "threads_per_worker": 1, "dashboard_address": None})
     if cfg.kind == "ray":
         _require("ray", "prefect_ray")
         from prefect_ray import RayTaskRunner
