@@ -4,8 +4,8 @@ scaling benchmark's measured rates (benchmarks/results/scaling.json), never type
     .venv/bin/python benchmarks/data_cost.py     # writes benchmarks/results/data_cost.json
     .venv/bin/python benchmarks/render.py        # then its block in docs/records/benchmarks.md
 
-Rerun it after scaling.py writes a new run: tests/test_data_cost.py fails while the committed projection is
-not what the committed inputs give.
+Rerun it after scaling.py writes a new run: tests/test_benchmarks.py's derived-result test fails while the
+committed projection is not what the committed inputs give.
 
 The corpus. Monolingual: CC-100 as XY-LENT used it ("we follow Chi et al. (2022) and use the CC-100
 dataset"), at the per-language sizes of Chi et al.'s own reconstruction of it, InfoXLM's Table 8 (GB), read

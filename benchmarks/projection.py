@@ -5,8 +5,8 @@ written by gpu_results.py) and pretrain.json's GPU section where a run measured 
     .venv/bin/python benchmarks/projection.py     # writes benchmarks/results/projection.json
     .venv/bin/python benchmarks/render.py         # then its block in docs/records/benchmarks.md
 
-Rerun it after gpu_results.py brings rows back: tests/test_projection.py fails while the committed
-projection.json is not what the committed rows give.
+Rerun it after gpu_results.py brings rows back: tests/test_benchmarks.py's derived-result test fails while
+the committed projection.json is not what the committed rows give.
 
 GPU-hours = the budget's tokens / (tokens/s measured on one GPU) / 3600. On N GPUs the wall-clock is
 tokens / (tokens/s x N) / 3600: linear data-parallel scaling, the one assumption that takes one measured

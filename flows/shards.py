@@ -12,20 +12,20 @@ from prefect.cache_policies import NO_CACHE
 from xylent.flows.kit.stage import StageContext, StageOutcome, stage_flow
 from xylent.flows.kit.progress import Progress
 from xylent.flows.registry import STAGE_BY_NAME
-from xylent.flows.kit.runners import (batches, make_task_runner, ran, record_spread, run_tasks, task_slots,
+from xylent.flows.kit.runners import (Ran, batches, make_task_runner, ran, record_spread, run_tasks, task_slots,
                                       worker_spread)
 from xylent.spec import ShardsConfig
 
 
 @task(name="tokenize", cache_policy=NO_CACHE)
-def tokenize_task(items: list[dict], model: Path, out: Path, cfg: ShardsConfig) -> list[dict]:
+def tokenize_task(items: list[dict], model: Path, out: Path, cfg: ShardsConfig) -> Ran:
     from xylent.tasks.shards.run import tokenize_items
 
     return ran(tokenize_items(items, model, out, cfg.seq_len, cfg.shard_mb << 20))
 
 
 @task(name="pack", task_run_name="pack {name}", cache_policy=NO_CACHE)
-def pack_task(name: str, tokenized: list[dict], out: Path, cfg: ShardsConfig, specials: dict) -> dict:
+def pack_task(name: str, tokenized: list[dict], out: Path, cfg: ShardsConfig, specials: dict) -> Ran:
     from xylent.tasks.shards.run import pack_part
 
     return ran(pack_part(name, tokenized, out, cfg.seq_len, cfg.shard_mb << 20, specials))

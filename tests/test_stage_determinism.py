@@ -7,7 +7,7 @@ small vocabulary grid; the pipeline runs --until dedup once per module and every
 scenario starts from a copy of that workspace.
 
 Only ``_manifest.json`` differs between two runs (start time, duration, MLflow and
-Prefect run ids); every other file, the tokenizers and ``index.json`` included, is
+Prefect run ids, the worker processes that ran the tasks and each phase's seconds); every other file, the tokenizers and ``index.json`` included, is
 compared byte for byte.  (The tokenizers used to embed the stage's temporary build
 path and ``index.json`` the workspace's absolute path:
 ``test_tokenizer_files_do_not_embed_the_temporary_build_path`` keeps them out.)
@@ -150,15 +150,21 @@ def test_processes_runner_writes_the_same_vocab_and_shards(threads_run, spec, de
     # which process ran each task: the parent's threads in one, the pool's worker processes in the other
     spreads = {kind: json.loads((d / "_manifest.json").read_text()) for kind, d in
                (("threads", threads_run["shards"]), ("processes", Path(res["stages"]["shards"]["output_dir"])))}
+    from xylent.tasks.shards.run import work_items
+
+    # dedup's parts batched into at most 4 x runner.max_workers (2) tasks
+    tokenize_tasks = min(8, len(work_items(Path(res["stages"]["dedup"]["output_dir"]))))
     for kind, manifest in spreads.items():
         phases = manifest["workers"]["phases"]
         assert set(phases) == {"tokenize", "pack"}
         assert set(manifest["phase_seconds"]) == {"tokenize", "pack", "assemble"}
         assert sum(phases["pack"]["tasks"].values()) == len(LANGS), f"{kind}: one pack task per language"
-        assert phases["tokenize"]["largest_group_workers"] >= 1
+        assert sum(phases["tokenize"]["tasks"].values()) == tokenize_tasks, f"{kind}: every tokenise task counted"
+        assert 1 <= phases["tokenize"]["largest_group_workers"] <= phases["tokenize"]["workers"] <= 2
     pids = {kind: {w.rsplit(":", 1)[1] for p in m["workers"]["phases"].values() for w in p["tasks"]}
             for kind, m in spreads.items()}
     assert pids["threads"] == {str(os.getpid())}, "threads: this process (the CLI runs in it here)"
+    assert spreads["threads"]["workers"]["phases"]["tokenize"]["workers"] == 1
     assert str(os.getpid()) not in pids["processes"], "processes: the pool's, never the CLI's"
 
 
