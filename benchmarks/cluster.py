@@ -179,9 +179,10 @@ def markdown(result: dict) -> str:
                      m.get("largest_group_workers", "–"), "yes" if r["identical_to_threads"] else "**no**"])
     ratios = ", ".join(f"{k} {v:.2f} ({'within' if result['within'][k] else '**over**'})"
                        for k, v in result["ratio_2_over_1"].items())
-    return (f"dedup over {harness.num(result['text_mb'])} MB of text ({len(result['languages'])} languages; the largest "
-            f"group, {g['group']}, in {g['parts']} parts of {harness.num(g['part_mb'])} MB at `prepare.part_rows` = "
-            f"{harness.num(result['part_rows'])}), per runner at 1 and 2 workers of one thread each (on "
+    return (f"dedup over {harness.num(result['text_mb'])} MB of text ({len(result['languages'])} languages; the "
+            f"largest group, {g['group']}, in {g['parts']} parts of {harness.num(g['part_mb'])} MB at "
+            f"`prepare.part_rows` = {harness.num(result['part_rows'])}), per runner at 1 and 2 workers of one thread "
+            "each (on "
             f"{result.get('environment', {}).get('machine', {}).get('cpus', '?')} cores shared with the flow and "
             "Prefect's server; the threads runner's under one GIL): the stage's time, "
             "each phase's (the flow's own clock; assemble: stats, samples and plots in the flow's process), the "

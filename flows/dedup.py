@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import time
-
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from xylent.flows.kit.stage import StageContext, StageOutcome, stage_flow
 from xylent.flows.kit.progress import Progress
 from xylent.flows.registry import STAGE_BY_NAME
-from xylent.flows.kit.runners import (batches, make_task_runner, ran, record_spread, run_tasks, task_slots,
+from xylent.flows.kit.runners import (batches, make_task_runner, ran, record_spread, run_tasks, task_slots, timed,
                                       worker_spread)
 
 
@@ -68,14 +66,13 @@ def dedup(ctx: StageContext) -> StageOutcome:
     try:
         with make_task_runner(ctx.spec.runner) as runner:
             for name, phase, calls in phases:
-                t = time.perf_counter()
-                done.append(list(run_tasks(phase, calls, runner=runner, progress=progress, workers=ran_by[name])))
-                seconds[name] = round(time.perf_counter() - t, 3)
+                with timed(seconds, name):
+                    done.append(list(run_tasks(phase, calls, runner=runner, progress=progress,
+                                               workers=ran_by[name])))
     finally:
         progress.close()
     applied = [r for rs in done[-1] for r in rs]
-    t = time.perf_counter()
-    outcome = assemble(items, applied, work, ctx.out, cfg.samples_per_reason)
-    seconds["assemble"] = round(time.perf_counter() - t, 3)
+    with timed(seconds, "assemble"):
+        outcome = assemble(items, applied, work, ctx.out, cfg.samples_per_reason)
     spread = worker_spread(items, {name: calls for name, _, calls in phases}, ran_by, split=("map", "apply"))
     return record_spread(outcome, spread, seconds)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 from prefect import task
@@ -13,7 +12,7 @@ from xylent.flows.kit.stage import StageContext, StageOutcome, stage_flow
 from xylent.flows.kit.progress import Progress
 from xylent.flows.registry import STAGE_BY_NAME
 from xylent.flows.kit.runners import (Ran, batches, make_task_runner, ran, record_spread, run_tasks, task_slots,
-                                      worker_spread)
+                                      timed, worker_spread)
 from xylent.spec import ShardsConfig
 
 
@@ -46,24 +45,21 @@ def shards(ctx: StageContext) -> StageOutcome:
     ran_by, seconds = {"tokenize": [], "pack": []}, {}
     try:
         with make_task_runner(ctx.spec.runner) as runner:
-            t = time.perf_counter()
-            done = [d for batch in run_tasks(tokenize_task, tokenize_calls, runner=runner, progress=progress,
-                                             workers=ran_by["tokenize"]) for d in batch]
-            seconds["tokenize"] = round(time.perf_counter() - t, 3)
+            with timed(seconds, "tokenize"):
+                done = [d for batch in run_tasks(tokenize_task, tokenize_calls, runner=runner, progress=progress,
+                                                 workers=ran_by["tokenize"]) for d in batch]
             langs = sorted({d["name"] for d in done if d["kind"] == "mrtd"})
-            t = time.perf_counter()
-            packed = list(run_tasks(pack_task, [
-                {"name": lang, "tokenized": sorted((d for d in done if d["kind"] == "mrtd" and d["name"] == lang),
-                                                   key=lambda d: d["idx"]),
-                 "out": ctx.out, "cfg": cfg, "specials": specials} for lang in langs], runner=runner,
-                progress=progress, count=False, workers=ran_by["pack"]))
-            seconds["pack"] = round(time.perf_counter() - t, 3)
+            with timed(seconds, "pack"):
+                packed = list(run_tasks(pack_task, [
+                    {"name": lang, "tokenized": sorted((d for d in done if d["kind"] == "mrtd" and d["name"] == lang),
+                                                       key=lambda d: d["idx"]),
+                     "out": ctx.out, "cfg": cfg, "specials": specials} for lang in langs], runner=runner,
+                    progress=progress, count=False, workers=ran_by["pack"]))
     finally:
         progress.close()
     shutil.rmtree(ctx.out / "_tokens", ignore_errors=True)
-    t = time.perf_counter()
-    outcome = assemble(packed, done, model, specials, cfg, ctx.out)
-    seconds["assemble"] = round(time.perf_counter() - t, 3)
+    with timed(seconds, "assemble"):
+        outcome = assemble(packed, done, model, specials, cfg, ctx.out)
     # a language's parts are tokenised by any worker; its packing is one task (a sequence carries over parts)
     return record_spread(outcome, worker_spread(items, {"tokenize": tokenize_calls}, ran_by, split=("tokenize",)),
                          seconds)

@@ -7,8 +7,9 @@ small vocabulary grid; the pipeline runs --until dedup once per module and every
 scenario starts from a copy of that workspace.
 
 Only ``_manifest.json`` differs between two runs (start time, duration, MLflow and
-Prefect run ids, the worker processes that ran the tasks and each phase's seconds); every other file, the tokenizers and ``index.json`` included, is
-compared byte for byte.  (The tokenizers used to embed the stage's temporary build
+Prefect run ids, the worker processes that ran the tasks and each phase's seconds);
+every other file, the tokenizers and ``index.json`` included, is compared byte for
+byte.  (The tokenizers used to embed the stage's temporary build
 path and ``index.json`` the workspace's absolute path:
 ``test_tokenizer_files_do_not_embed_the_temporary_build_path`` keeps them out.)
 """
@@ -140,6 +141,8 @@ def published(stage_dir: Path) -> list[str]:
 
 
 def test_processes_runner_writes_the_same_vocab_and_shards(threads_run, spec, dedup_ws, tmp_path):
+    from xylent.tasks.shards.run import work_items
+
     ws = copy_ws(dedup_ws, tmp_path / "ws")
     res = cli("run", "shards", "--spec", spec, "--workspace", ws, "--set", "runner.kind=processes")
     assert not res["stages"]["vocab"]["cached"] and not res["stages"]["shards"]["cached"]
@@ -150,8 +153,6 @@ def test_processes_runner_writes_the_same_vocab_and_shards(threads_run, spec, de
     # which process ran each task: the parent's threads in one, the pool's worker processes in the other
     spreads = {kind: json.loads((d / "_manifest.json").read_text()) for kind, d in
                (("threads", threads_run["shards"]), ("processes", Path(res["stages"]["shards"]["output_dir"])))}
-    from xylent.tasks.shards.run import work_items
-
     # dedup's parts batched into at most 4 x runner.max_workers (2) tasks
     tokenize_tasks = min(8, len(work_items(Path(res["stages"]["dedup"]["output_dir"]))))
     for kind, manifest in spreads.items():

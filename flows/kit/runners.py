@@ -7,6 +7,7 @@ import contextlib
 import logging
 import os
 import socket
+import time
 from collections import Counter
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -211,6 +212,16 @@ def worker_spread(items: list[dict], calls: dict[str, list[dict]], workers: dict
                                                    if any((it["kind"], it["name"]) == largest for it in call["items"])})
         out["phases"][name] = phase
     return out
+
+
+@contextlib.contextmanager
+def timed(seconds: dict[str, float], phase: str) -> Iterator[None]:
+    """``seconds[phase]``: the block's wall-clock seconds (the phases :func:`record_spread` records)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        seconds[phase] = round(time.perf_counter() - start, 3)
 
 
 def record_spread(outcome: StageOutcome, spread: dict, seconds: dict[str, float]) -> StageOutcome:
