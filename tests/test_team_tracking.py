@@ -126,6 +126,21 @@ def test_the_server_answers_the_names_a_team_adds_with_any_port_and_refuses_othe
                         timeout=10).status_code == 403
 
 
+def test_the_server_starts_no_job_runner_unless_the_team_turns_it_on(mlflow_server):
+    """MLflow's job runner (GenAI scorers, prompt optimisation, GenAI evaluation: nothing xylent submits)
+    would start seven worker processes beside the server, each importing MLflow: the entrypoint leaves
+    it off (MLFLOW_SERVER_ENABLE_JOB_EXECUTION, unset here)."""
+    uri, _ = mlflow_server
+    port = uri.rsplit(":", 1)[1]
+    server = [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] and "server" in p.info["cmdline"]
+              and "--port" in p.info["cmdline"] and port in p.info["cmdline"]
+              and any(Path(a).name == "mlflow" for a in p.info["cmdline"][:2])]
+    assert len(server) == 1, [p.info["cmdline"][:4] for p in server]
+    tree = [" ".join(c.cmdline()) for c in server[0].children(recursive=True)]
+    assert any("uvicorn" in c for c in tree), tree  # the server's own worker: this is its tree
+    assert not [c for c in tree if "mlflow.server.jobs" in c or "huey" in c], tree
+
+
 def test_a_host_name_the_server_refuses_is_one_line_naming_the_setting_before_any_stage(mlflow_server, run_cli,
                                                                                         tmp_path):
     uri, _ = mlflow_server

@@ -8,7 +8,9 @@
 #                             (MLFLOW_BACKEND_STORE_URI, MLFLOW_ARTIFACTS_DESTINATION);
 #                             MLFLOW_ALLOWED_HOSTS: names the team opens it by, added to
 #                             mlflow, loopback and private addresses (MLflow refuses any
-#                             other Host header with 403, against DNS rebinding)
+#                             other Host header with 403, against DNS rebinding);
+#                             MLFLOW_SERVER_ENABLE_JOB_EXECUTION=true: MLflow's GenAI
+#                             job runner, off by default
 #   deploy                    register prefect.yaml's deployments (and the work pool), then exit
 #   worker [ARGS]             a process worker on pool $XYLENT_POOL (default xylent)
 #   xylent ARGS | ANY COMMAND run it as given (e.g. `xylent run pipeline --spec ...`)
@@ -86,6 +88,10 @@ case "$service" in
             $(for i in $(seq 16 31); do printf '172.%s.* ' "$i"; done) "fc00:*" "fd00:*" \
             $(echo "${MLFLOW_ALLOWED_HOSTS:-}" | tr ',' ' ')
         set +f
+        # MLflow's job runner (its GenAI scorers, prompt optimisation and evaluation: nothing xylent
+        # submits) starts seven worker processes that each import MLflow: about 2 GB and a minute of
+        # CPU before the first request. Off unless the team sets it.
+        export MLFLOW_SERVER_ENABLE_JOB_EXECUTION="${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}"
         exec mlflow server --host "${MLFLOW_HOST:-0.0.0.0}" --port "${MLFLOW_PORT:-5000}" --workers 1 \
             --allowed-hosts "$hosts" --cors-allowed-origins "$origins" \
             --backend-store-uri "$MLFLOW_BACKEND_STORE_URI" \
