@@ -18,7 +18,8 @@ worker processes (the manifest's `workers`: tasks per worker, and how many worke
 language's parts), and whether the output files are byte-identical to threads' (the manifest's
 sha256 of every file). Target: 2 workers take at most 0.65x one worker's time on each runner. A full run
 lets each command start its own temporary Prefect server, as the CLI does without PREFECT_API_URL; --quick
-(a smoke run beside other tests, whose servers would race it for a port) shares one among its commands.
+(a smoke run beside other tests, whose servers would race it for a port) shares one among its commands, or
+uses --prefect-api-url's.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runners", nargs="+", choices=RUNNERS, default=list(RUNNERS),
                     help="which runners (threads always: the others' output is compared with it)")
     ap.add_argument("--out", default=str(harness.RESULTS))
+    harness.add_prefect_api_flag(ap)
     args = ap.parse_args(argv)
     mb = args.mono_mb or (2.0 if args.quick else 100.0)
     part_rows = args.part_rows or (1_000 if args.quick else 20_000)
@@ -99,14 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         size = scaling.make_corpus(folder, mb, LANGS)
         ws = tmp / "ws"
         with contextlib.ExitStack() as stack:
-            if args.quick:
+            if args.quick or args.prefect_api_url:
                 # a smoke run shares the machine with other tests, whose commands' temporary Prefect servers
                 # would race this one's for a port: one server for every command here instead
-                from prefect.settings import PREFECT_API_URL
-                from prefect.testing.utilities import prefect_test_harness
-
-                stack.enter_context(prefect_test_harness(server_startup_timeout=120))
-                os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
+                stack.enter_context(harness.prefect_api(args.prefect_api_url))
             prepared = _measure(args, kinds, folder, ws, tmp, part_rows, runs)
     finally:
         os.environ.clear()

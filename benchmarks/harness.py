@@ -60,6 +60,29 @@ def parser(description: str | None, *, repeats: int = 3, warmup: int = 1) -> arg
     return ap
 
 
+def add_prefect_api_flag(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--prefect-api-url", default=None,
+                    help="a Prefect API that is up already, for every command (the test session's, in a smoke "
+                    "run); default: a temporary server of this run's own, on a new database")
+
+
+@contextlib.contextmanager
+def prefect_api(url: str | None = None):
+    """PREFECT_API_URL for every command of a run (the fresh processes inherit it): ``url`` when given,
+    else a temporary server of the run's own (Prefect's test harness: its new database's migrations
+    cost about 25 s of CPU on a 2-core host, which a smoke run inside the test session need not pay)."""
+    if url:
+        os.environ["PREFECT_API_URL"] = url
+        yield url
+        return
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
+        yield os.environ["PREFECT_API_URL"]
+
+
 def finish_args(args: argparse.Namespace) -> argparse.Namespace:
     """Fill the defaults that depend on --quick; refuse a full run with fewer than 3 repeats."""
     if args.repeats is None:

@@ -25,8 +25,8 @@ preloaded before the clock starts): the stage's own time (its manifest's
 and the CLI's imports) and its peak RSS (VmHWM). Then `xylent run shards` again
 with every stage cached: the fixed cost of a command. Sizes run ascending on
 odd repeats and descending on even ones; every run is kept. One Prefect API
-server (Prefect's test harness: a separate process, in no command's memory or
-time) and one MLflow sqlite store (created before the first timed command)
+server (Prefect's test harness, or --prefect-api-url's: a separate process, in no
+command's memory or time) and one MLflow sqlite store (created before the first timed command)
 serve every command, as a user's running `prefect server start` would; the
 start-up of Prefect's ephemeral server, which a command without PREFECT_API_URL
 pays, is measured apart (the second of two runs with a fresh PREFECT_HOME).
@@ -537,6 +537,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{QUICK_CORPUS_LANGUAGES}; at most {len(corpus.SCRIPTS)})")
     ap.add_argument("--part-rows", type=int, default=None,
                     help="prepare.part_rows (default: the stage's own, so that memory is measured at the defaults)")
+    harness.add_prefect_api_flag(ap)
     args = harness.finish_args(ap.parse_args(argv))
     sizes = sorted(args.sizes_mb or (QUICK_SIZES_MB if args.quick else FULL_SIZES_MB))
     languages = sorted(args.languages or (QUICK_LANGUAGES if args.quick else FULL_LANGUAGES))
@@ -562,15 +563,10 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"the generated text spans only {span:.1f}x ({size_rows[0]['text_mb']} to "
                              f"{size_rows[-1]['text_mb']} MB): widen --sizes-mb so a slope covers 10x")
 
-        from prefect.testing.utilities import prefect_test_harness
-
         passes: dict[int, list[dict]] = {k: [] for k in range(len(sizes))}
         warmups: list[dict] = []
         ephemeral, sequence = None, None
-        with prefect_test_harness(server_startup_timeout=120), serve(tmp / "corpus") as base:
-            from prefect.settings import PREFECT_API_URL
-
-            os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
+        with harness.prefect_api(args.prefect_api_url), serve(tmp / "corpus") as base:
             specs = []
             for mb in sizes:
                 spec = bench_spec(f"{base}/{mb:g}mb", quick=args.quick, workers=args.threads, langs=langs,

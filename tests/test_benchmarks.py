@@ -28,6 +28,8 @@ SMOKE = ["--quick", "--warmup", "0"]
 # Dask's spread and identical output are checked by tests/test_dedup_stage.py)
 SMOKE_FLAGS = {"audit": ["--only", "best_response"], "finetune": ["--threads", "1"],
                "prepare_throughput": ["--sizes-mb", "2", "4"], "cluster": ["--runners", "threads"]}
+# the benchmarks whose commands need a Prefect API: the session's, not a new server's migrations each
+ON_THE_SESSIONS_PREFECT = ("scaling", "cluster")
 
 
 def test_the_doc_is_what_the_committed_json_says():
@@ -68,7 +70,7 @@ def test_a_hand_typed_figure_inside_a_generated_block_is_caught(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
+def smoke(tmp_path_factory, prefect_server):
     """Every benchmark at --quick into one scratch folder, two at a time: a smoke run checks that each
     script works and renders, not how fast (its timings are never read), so they may share the cores."""
     from concurrent.futures import ThreadPoolExecutor
@@ -76,7 +78,8 @@ def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench-quick")
 
     def run(name: str) -> str | None:
-        cmd = [sys.executable, f"benchmarks/{name}.py", *SMOKE, "--out", str(out), *SMOKE_FLAGS.get(name, [])]
+        cmd = [sys.executable, f"benchmarks/{name}.py", *SMOKE, "--out", str(out), *SMOKE_FLAGS.get(name, []),
+               *(["--prefect-api-url", prefect_server] if name in ON_THE_SESSIONS_PREFECT else [])]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
         return None if proc.returncode == 0 else f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
