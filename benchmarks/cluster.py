@@ -17,9 +17,9 @@ process under one GIL. Per run: the stage's own time (its manifest's
 worker processes (the manifest's `workers`: tasks per worker, and how many workers ran the largest
 language's parts), and whether the output files are byte-identical to threads' (the manifest's
 sha256 of every file). Target: 2 workers take at most 0.65x one worker's time on each runner. A full run
-lets each command start its own temporary Prefect server, as the CLI does without PREFECT_API_URL; --quick
-(a smoke run beside other tests, whose servers would race it for a port) shares one among its commands, or
-uses --prefect-api-url's.
+without --prefect-api-url lets each command start its own temporary Prefect server, as the CLI does without
+PREFECT_API_URL; --quick (a smoke run beside other tests, whose servers would race it for a port) shares one
+among its commands; --prefect-api-url (either size) uses that API for every command.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.ExitStack() as stack:
             if args.quick or args.prefect_api_url:
                 # a smoke run shares the machine with other tests, whose commands' temporary Prefect servers
-                # would race this one's for a port: one server for every command here instead
+                # would race this one's for a port: one API for every command here instead (the given one)
                 stack.enter_context(harness.prefect_api(args.prefect_api_url))
             prepared = _measure(args, kinds, folder, ws, tmp, part_rows, runs)
     finally:

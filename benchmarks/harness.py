@@ -70,17 +70,25 @@ def add_prefect_api_flag(ap: argparse.ArgumentParser) -> None:
 def prefect_api(url: str | None = None):
     """PREFECT_API_URL for every command of a run (the fresh processes inherit it): ``url`` when given,
     else a temporary server of the run's own (Prefect's test harness: its new database's migrations
-    cost about 25 s of CPU on a 2-core host, which a smoke run inside the test session need not pay)."""
-    if url:
-        os.environ["PREFECT_API_URL"] = url
-        yield url
-        return
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
+    cost about 25 s of CPU on a 2-core host, which a smoke run inside the test session need not pay).
+    PREFECT_API_URL is as it was again afterwards."""
+    before = os.environ.get("PREFECT_API_URL")
+    try:
+        if url:
+            os.environ["PREFECT_API_URL"] = url
+            yield url
+            return
+        from prefect.settings import PREFECT_API_URL
+        from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
-        os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
-        yield os.environ["PREFECT_API_URL"]
+        with prefect_test_harness(server_startup_timeout=120):
+            os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
+            yield os.environ["PREFECT_API_URL"]
+    finally:
+        if before is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = before
 
 
 def finish_args(args: argparse.Namespace) -> argparse.Namespace:

@@ -28,7 +28,8 @@ SMOKE = ["--quick", "--warmup", "0"]
 # Dask's spread and identical output are checked by tests/test_dedup_stage.py)
 SMOKE_FLAGS = {"audit": ["--only", "best_response"], "finetune": ["--threads", "1"],
                "prepare_throughput": ["--sizes-mb", "2", "4"], "cluster": ["--runners", "threads"]}
-# the benchmarks whose commands need a Prefect API: the session's, not a new server's migrations each
+# the benchmarks that drop the inherited PREFECT_* variables (scaling._isolate) and would start a server of
+# their own (its new database's migrations): given the session's instead
 ON_THE_SESSIONS_PREFECT = ("scaling", "cluster")
 
 
