@@ -112,6 +112,24 @@ def test_moses_zip_with_different_line_counts_is_an_error(tmp_path):
     assert "different line counts" in str(err.value) and "3 lines" in str(err.value) and "2" in str(err.value)
 
 
+def test_moses_batches_are_bounded_in_bytes_as_well_as_pairs(tmp_path):
+    from xylent.tasks.prepare.readers import iter_moses_pairs
+
+    f = tmp_path / "en-sw.txt.zip"
+    src = [f"{i} " + "long english text " * 500 for i in range(40)]  # ~9 kB a line: documents, not sentences
+    tgt = [f"{i} " + "maandishi marefu " * 500 for i in range(40)]
+    f.write_bytes(moses_zip("C", "en", "sw", src + ["a", "b", "c"], tgt + ["x", "y", "z"]))
+    batches = list(iter_moses_pairs(f, "en", "sw", where=str(f), batch=1000, batch_bytes=60_000))
+    sizes = [sum(map(len, la)) + sum(map(len, lb)) for la, lb in batches]
+    assert len(batches) > 1 and max(sizes) < 60_000 + 2 * 9_100, sizes  # a batch passes the bound by one pair at most
+    assert [x for la, _ in batches for x in la] == [s.encode() for s in src + ["a", "b", "c"]]
+    assert [y for _, lb in batches for y in lb] == [t.encode() for t in tgt + ["x", "y", "z"]]
+    counted = list(iter_moses_pairs(f, "en", "sw", where=str(f), batch=7))  # a small count ends a batch before the bytes do
+    assert [len(la) for la, _ in counted] == [7] * 6 + [1]
+    exact = list(iter_moses_pairs(f, "en", "sw", where=str(f), batch=43))  # a whole batch, then the end: no empty one
+    assert [len(la) for la, _ in exact] == [43]
+
+
 @pytest.mark.parametrize("name", ["../evil.en", "/etc/evil.sw"])
 def test_zip_member_with_unsafe_path_is_refused(tmp_path, name):
     f = tmp_path / "en-sw.txt.zip"

@@ -296,18 +296,22 @@ def _capped_line(reader, cap: int | None) -> bytes:
 
 
 def iter_moses_pairs(path: Path, lang_a: str, lang_b: str, *, where: str, batch: int = 50_000,
-                     max_line_bytes: int | None = None, max_member_bytes: int | None = None):
+                     batch_bytes: int = 8 << 20, max_line_bytes: int | None = None,
+                     max_member_bytes: int | None = None):
     """Yield (src_lines, tgt_lines) as lists of bytes, checking that both sides
     have the same number of lines (longer lines than ``max_line_bytes`` are cut
-    to it, to be dropped as too long)."""
+    to it, to be dropped as too long).  A batch ends at ``batch`` pairs or once
+    its two sides hold ``batch_bytes``, whichever comes first: a count alone would
+    let a batch of long lines (documents, not sentences) grow to gigabytes."""
     zf, ma, mb = open_moses_zip(path, lang_a, lang_b, where=where, max_member_bytes=max_member_bytes)
     n = 0
     try:
         with zf, zf.open(ma) as fa, zf.open(mb) as fb:
             ra, rb = io.BufferedReader(fa, 1 << 20), io.BufferedReader(fb, 1 << 20)
-            while True:
-                la, lb = [], []
-                for _ in range(batch):
+            ended = False
+            while not ended:
+                la, lb, size = [], [], 0
+                while len(la) < batch and size < batch_bytes:
                     x, y = _capped_line(ra, max_line_bytes), _capped_line(rb, max_line_bytes)
                     if not x or not y:
                         if x or y:
@@ -319,13 +323,13 @@ def iter_moses_pairs(path: Path, lang_a: str, lang_b: str, *, where: str, batch:
                                 where=where,
                                 fix="the files are not line-aligned; fix or drop this pair",
                             )
+                        ended = True
                         break
                     la.append(x.rstrip(b"\r\n"))
                     lb.append(y.rstrip(b"\r\n"))
+                    size += len(x) + len(y)
                 if la:
                     n += len(la)
                     yield la, lb
-                if len(la) < batch:
-                    return
     except (zipfile.BadZipFile, EOFError, zlib.error) as exc:
         raise XylentError(f"damaged zip member ({exc})", where=where, fix="delete the file and rerun the download") from None

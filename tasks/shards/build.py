@@ -163,18 +163,20 @@ def pack_language(parts: list[Path], sp: spm.SentencePieceProcessor, out: Path, 
 
 
 def tokenize_part(part: Path, sp: spm.SentencePieceProcessor, dest: Path) -> dict:
-    """One part's paragraphs as token ids (``dest``: flat ids, lengths, document
-    starts within the part), so the parts of one language tokenise in parallel."""
+    """One part's paragraphs as token ids (``dest``: flat ids, lengths, the rows within the part that start
+    a document), so the parts of one language tokenise in parallel.  The document starts go in the file, not
+    in the result: results travel through the runner and wait for the language's packing, so a list there
+    made the stage's memory follow the corpus's documents."""
     df = pl.read_parquet(part, columns=["doc_id", "text"])
     docs = df["doc_id"].to_numpy()
     chunks = list(encode_chunks(sp, df["text"].to_list()))
     flat = np.concatenate([f for _, f, _ in chunks]) if chunks else np.empty(0, dtype=np.int32)
     lengths = np.concatenate([n for _, _, n in chunks]) if chunks else np.empty(0, dtype=np.int64)
+    starts = np.flatnonzero(_doc_starts(docs, docs[0])[1:]) + 1 if len(docs) else np.empty(0, dtype=np.int64)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(dest, flat=flat, lengths=lengths)
+    np.savez(dest, flat=flat, lengths=lengths, doc_starts=starts)
     return {"file": str(dest), "first_doc": str(docs[0]) if len(docs) else None,
-            "last_doc": str(docs[-1]) if len(docs) else None,
-            "doc_starts": np.flatnonzero(_doc_starts(docs, docs[0])[1:]).tolist() if len(docs) else []}
+            "last_doc": str(docs[-1]) if len(docs) else None}
 
 
 def pack_tokens(tokenized: list[dict], out: Path, seq_len: int, max_bytes: int, bos: int, eos: int) -> dict:
@@ -186,7 +188,7 @@ def pack_tokens(tokenized: list[dict], out: Path, seq_len: int, max_bytes: int, 
             continue
         data = np.load(t["file"])
         new_doc = np.zeros(len(data["lengths"]), dtype=bool)
-        new_doc[np.asarray(t["doc_starts"], dtype=np.int64) + 1] = True
+        new_doc[data["doc_starts"]] = True
         new_doc[0] = t["first_doc"] != last_doc
         packer.add(data["flat"], data["lengths"], new_doc)
         last_doc = t["last_doc"]
