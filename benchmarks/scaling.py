@@ -390,30 +390,48 @@ MEMORY_BOUNDS = {"download": (150, 0), "prepare": (350, 0), "dedup": (450, 6), "
 FLAT_SLOPE = 0.1  # the most a peak above the CLI's may grow with the text once the largest group spans parts
 
 
+def _group_part(size: dict, prepare_metrics: dict, part_rows: int, name: str) -> dict:
+    """One group's (language's or pair's) rows, parts and the MB of text in a full part of it (``part_rows``
+    of its mean row, at most prepare's PART_TEXT_BYTES)."""
+    from xylent.tasks.prepare.writer import PART_TEXT_BYTES
+
+    rows = prepare_metrics.get(f"mono.rows.{name}", prepare_metrics.get(f"bitext.rows.{name}", 0))
+    text = size["files"][name]["text_bytes"]
+    per_row = text / max(rows, 1)
+    return {"group": name, "rows": rows, "parts": max(-(-rows // part_rows), -(-text // PART_TEXT_BYTES)),
+            "part_mb": round(min(min(rows, part_rows) * per_row, PART_TEXT_BYTES) / 1e6, 3)}
+
+
 def largest_parts(size: dict, prepare_metrics: dict, part_rows: int) -> dict:
-    """The group (language or pair) with the most rows at one size: its parts and the MB of text
-    in a full part (its mean row's bytes x the rows a part holds)."""
-    rows = {name: prepare_metrics.get(f"mono.rows.{name}", prepare_metrics.get(f"bitext.rows.{name}", 0))
-            for name in size["files"]}
-    name = max(rows, key=rows.get)
-    per_row = size["files"][name]["text_bytes"] / max(rows[name], 1)
-    return {"group": name, "rows": rows[name], "parts": -(-rows[name] // part_rows),
-            "part_mb": round(min(rows[name], part_rows) * per_row / 1e6, 3)}
+    """The group with the most rows at one size (the one a cluster must split): its parts and part MB."""
+    groups = [_group_part(size, prepare_metrics, part_rows, name) for name in size["files"]]
+    return max(groups, key=lambda g: g["rows"])
+
+
+def biggest_part(size: dict, prepare_metrics: dict, part_rows: int) -> dict:
+    """The group whose full part holds the most text at one size, what sets the stages' memory (each
+    thread holds a part): not the group with the most rows, as a part of Hindi holds ~2.7x the bytes
+    of a part of English."""
+    groups = [_group_part(size, prepare_metrics, part_rows, name) for name in size["files"]]
+    return max(groups, key=lambda g: g["part_mb"])
 
 
 def memory_checks(sizes: list[dict], stages: dict, knobs: dict, threads: int) -> dict:
     """Per stage: its peak above the CLI's at each size beside its bound, and the log-log slope of that
-    peak over the sizes whose largest group spans several parts (flat: at most FLAT_SLOPE)."""
-    largest = [largest_parts(size, stages["prepare"][k]["metrics"], knobs["prepare.part_rows"])
+    peak over the sizes at which the biggest part is full (flat: at most FLAT_SLOPE): its group spans several
+    parts and the part holds what it holds at the largest size (within 10 %), so that more text there adds
+    parts, not bytes to a part."""
+    biggest = [biggest_part(size, stages["prepare"][k]["metrics"], knobs["prepare.part_rows"])
                for k, size in enumerate(sizes)]
-    multi = [k for k, g in enumerate(largest) if g["parts"] >= 2]
+    full = [k for k, g in enumerate(biggest) if g["parts"] >= 2 and g["part_mb"] >= 0.9 * biggest[-1]["part_mb"]]
     cli = [r["peak_rss_mb"]["median"] for r in stages["cached_rerun"]]
-    out = {"largest": largest, "multi_part_sizes": multi, "flat_slope": FLAT_SLOPE, "cli_rss_mb": cli, "stages": {}}
+    out = {"biggest_part": biggest, "full_part_sizes": full, "flat_slope": FLAT_SLOPE, "cli_rss_mb": cli,
+           "stages": {}}
     for stage, (fixed, per_part) in MEMORY_BOUNDS.items():
         own = [round(r["own_rss_mb"]["max"], 1) for r in stages[stage]]
-        bound = [round(fixed + per_part * threads * g["part_mb"], 1) for g in largest]
-        slope = (harness.loglog_slope([sizes[k]["text_mb"] for k in multi], [max(own[k], 1.0) for k in multi])
-                 if len(multi) >= 2 else None)
+        bound = [round(fixed + per_part * threads * g["part_mb"], 1) for g in biggest]
+        slope = (harness.loglog_slope([sizes[k]["text_mb"] for k in full], [max(own[k], 1.0) for k in full])
+                 if len(full) >= 2 else None)
         out["stages"][stage] = {"own_rss_mb": own, "bound_mb": bound, "within": all(o <= b for o, b in zip(own, bound)),
                                 "slope": slope, "flat": None if slope is None else slope <= FLAT_SLOPE}
     return out
@@ -743,7 +761,7 @@ def _memory(result: dict) -> str:
         rows.append([f"`{stage}`", formula, *cells, "yes" if m["within"] else "**no**", flat])
     parts = ", ".join(f"{_mb(r['text_mb'])}: {g['group']} in {harness.num(g['parts'])} part"
                       f"{'s' if g['parts'] > 1 else ''} of {harness.num(g['part_mb'])} MB"
-                      for r, g in zip(result["sizes"], mem["largest"]))
+                      for r, g in zip(result["sizes"], mem["biggest_part"]))
     cli = ", ".join(f"{harness.num(round(c))} MB" for c in mem["cli_rss_mb"])
     basis = ("above what the process held before the command (--quick runs every command in one process, so "
              "the cached rerun's peak is no baseline there)" if result.get("quick") else
@@ -751,11 +769,19 @@ def _memory(result: dict) -> str:
              f"medians: {cli})")
     return (f"**Memory against its bound** (docs/stages/*.md): each command's peak RSS {basis}, beside the "
             f"stage's stated bound at this run's `threads` = {result['threads']} "
-            f"and `prepare.part_rows` = {harness.num(result['knobs']['prepare.part_rows'])} (a part: the largest "
-            f"group's rows a part holds × its mean row; {parts}); and the log-log slope of that peak over the sizes "
-            f"whose largest group spans several parts (flat: ≤ {mem['flat_slope']}):\n\n"
-            + harness.table(["stage", "bound", *[f"at {h}" for h in head], "within", "slope over multi-part sizes"],
+            f"and `prepare.part_rows` = {harness.num(result['knobs']['prepare.part_rows'])} (a part: the biggest "
+            f"part's text, `part_rows` × the mean row of the group whose rows are longest, at most {_part_cap_mb():.0f} MB (prepare's cap); "
+            f"{parts}); and the log-log slope of that peak over the sizes at which that part is full (its group "
+            f"spans several parts and its part holds within 10 % of what it holds at the largest size; "
+            f"flat: ≤ {mem['flat_slope']}):\n\n"
+            + harness.table(["stage", "bound", *[f"at {h}" for h in head], "within", "slope over full-part sizes"],
                             rows))
+
+
+def _part_cap_mb() -> float:
+    from xylent.tasks.prepare.writer import PART_TEXT_BYTES
+
+    return PART_TEXT_BYTES / 1e6
 
 
 def _one_size(result: dict) -> str:

@@ -131,8 +131,8 @@ def test_the_scaling_doc_renders_its_slopes_bounds_and_findings_from_three_sizes
     three["memory"] = scaling.memory_checks(three["sizes"], three["stages"], knobs, one["threads"])
     md = scaling.markdown(three)
     assert "**Time**" in md and "**Peak RSS**" in md and "segment slopes" in md
-    assert "Memory against its bound" in md and "slope over multi-part sizes" in md
-    assert three["memory"]["multi_part_sizes"] == [0, 1, 2]
+    assert "Memory against its bound" in md and "slope over full-part sizes" in md
+    assert three["memory"]["full_part_sizes"] == [0, 1, 2]
     assert {m["flat"] for m in three["memory"]["stages"].values()} == {True}, "the same peak at every size"
     assert all(f"`{s}`: time" in md for s in scaling.STAGES) and "sublinear (slope 0.50)" in md
     assert len([p for p in scaling.plots(three, tmp_path) if p.stat().st_size > 5000]) == 3
@@ -145,6 +145,10 @@ def test_the_stage_docs_state_the_memory_bounds_the_scaling_benchmark_checks():
         text = (ROOT / "docs" / "stages" / f"{stage}.md").read_text()
         want = f"{fixed} MB" + (f" + {per_part} × threads × part" if per_part else "")
         assert f"Memory bound: {want}" in text, (stage, want)
+        if per_part:  # the part those bounds are stated in is capped where prepare caps it
+            from xylent.tasks.prepare.writer import PART_TEXT_BYTES
+
+            assert f"at most\n{PART_TEXT_BYTES >> 20} MiB" in text or f"at most {PART_TEXT_BYTES >> 20} MiB" in text, stage
 
 
 def test_the_audit_profile_counts_functions_that_exist():

@@ -112,6 +112,31 @@ def test_moses_zip_with_different_line_counts_is_an_error(tmp_path):
     assert "different line counts" in str(err.value) and "3 lines" in str(err.value) and "2" in str(err.value)
 
 
+def test_a_part_ends_at_its_bytes_of_text_as_well_as_its_rows(tmp_path):
+    from xylent.tasks.prepare.writer import MONO_SCHEMA, PartWriter
+
+    def rows(texts):
+        return pa.table({"doc_id": [f"d{i}" for i in range(len(texts))], "text": texts, "source": ["s"] * len(texts)})
+
+    def bytes_of(t):  # what the writer counts: every string column's UTF-8 bytes
+        return sum(len(v.encode()) for c in t.columns for v in c.to_pylist())
+
+    w = PartWriter(tmp_path, "lang=hi", "k", MONO_SCHEMA, part_rows=1000, part_bytes=1000)
+    texts = ["ह" * 50] * 30 + ["x" * 5000] + ["a"] * 3  # 150 bytes a line of Hindi, then one line longer than a part
+    for lo in range(0, len(texts), 7):  # written in blocks that do not line up with the parts
+        w.write(rows(texts[lo: lo + 7]))
+    w.close()
+    parts = [pq.read_table(f) for f in sorted((tmp_path / "lang=hi").glob("*.parquet"))]
+    assert [t["text"].to_pylist() for t in parts] == [texts[0:6], texts[6:12], texts[12:18], texts[18:24],
+                                                       texts[24:30], [texts[30]], texts[31:]]
+    assert all(bytes_of(t) <= 1000 for t in parts if t.num_rows > 1) and bytes_of(parts[5]) > 1000
+    assert w.parts == len(parts) == 7 and w.rows == len(texts)
+    by_rows = PartWriter(tmp_path, "lang=en", "k", MONO_SCHEMA, part_rows=4, part_bytes=10 ** 9)
+    by_rows.write(rows(["short"] * 10))
+    by_rows.close()
+    assert [pq.read_table(f).num_rows for f in sorted((tmp_path / "lang=en").glob("*.parquet"))] == [4, 4, 2]
+
+
 def test_moses_batches_are_bounded_in_bytes_as_well_as_pairs(tmp_path):
     from xylent.tasks.prepare.readers import iter_moses_pairs
 
