@@ -151,6 +151,12 @@ def summarise(runs: dict[str, list[dict]], size: dict, prepared: dict, part_rows
                                   for ph in rs[0]["phase_seconds"]},
                       # the share of the machine's cores busy during the command (any process)
                       "machine_busy": scaling._spread([r["machine_cpu_s"] / (r["command_s"] * r["cpus"]) for r in rs]),
+                      # the map phase's task bodies: the busiest worker's seconds in them and a task's mean, so the
+                      # phase's wall time splits into work and what the runner cost around it
+                      "map_busy_max_s": scaling._spread([r["workers"]["phases"]["map"]["busy_max_s"] for r in rs]),
+                      "map_task_s": scaling._spread([r["workers"]["phases"]["map"]["busy_sum_s"]
+                                                     / max(1, sum(r["workers"]["phases"]["map"]["tasks"].values()))
+                                                     for r in rs]),
                       "largest_group": spread["largest_group"], "phases": spread["phases"]}
     ratios = {kind: rows[f"{kind}-2"]["stage_s"]["median"] / rows[f"{kind}-1"]["stage_s"]["median"]
               for kind in dict.fromkeys(r["runner"] for r in rows.values())}
@@ -173,6 +179,8 @@ def markdown(result: dict) -> str:
         rows.append([f"{r['runner']}", r["workers"], harness.seconds(r["stage_s"]["median"]),
                      *[harness.seconds(r["phase_s"][ph]["median"]) for ph in phases],
                      harness.seconds(r["command_s"]["median"]), f"{100 * r['machine_busy']['median']:.0f} %",
+                     *([harness.seconds(r["map_task_s"]["median"]), harness.seconds(r["map_busy_max_s"]["median"])]
+                       if "map_task_s" in r else ["–", "–"]),
                      " / ".join(str(n) for n in sorted(m["tasks"].values(), reverse=True)),
                      m.get("largest_group_workers", "–"), "yes" if r["identical_to_threads"] else "**no**"])
     ratios = ", ".join(f"{k} {v:.2f} ({'within' if result['within'][k] else '**over**'})"
@@ -185,11 +193,36 @@ def markdown(result: dict) -> str:
             "Prefect's server; the threads runner's under one GIL): the stage's time, "
             "each phase's (the flow's own clock; assemble: stats, samples and plots in the flow's process), the "
             "command's (the cluster's start included), the share of the machine's cores busy meanwhile (every "
-            "process: workers, the flow, Prefect's server), the map phase's tasks per worker process, how many "
+            "process: workers, the flow, Prefect's server), a map task's mean time in its body and the busiest "
+            "worker process's time in map task bodies (the threads runner's one process adds up both its "
+            "threads), the map phase's tasks per worker process, how many "
             "workers mapped the largest group's parts, and whether the output is byte-identical to threads':\n\n"
-            + harness.table(["runner", "workers", "stage", *phases, "command", "cores busy", "map tasks per worker",
+            + harness.table(["runner", "workers", "stage", *phases, "command", "cores busy", "map task",
+                             "busiest map worker", "map tasks per worker",
                              "workers on the largest group", "identical"], rows)
-            + f"\n\nTime on 2 workers over 1 worker's (target ≤ {result['target']}): {ratios}.")
+            + f"\n\nTime on 2 workers over 1 worker's (target ≤ {result['target']}): {ratios}." + _work_ratios(result))
+
+
+def _work_ratios(result: dict) -> str:
+    """The map phase split into its task bodies and the rest, 2 workers over 1: what the work scales by,
+    and the fixed cost around it that a second worker cannot share."""
+    rows = result["rows"]
+    # not threads': its workers are threads of one process, whose busy seconds add both up
+    kinds = [k for k in result["ratio_2_over_1"]
+             if k != "threads" and f"{k}-1" in rows and "map_busy_max_s" in rows[f"{k}-1"]]
+    if not kinds:  # results measured before the task bodies were timed
+        return ""
+
+    def rest(name: str) -> float:
+        return rows[name]["phase_s"]["map"]["median"] - rows[name]["map_busy_max_s"]["median"]
+
+    parts = [f"{k} {rows[f'{k}-2']['map_busy_max_s']['median'] / rows[f'{k}-1']['map_busy_max_s']['median']:.2f} "
+             f"(the rest {harness.seconds(rest(f'{k}-1'))} at 1 worker, {harness.seconds(rest(f'{k}-2'))} at 2)"
+             for k in kinds]
+    return (" The map phase's task bodies alone (the busiest worker's seconds in them), 2 workers over 1: "
+            + ", ".join(parts) + "; the rest of the map phase is spent outside the task bodies, where a second "
+            "worker does not shorten it: the worker processes' first import of the task's modules, the "
+            "runner's submission of each task and Prefect's records of its run.")
 
 
 if __name__ == "__main__":

@@ -761,7 +761,7 @@ def _memory(result: dict) -> str:
         rows.append([f"`{stage}`", formula, *cells, "yes" if m["within"] else "**no**", flat])
     parts = ", ".join(f"{_mb(r['text_mb'])}: {g['group']} in {harness.num(g['parts'])} part"
                       f"{'s' if g['parts'] > 1 else ''} of {harness.num(g['part_mb'])} MB"
-                      for r, g in zip(result["sizes"], mem["biggest_part"]))
+                      for r, g in zip(result["sizes"], mem.get("biggest_part") or mem["largest"]))
     cli = ", ".join(f"{harness.num(round(c))} MB" for c in mem["cli_rss_mb"])
     basis = ("above what the process held before the command (--quick runs every command in one process, so "
              "the cached rerun's peak is no baseline there)" if result.get("quick") else
@@ -864,8 +864,16 @@ def _findings(result: dict) -> str:
                  f"at a time: the largest language here has {harness.num(round(biggest))} rows at {_mb(sizes[-1])}, "
                  + ("so every language fits in one part and its peak may still grow with the text at these sizes; "
                     "past one part it should stop (`benchmarks/dedup.py` measures corpora of several parts)."
-                    if biggest <= part else "more than one part: the memory table below gives the slope from there."))
+                    if biggest <= part else _past_one_part(result)))
     return "\n".join(lines)
+
+
+def _past_one_part(result: dict) -> str:
+    full = (result.get("memory") or {}).get("full_part_sizes")
+    if full is not None and len(full) < 2:
+        return (f"more than one part, but the biggest part (the group whose rows are longest) is full at "
+                f"{len(full)} size{'s' if len(full) != 1 else ''} here, so the memory table below gives no slope yet.")
+    return "more than one part: the memory table below gives the slope over the sizes at which the biggest part is full."
 
 
 def _fixed(result: dict) -> str:

@@ -16,28 +16,28 @@ from xylent.flows.kit.runners import (batches, make_task_runner, ran, record_spr
 def map_task(items, work, cfg, languages):
     from xylent.tasks.dedup import run as phases
 
-    return ran(phases.map_items(items, work, cfg, languages))
+    return ran(phases.map_items, items, work, cfg, languages)
 
 
 @task(name="dedup-reduce", cache_policy=NO_CACHE)
 def reduce_task(items, work, cfg):
     from xylent.tasks.dedup import run as phases
 
-    return ran(phases.reduce_buckets(items, work, cfg))
+    return ran(phases.reduce_buckets, items, work, cfg)
 
 
 @task(name="dedup-resolve", cache_policy=NO_CACHE)
 def resolve_task(names, work):
     from xylent.tasks.dedup import run as phases
 
-    return ran(phases.resolve_languages(names, work))
+    return ran(phases.resolve_languages, names, work)
 
 
 @task(name="dedup-apply", cache_policy=NO_CACHE)
 def apply_task(items, work, out, cfg):
     from xylent.tasks.dedup import run as phases
 
-    return ran(phases.apply_items(items, work, out, cfg))
+    return ran(phases.apply_items, items, work, out, cfg)
 
 
 @stage_flow(STAGE_BY_NAME["dedup"])

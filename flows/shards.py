@@ -20,14 +20,14 @@ from xylent.spec import ShardsConfig
 def tokenize_task(items: list[dict], model: Path, out: Path, cfg: ShardsConfig) -> Ran:
     from xylent.tasks.shards.run import tokenize_items
 
-    return ran(tokenize_items(items, model, out, cfg.seq_len, cfg.shard_mb << 20))
+    return ran(tokenize_items, items, model, out, cfg.seq_len, cfg.shard_mb << 20)
 
 
 @task(name="pack", task_run_name="pack {name}", cache_policy=NO_CACHE)
 def pack_task(name: str, tokenized: list[dict], out: Path, cfg: ShardsConfig, specials: dict) -> Ran:
     from xylent.tasks.shards.run import pack_part
 
-    return ran(pack_part(name, tokenized, out, cfg.seq_len, cfg.shard_mb << 20, specials))
+    return ran(pack_part, name, tokenized, out, cfg.seq_len, cfg.shard_mb << 20, specials)
 
 
 @stage_flow(STAGE_BY_NAME["shards"])

@@ -5,7 +5,7 @@ change alters its output: its old outputs (and those downstream) stop being cach
 that alters no output (a refactor, a new knob at its default) keeps it."""
 
 DOWNLOAD = "1"
-PREPARE = "2"  # 2: rows with no visible character are blank lines (text sources are sniffed: refused, not read)
+PREPARE = "3"  # 3: a part also ends at 64 MiB of strings (2: rows with no visible character are blank lines)
 DEDUP = "2"
 VOCAB = "1"
 SAMPLING = "2"

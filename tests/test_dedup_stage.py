@@ -181,6 +181,10 @@ def test_cluster_runners_give_identical_output_on_one_cluster(run_cli, tmp_path)
             "4 tasks per worker slot, each phase"
         assert spread["map"]["workers"] >= 2 and spread["map"]["largest_group_workers"] >= 2, \
             f"{kind}: the largest language's parts were mapped by both workers"
+        walls = json.loads((Path(other["stages"]["dedup"]["output_dir"]) / "_manifest.json").read_text())["phase_seconds"]
+        for name, p in spread.items():  # one task at a time per worker: its task bodies fit in the phase's time
+            assert set(p["busy_s"]) == set(p["tasks"]) and 0 < p["busy_max_s"] <= walls[name], (kind, name, p, walls)
+            assert p["busy_sum_s"] == pytest.approx(sum(p["busy_s"].values()), abs=0.01)
         clusters = _cluster_tags(tmp_path / f"ws-{kind}")
         assert set(clusters) == {"download", "prepare", "dedup"}
         assert len(set(clusters.values())) == 1 and None not in clusters.values(), f"one {kind} cluster: {clusters}"
@@ -249,6 +253,23 @@ def _big_spec(tmp: Path) -> Path:
         "dedup": {"buckets": 8},
         "tracking": {"experiment": "big-dedup"},
     })
+
+
+def test_the_spread_counts_each_workers_tasks_and_the_seconds_in_their_bodies():
+    from xylent.flows.kit.runners import Ran, ran, worker_spread
+
+    done = ran(sorted, [3, 1, 2])
+    assert isinstance(done, Ran) and done.value == [1, 2, 3] and done.seconds >= 0 and ":" in done.worker
+    items = [{"kind": "mono", "name": "en", "idx": i} for i in range(3)] + [{"kind": "mono", "name": "de", "idx": 0}]
+    calls = {"map": [{"items": items[0::2]}, {"items": items[1::2]}, {"items": []}]}
+    spread = worker_spread(items, calls, {"map": [("h:1", 2.0), ("h:2", 1.5), ("h:1", 0.25)], "resolve": []},
+                           split=("map",))
+    m = spread["phases"]["map"]
+    assert m["tasks"] == {"h:1": 2, "h:2": 1} and m["busy_s"] == {"h:1": 2.25, "h:2": 1.5}
+    assert (m["busy_max_s"], m["busy_sum_s"], m["largest_group_workers"]) == (2.25, 3.75, 2)
+    assert spread["phases"]["resolve"] == {"tasks": {}, "workers": 0, "tasks_max": 0, "tasks_min": 0, "busy_s": {},
+                                           "busy_max_s": 0.0, "busy_sum_s": 0.0}
+    assert spread["largest_group"] == {"kind": "mono", "name": "en", "parts": 3}
 
 
 @pytest.mark.costs(cli=1)

@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from xylent.flows.kit.progress import Progress
 from xylent.errors import XylentError
@@ -182,31 +182,46 @@ def _submit_all(runner, task, calls: list[dict]) -> list:
 
 @dataclass(frozen=True)
 class Ran:
-    """A task's result with the worker process that ran it (``host:pid``): a task that returns
-    ``ran(value)`` tells :func:`run_tasks` where it ran, so a stage can say how its work spread."""
+    """A task's result with the worker process that ran it (``host:pid``) and the seconds its body took
+    there: a task that returns :func:`ran` tells :func:`run_tasks` where it ran and for how long, so a
+    stage can say how its work spread and how busy each worker was. Where a worker process runs one task
+    at a time (Dask, Ray, processes), the rest of a phase's time is spent outside the bodies: the runner's
+    scheduling, moving arguments and results, Prefect's records of each task run, a fresh worker's imports;
+    the threads runner's one process adds up the seconds of its threads."""
 
     value: Any
     worker: str
+    seconds: float = 0.0
 
 
-def ran(value: Any) -> Ran:
-    return Ran(value, f"{socket.gethostname()}:{os.getpid()}")
+def ran(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Ran:
+    """``fn(*args, **kwargs)`` timed, as a :class:`Ran`."""
+    start = time.perf_counter()
+    value = fn(*args, **kwargs)
+    return Ran(value, f"{socket.gethostname()}:{os.getpid()}", round(time.perf_counter() - start, 4))
 
 
-def worker_spread(items: list[dict], calls: dict[str, list[dict]], workers: dict[str, list[str]], *,
+def worker_spread(items: list[dict], calls: dict[str, list[dict]], workers: dict[str, list[tuple[str, float]]], *,
                   split: tuple[str, ...]) -> dict:
     """How each phase's tasks spread over the runner's worker processes (``workers``: each phase's
-    :class:`Ran` workers, in the order of its ``calls``): tasks per worker and, for the ``split`` phases
-    (those whose calls carry ``items`` of a group's parts), how many workers ran the largest group's
-    (the language or pair of most parts) share: 1 means one language's work did not spread."""
+    (worker, seconds) of its :class:`Ran` results, in the order of its ``calls``): tasks per worker, the
+    seconds each worker spent in task bodies (``busy_s``; beside the phase's wall time, what the runner
+    itself cost) and, for the ``split`` phases (those whose calls carry ``items`` of a group's parts), how
+    many workers ran the largest group's (the language or pair of most parts) share: 1 means one
+    language's work did not spread."""
     parts = Counter((it["kind"], it["name"]) for it in items)
     largest = max(parts, key=parts.get) if parts else None
     out = {"largest_group": None if largest is None else {"kind": largest[0], "name": largest[1],
                                                           "parts": parts[largest]}, "phases": {}}
-    for name, ws in workers.items():
+    for name, ran_on in workers.items():
+        ws = [w for w, _ in ran_on]
         tasks = dict(Counter(ws))
+        busy: dict[str, float] = {}
+        for w, sec in ran_on:
+            busy[w] = round(busy.get(w, 0.0) + sec, 3)
         phase = {"tasks": tasks, "workers": len(tasks), "tasks_max": max(tasks.values(), default=0),
-                 "tasks_min": min(tasks.values(), default=0)}
+                 "tasks_min": min(tasks.values(), default=0), "busy_s": busy,
+                 "busy_max_s": max(busy.values(), default=0.0), "busy_sum_s": round(sum(busy.values()), 3)}
         if name in split and largest is not None:
             phase["largest_group_workers"] = len({w for call, w in zip(calls[name], ws)
                                                    if any((it["kind"], it["name"]) == largest for it in call["items"])})
@@ -230,18 +245,18 @@ def record_spread(outcome: StageOutcome, spread: dict, seconds: dict[str, float]
     outcome.manifest["workers"] = spread
     outcome.manifest["phase_seconds"] = seconds
     outcome.metrics.update({f"workers.{name}.{k}": v for name, s in spread["phases"].items()
-                            for k, v in s.items() if k != "tasks"})
+                            for k, v in s.items() if not isinstance(v, dict)})
     outcome.metrics.update({f"seconds.{name}": v for name, v in seconds.items()})
     return outcome
 
 
 def run_tasks(task, calls: list[dict], *, runner, title: str = "", unit: str = "tasks",
               key: str | None = None, progress: Progress | None = None, count: bool = True,
-              workers: list[str] | None = None) -> Iterator:
+              workers: list[tuple[str, float]] | None = None) -> Iterator:
     """Run ``task`` once per parameter dict on ``runner`` (a RunnerConfig, or an
     already entered task runner), yielding results in submission order.
 
-    A task's :class:`Ran` result is yielded as its value, and its worker appended to
+    A task's :class:`Ran` result is yielded as its value, and its (worker, seconds) appended to
     ``workers`` (in submission order) when one is given.
 
     Without ``progress`` a bar (terminal + Prefect UI) counts finished tasks;
@@ -269,7 +284,7 @@ def _results(runner, task, calls, progress, workers):
             out = fut.result()
             if isinstance(out, Ran):
                 if workers is not None:
-                    workers.append(out.worker)
+                    workers.append((out.worker, out.seconds))
                 out = out.value
             yield out
             if progress is not None:

@@ -311,7 +311,7 @@ def iter_moses_pairs(path: Path, lang_a: str, lang_b: str, *, where: str, batch:
             ended = False
             while not ended:
                 la, lb, size = [], [], 0
-                while len(la) < batch and size < batch_bytes:
+                while not la or len(la) < batch and size < batch_bytes:  # a batch holds a pair at least
                     x, y = _capped_line(ra, max_line_bytes), _capped_line(rb, max_line_bytes)
                     if not x or not y:
                         if x or y:
