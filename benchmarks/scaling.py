@@ -392,14 +392,13 @@ FLAT_SLOPE = 0.1  # the most a peak above the CLI's may grow with the text once 
 
 def _group_part(size: dict, prepare_metrics: dict, part_rows: int, name: str) -> dict:
     """One group's (language's or pair's) rows, parts and the MB of text in a full part of it (``part_rows``
-    of its mean row, at most prepare's PART_TEXT_BYTES)."""
-    from xylent.tasks.prepare.writer import PART_TEXT_BYTES
-
+    of its mean row, at most prepare's cap)."""
+    cap = _part_cap_mb() * 1e6
     rows = prepare_metrics.get(f"mono.rows.{name}", prepare_metrics.get(f"bitext.rows.{name}", 0))
     text = size["files"][name]["text_bytes"]
     per_row = text / max(rows, 1)
-    return {"group": name, "rows": rows, "parts": max(-(-rows // part_rows), -(-text // PART_TEXT_BYTES)),
-            "part_mb": round(min(min(rows, part_rows) * per_row, PART_TEXT_BYTES) / 1e6, 3)}
+    return {"group": name, "rows": rows, "parts": max(-(-rows // part_rows), int(-(-text // cap))),
+            "part_mb": round(min(min(rows, part_rows) * per_row, cap) / 1e6, 3)}
 
 
 def largest_parts(size: dict, prepare_metrics: dict, part_rows: int) -> dict:
@@ -779,6 +778,7 @@ def _memory(result: dict) -> str:
 
 
 def _part_cap_mb() -> float:
+    """Prepare's cap on a part's bytes of strings, in MB (imported late: render.py loads this module light)."""
     from xylent.tasks.prepare.writer import PART_TEXT_BYTES
 
     return PART_TEXT_BYTES / 1e6

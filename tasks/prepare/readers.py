@@ -24,6 +24,7 @@ import pyarrow as pa
 from xylent.errors import XylentError
 
 _END = object()
+BLOCK_BYTES = 8 << 20  # what a reader hands over at a time: lines of text, or both sides of a moses batch
 
 
 def _open(path: Path, fmt: str):
@@ -111,7 +112,7 @@ def line_cap(max_chars: int) -> int:
 
 
 def iter_line_blocks(
-    path: Path, fmt: str, *, where: str, prefix_only: bool = False, block_bytes: int = 8 << 20,
+    path: Path, fmt: str, *, where: str, prefix_only: bool = False, block_bytes: int = BLOCK_BYTES,
     max_line_bytes: int | None = None,
 ) -> Iterator[bytes]:
     """Yield blocks of whole lines (joined by ``\\n``, no trailing newline).
@@ -296,7 +297,7 @@ def _capped_line(reader, cap: int | None) -> bytes:
 
 
 def iter_moses_pairs(path: Path, lang_a: str, lang_b: str, *, where: str, batch: int = 50_000,
-                     batch_bytes: int = 8 << 20, max_line_bytes: int | None = None,
+                     batch_bytes: int = BLOCK_BYTES, max_line_bytes: int | None = None,
                      max_member_bytes: int | None = None):
     """Yield (src_lines, tgt_lines) as lists of bytes, checking that both sides
     have the same number of lines (longer lines than ``max_line_bytes`` are cut
